@@ -1,0 +1,26 @@
+# One command sets up and runs the main job (`make run`), one sets up and runs the tests (`make test`).
+# The virtual environment is (re)built whenever pyproject.toml changes.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+BIN := $(VENV)/bin
+
+.PHONY: setup run test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+run: setup
+	$(BIN)/vitkit models
+	$(BIN)/python -c "import vitkit; m = vitkit.create_model('ViT-Ti/16'); print(m.config.to_json())"
+
+test: setup
+	$(BIN)/python -m pytest -q --durations=10 $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs

@@ -1,0 +1,5 @@
+"""Reading and writing checkpoints."""
+
+from .loading import CheckpointError, load
+
+__all__ = ["CheckpointError", "load"]

@@ -1,0 +1,105 @@
+"""One configuration for every Vision Transformer variant.
+
+Behaviour comes from these fields, never from subclasses, so a checkpoint is fully described by
+``config.json`` plus its weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+POOLINGS = ("token", "gap")
+POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
+GELUS = ("exact", "tanh")
+
+
+def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    """An image or grid size as (height, width)."""
+    if isinstance(value, int):
+        return (value, value)
+    height, width = value
+    return (int(height), int(width))
+
+
+@dataclass
+class ViTConfig:
+    """Hyper-parameters of a ViT (paper table 1 plus the options of its ablations)."""
+
+    image_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    qkv_bias: bool = True
+    class_token: bool = True
+    pool: str = "token"
+    fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
+    pos_embed: str = "learned"
+    pos_interp: str = "bicubic"  # how learned tables are resampled to another grid
+    pos_interp_antialias: bool = False
+    representation_size: int | None = None  # pre-logits Linear + tanh of pre-training
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0
+    ln_eps: float = 1e-6
+    gelu: str = "exact"
+    extra: dict[str, Any] = field(default_factory=dict)  # provenance (name, source format)
+
+    def __post_init__(self) -> None:
+        self.image_size = pair(self.image_size)
+        self._check()
+
+    def _check(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"invalid ViTConfig: {message}")
+
+        need(self.pool in POOLINGS, f"pool={self.pool!r}, expected one of {POOLINGS}")
+        need(self.pos_embed in POS_EMBEDS, f"pos_embed={self.pos_embed!r}, expected one of {POS_EMBEDS}")
+        need(self.gelu in GELUS, f"gelu={self.gelu!r}, expected one of {GELUS}")
+        need(self.dim % self.num_heads == 0, f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
+        need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
+        need(self.patch_size > 0, f"patch_size={self.patch_size} must be positive")
+        need(self.num_classes >= 0, f"num_classes={self.num_classes} must be >= 0")
+        for side in self.image_size:
+            need(side % self.patch_size == 0,
+                 f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}")
+        if self.pos_embed in ("learned-2d", "sincos-2d"):
+            need(self.dim % 4 == 0, f"pos_embed={self.pos_embed!r} needs dim divisible by 4, got {self.dim}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    def replace(self, **changes: Any) -> "ViTConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["image_size"] = list(self.image_size)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig keys {unknown}; expected a subset of {sorted(known)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ViTConfig":
+        return cls.from_dict(json.loads(text))

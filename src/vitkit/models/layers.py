@@ -1,0 +1,132 @@
+"""Building blocks of the encoder: patch projection, multi-head self-attention, MLP, pre-LN block."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PatchEmbed(nn.Module):
+    """Split the image into PxP patches and project each linearly to D (a PxP conv with stride P)."""
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int):
+        super().__init__()
+        self.in_chans = in_chans
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """(B, C, H, W) images -> (B, N, D) patch embeddings and the (H/P, W/P) grid."""
+        check_images(images, self.in_chans, self.patch_size)
+        x = self.proj(images)
+        grid = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), grid
+
+
+def check_images(images: torch.Tensor, in_chans: int, multiple: int) -> None:
+    if images.ndim != 4:
+        raise ValueError(f"expected images of shape (batch, {in_chans}, height, width), got {tuple(images.shape)}")
+    _, channels, height, width = images.shape
+    if channels != in_chans:
+        raise ValueError(f"expected {in_chans} input channels, got {channels} (images of shape {tuple(images.shape)})")
+    if height % multiple or width % multiple:
+        raise ValueError(
+            f"image sides must be multiples of the patch size {multiple}, got {height}x{width}"
+        )
+
+
+class Attention(nn.Module):
+    """MSA: h heads of width D/h, softmax(q k^T / sqrt(D/h)) v, concatenated and projected by D x D."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_dropout: float = 0.0,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.attn_dropout = attn_dropout
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(dropout)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, tokens, _ = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, h, T, D/h)
+        return q, k, v
+
+    def _merge(self, out: torch.Tensor) -> torch.Tensor:
+        batch, _, tokens, _ = out.shape
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, -1)))
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self._heads(x)
+        dropout = self.attn_dropout if self.training else 0.0
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout))
+
+    def forward_with_probs(self, x: torch.Tensor, bias: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same attention computed explicitly, also returning the (B, h, T, T) probabilities."""
+        q, k, v = self._heads(x)
+        logits = (q * self.scale) @ k.transpose(-2, -1)
+        if bias is not None:
+            logits = logits + bias
+        probs = logits.softmax(dim=-1)
+        weights = F.dropout(probs, self.attn_dropout, self.training)
+        return self._merge(weights @ v), probs
+
+
+class Mlp(nn.Module):
+    """Linear(D, mlp) -> GELU -> Linear(mlp, D), with dropout after each dense layer as in Google's code."""
+
+    def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample, rescaling the survivors."""
+
+    def __init__(self, rate: float = 0.0):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"rate={self.rate}"
+
+
+class Block(nn.Module):
+    """Pre-LN encoder block: z' = MSA(LN(z)) + z (eq. 2); z = MLP(LN(z')) + z' (eq. 3)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, *, qkv_bias: bool = True, ln_eps: float = 1e-6,
+                 gelu: str = "exact", dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout)
+        self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
+        self.mlp = Mlp(dim, mlp_dim, gelu, dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, z: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        z = z + self.drop_path(self.attn(self.norm1(z), bias))
+        return z + self.drop_path(self.mlp(self.norm2(z)))
+
+    def forward_with_probs(self, z: torch.Tensor, bias: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        attended, probs = self.attn.forward_with_probs(self.norm1(z), bias)
+        z = z + self.drop_path(attended)
+        return z + self.drop_path(self.mlp(self.norm2(z))), probs

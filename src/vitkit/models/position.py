@@ -1,0 +1,164 @@
+"""Position embeddings of the paper's ablation (appendix D.4) and their resampling to new grids.
+
+Each kind is a module mapping a patch grid (rows, cols) to the (1, prefix + rows*cols, D) table that
+eq. (1) adds to the token sequence; ``prefix`` is 1 when the model has a [class] token, whose slot is
+never resampled.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ViTConfig
+
+
+def resample_grid(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int],
+                  mode: str = "bicubic", antialias: bool = False) -> torch.Tensor:
+    """Interpolate a (1, rows*cols, D) patch table from ``old_grid`` to ``new_grid`` in 2-D."""
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    if table.ndim != 3 or table.shape[1] != old_grid[0] * old_grid[1]:
+        raise ValueError(f"position table of shape {tuple(table.shape)} does not hold a {old_grid} grid")
+    if old_grid == new_grid:
+        return table
+    dim = table.shape[-1]
+    image = table.reshape(1, *old_grid, dim).permute(0, 3, 1, 2).float()
+    align = False if mode in ("bilinear", "bicubic") else None
+    image = F.interpolate(image, size=new_grid, mode=mode, antialias=antialias, align_corners=align)
+    return image.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(table.dtype)
+
+
+def resample_with_prefix(table: torch.Tensor, prefix: int, old_grid: tuple[int, int],
+                         new_grid: tuple[int, int], mode: str = "bicubic",
+                         antialias: bool = False) -> torch.Tensor:
+    """Resample the patch part of a table whose first ``prefix`` rows ([class] slot) stay as they are."""
+    patches = resample_grid(table[:, prefix:], old_grid, new_grid, mode, antialias)
+    return torch.cat([table[:, :prefix], patches], dim=1)
+
+
+class _CachedByGrid(nn.Module):
+    """Caches tables for grids other than the native one, while no gradient flows through them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _version(self) -> tuple:
+        return tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters())
+
+    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
+        grid = tuple(grid)
+        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if needs_grad:
+            return self._compute(grid)
+        key = (grid,) + self._version()
+        table = self._cache.get(key)
+        if table is None:
+            if len(self._cache) >= 8:
+                self._cache.clear()
+            table = self._cache[key] = self._compute(grid)
+        return table
+
+
+class LearnedPositionEmbedding(_CachedByGrid):
+    """1-D learned table (the paper's default), one row per token including the [class] slot."""
+
+    def __init__(self, grid: tuple[int, int], dim: int, prefix: int, mode: str = "bicubic",
+                 antialias: bool = False):
+        super().__init__()
+        self.grid, self.prefix, self.mode, self.antialias = tuple(grid), prefix, mode, antialias
+        self.weight = nn.Parameter(torch.empty(1, prefix + grid[0] * grid[1], dim))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
+        return resample_with_prefix(self.weight, self.prefix, self.grid, grid, self.mode, self.antialias)
+
+    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
+        return self.weight if tuple(grid) == self.grid else super().forward(grid)
+
+    @torch.no_grad()
+    def resize(self, grid: tuple[int, int]) -> None:
+        self.weight = nn.Parameter(self._compute(tuple(grid)).detach().clone())
+        self.grid = tuple(grid)
+        self._cache.clear()
+
+
+class Learned2dPositionEmbedding(_CachedByGrid):
+    """2-D learned embedding: a row (Y) and a column (X) table of D/2 each, concatenated per patch."""
+
+    def __init__(self, grid: tuple[int, int], dim: int, prefix: int):
+        super().__init__()
+        self.grid, self.prefix = tuple(grid), prefix
+        self.rows = nn.Parameter(torch.empty(grid[0], dim // 2))
+        self.cols = nn.Parameter(torch.empty(grid[1], dim // 2))
+        self.prefix_embed = nn.Parameter(torch.empty(1, prefix, dim)) if prefix else None
+        for p in self.parameters():
+            nn.init.normal_(p, std=0.02)
+
+    @staticmethod
+    def _resample_axis(table: torch.Tensor, length: int) -> torch.Tensor:
+        if table.shape[0] == length:
+            return table
+        line = table.t().unsqueeze(0).float()
+        return F.interpolate(line, size=length, mode="linear", align_corners=False)[0].t().to(table.dtype)
+
+    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
+        rows = self._resample_axis(self.rows, grid[0])
+        cols = self._resample_axis(self.cols, grid[1])
+        table = torch.cat([rows[:, None].expand(-1, grid[1], -1), cols[None].expand(grid[0], -1, -1)], dim=-1)
+        table = table.reshape(1, grid[0] * grid[1], -1)
+        if self.prefix_embed is not None:
+            table = torch.cat([self.prefix_embed, table], dim=1)
+        return table
+
+    @torch.no_grad()
+    def resize(self, grid: tuple[int, int]) -> None:
+        self.rows = nn.Parameter(self._resample_axis(self.rows, grid[0]).clone())
+        self.cols = nn.Parameter(self._resample_axis(self.cols, grid[1]).clone())
+        self.grid = tuple(grid)
+        self._cache.clear()
+
+
+def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sine-cosine table (rows*cols, D): [sin x, cos x, sin y, cos y], D/4 frequencies each."""
+    quarter = dim // 4
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1))
+    y, x = torch.meshgrid(torch.arange(grid[0], dtype=torch.float64),
+                          torch.arange(grid[1], dtype=torch.float64), indexing="ij")
+    x = x.reshape(-1, 1) * omega
+    y = y.reshape(-1, 1) * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()
+
+
+class SinCos2dPositionEmbedding(_CachedByGrid):
+    """Fixed sine-cosine embedding, computed for any grid; the [class] slot gets zeros."""
+
+    def __init__(self, grid: tuple[int, int], dim: int, prefix: int):
+        super().__init__()
+        self.grid, self.dim, self.prefix = tuple(grid), dim, prefix
+
+    def _version(self) -> tuple:
+        return ()
+
+    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
+        table = sincos_2d(grid, self.dim)
+        return F.pad(table, (0, 0, self.prefix, 0)).unsqueeze(0)
+
+    def resize(self, grid: tuple[int, int]) -> None:
+        self.grid = tuple(grid)
+
+
+def make_position_embedding(config: ViTConfig) -> nn.Module | None:
+    prefix = 1 if config.class_token else 0
+    grid, dim = config.grid_size, config.dim
+    if config.pos_embed == "learned":
+        return LearnedPositionEmbedding(grid, dim, prefix, config.pos_interp, config.pos_interp_antialias)
+    if config.pos_embed == "learned-2d":
+        return Learned2dPositionEmbedding(grid, dim, prefix)
+    if config.pos_embed == "sincos-2d":
+        return SinCos2dPositionEmbedding(grid, dim, prefix)
+    return None

@@ -1,0 +1,172 @@
+"""The Vision Transformer (Dosovitskiy et al., ICLR 2021), one class for every variant.
+
+    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos          (1)  embed()
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                         (2)  Block
+    z_l = MLP(LN(z'_l)) + z'_l                                (3)  Block
+    y = LN(z_L^0)                                             (4)  forward_features() + pool()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from ..atomic import atomic_directory
+from .config import ViTConfig, pair
+from .layers import Block, PatchEmbed
+from .position import make_position_embedding
+
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class Intermediates:
+    """What a forward pass saw: every block's output, optionally every block's attention probabilities."""
+
+    blocks: list[torch.Tensor]  # (B, T, D) after each block, before the final norm
+    features: torch.Tensor  # (B, T, D) after the final norm
+    grid: tuple[int, int]
+    attentions: list[torch.Tensor] | None = None  # (B, heads, T, T) per block
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        c = self.config = config
+        self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_token else None
+        self.pos_embed = make_position_embedding(c)
+        self.pos_drop = nn.Dropout(c.dropout)
+        drop_rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.num_heads, c.mlp_dim, qkv_bias=c.qkv_bias, ln_eps=c.ln_eps, gelu=c.gelu,
+                  dropout=c.dropout, attn_dropout=c.attn_dropout, drop_path=rate)
+            for rate in drop_rates
+        )
+        self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.dim, eps=c.ln_eps)
+        self.fc_norm = nn.LayerNorm(c.dim, eps=c.ln_eps) if c.fc_norm else nn.Identity()
+        if c.representation_size:
+            self.pre_logits = nn.Sequential(nn.Linear(c.dim, c.representation_size), nn.Tanh())
+        else:
+            self.pre_logits = nn.Identity()
+        self.head = self._new_head(c.num_classes)
+        self.init_weights()
+
+    # ----------------------------------------------------------------------------------- init
+    def _new_head(self, num_classes: int) -> nn.Module:
+        width = self.config.representation_size or self.config.dim
+        if not num_classes:
+            return nn.Identity()
+        head = nn.Linear(width, num_classes)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+        return head
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Google's initialisation: xavier-uniform dense kernels (q, k, v separately), tiny MLP biases,
+        LeCun-normal patch projection, zero [class] token and head, N(0, 0.02) position table."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and module is not self.head:
+                if name.endswith("attn.qkv"):
+                    for part in module.weight.chunk(3, dim=0):
+                        nn.init.xavier_uniform_(part)
+                else:
+                    nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    if ".mlp." in f".{name}.":
+                        nn.init.normal_(module.bias, std=1e-6)
+                    else:
+                        nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        conv = self.patch_embed.proj
+        fan_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
+        nn.init.trunc_normal_(conv.weight, std=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
+        nn.init.zeros_(conv.bias)
+
+    # -------------------------------------------------------------------------------- forward
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.cls_token is not None else 0
+
+    def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Eq. (1): patch embeddings, [class] token prepended, position embeddings added."""
+        tokens, grid = self.patch_embed(images)
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        if self.pos_embed is not None:
+            tokens = tokens + self.pos_embed(grid).to(tokens.dtype)
+        return self.pos_drop(tokens), grid
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Eqs. (1)-(3) and the final LayerNorm: (B, T, D) tokens."""
+        z, _ = self.embed(images)
+        for block in self.blocks:
+            z = block(z)
+        return self.norm(z)
+
+    def forward_intermediates(self, images: torch.Tensor, attention: bool = False) -> Intermediates:
+        """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
+        computed from the same weights as the fused forward pass."""
+        z, grid = self.embed(images)
+        outputs, attentions = [], []
+        for block in self.blocks:
+            if attention:
+                z, probs = block.forward_with_probs(z)
+                attentions.append(probs)
+            else:
+                z = block(z)
+            outputs.append(z)
+        return Intermediates(outputs, self.norm(z), grid, attentions if attention else None)
+
+    def pool(self, features: torch.Tensor) -> torch.Tensor:
+        """The image representation: the [class] token's state, or the mean of the patch tokens."""
+        if self.config.pool == "token":
+            pooled = features[:, 0]
+        else:
+            pooled = features[:, self.num_prefix_tokens:].mean(dim=1)
+        return self.fc_norm(pooled)
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        representation = self.pre_logits(self.pool(features))
+        return representation if pre_logits else self.head(representation)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(images))
+
+    # ----------------------------------------------------------------------- surgery for fine-tuning
+    def reset_head(self, num_classes: int, keep_pre_logits: bool = False) -> None:
+        """Replace the head by a zero-initialised ``num_classes``-way linear layer (section 3.2);
+        the pre-training pre-logits layer is dropped unless ``keep_pre_logits``."""
+        if not keep_pre_logits and self.config.representation_size:
+            self.pre_logits = nn.Identity()
+            self.config = self.config.replace(representation_size=None)
+        self.config = self.config.replace(num_classes=num_classes)
+        device = next(self.parameters()).device
+        self.head = self._new_head(num_classes).to(device)
+
+    def resize_image(self, image_size: int | tuple[int, int]) -> None:
+        """Make ``image_size`` the native resolution: the position table is resampled once, for good."""
+        config = self.config.replace(image_size=pair(image_size))
+        if self.pos_embed is not None:
+            self.pos_embed.resize(config.grid_size)
+        self.config = config
+
+    # ----------------------------------------------------------------------------- persistence
+    def save(self, directory: str | Path) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` into ``directory`` atomically: a reader sees
+        the previous checkpoint or the new one, never a mixture."""
+        with atomic_directory(directory) as staging:
+            (staging / CONFIG_FILE).write_text(self.config.to_json())
+            state = {name: t.detach().cpu().contiguous() for name, t in self.state_dict().items()}
+            save_file(state, staging / WEIGHTS_FILE, metadata={"format": "vitkit"})
+        return Path(directory)

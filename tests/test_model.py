@@ -1,0 +1,179 @@
+import pytest
+import torch
+
+import vitkit
+from vitkit.models.position import resample_grid, resample_with_prefix, sincos_2d
+
+
+def tiny(**overrides):
+    base = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
+    return vitkit.create_model(vitkit.ViTConfig(**{**base, **overrides}))
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "learned-2d", "sincos-2d", "none"])
+@pytest.mark.parametrize("pool,class_token", [("token", True), ("gap", True), ("gap", False)])
+def test_shapes_square_and_non_square(pos_embed, pool, class_token):
+    model = tiny(pos_embed=pos_embed, pool=pool, class_token=class_token).eval()
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert model(torch.randn(3, 3, 48, 24)).shape == (3, 10)  # non-square, resampled on the fly
+    features = model.forward_features(torch.randn(1, 3, 16, 40))
+    assert features.shape == (1, int(class_token) + 2 * 5, 64)
+
+
+def test_num_classes_zero_gives_features():
+    model = tiny(num_classes=0).eval()
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 64)
+
+
+def test_pre_logits_is_linear_tanh():
+    model = tiny(representation_size=32).eval()
+    x = torch.randn(2, 3, 32, 32)
+    rep = model.forward_head(model.forward_features(x), pre_logits=True)
+    assert rep.shape == (2, 32) and rep.abs().max() < 1
+    cls = model.forward_features(x)[:, 0]
+    torch.testing.assert_close(rep, torch.tanh(cls @ model.pre_logits[0].weight.T + model.pre_logits[0].bias))
+
+
+def test_gap_pools_patch_tokens_after_the_final_norm():
+    model = tiny(pool="gap", class_token=True).eval()
+    torch.nn.init.normal_(model.head.weight)
+    x = torch.randn(2, 3, 32, 32)
+    tokens = model.forward_features(x)
+    torch.testing.assert_close(model(x), model.head(tokens[:, 1:].mean(1)))
+
+
+def test_fc_norm_normalises_after_pooling():
+    model = tiny(pool="gap", fc_norm=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    z, _ = model.embed(x)
+    for block in model.blocks:
+        z = block(z)
+    expected = torch.nn.functional.layer_norm(z[:, 1:].mean(1), (64,), model.fc_norm.weight, model.fc_norm.bias, 1e-6)
+    torch.testing.assert_close(model.forward_head(model.forward_features(x), pre_logits=True), expected)
+
+
+def test_equations_by_hand():
+    """Eqs. (1)-(4) written out with plain tensor algebra from the model's own weights."""
+    model = tiny(gelu="tanh").eval()
+    torch.nn.init.normal_(model.head.weight)
+    torch.nn.init.normal_(model.cls_token)
+    x = torch.randn(2, 3, 32, 32)
+    # (1): flatten 8x8x3 patches (channel-major like the conv kernel) and project with E.
+    patches = x.unfold(2, 8, 8).unfold(3, 8, 8)  # B, C, 4, 4, 8, 8
+    patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(2, 16, 3 * 64)
+    conv = model.patch_embed.proj
+    z = patches @ conv.weight.reshape(64, -1).T + conv.bias
+    z = torch.cat([model.cls_token.expand(2, -1, -1), z], 1) + model.pos_embed.weight
+    ln = lambda t, m: torch.nn.functional.layer_norm(t, (64,), m.weight, m.bias, 1e-6)  # noqa: E731
+    for block in model.blocks:
+        a = block.attn
+        q, k, v = (ln(z, block.norm1) @ a.qkv.weight.T + a.qkv.bias).chunk(3, -1)
+        heads = lambda t: t.reshape(2, 17, 4, 16).transpose(1, 2)  # noqa: E731
+        probs = torch.softmax(heads(q) @ heads(k).transpose(-1, -2) / 16 ** 0.5, -1)
+        msa = (probs @ heads(v)).transpose(1, 2).reshape(2, 17, 64) @ a.proj.weight.T + a.proj.bias
+        z = msa + z  # (2)
+        h = ln(z, block.norm2) @ block.mlp.fc1.weight.T + block.mlp.fc1.bias
+        h = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+        z = h @ block.mlp.fc2.weight.T + block.mlp.fc2.bias + z  # (3)
+    y = ln(z[:, 0], model.norm)  # (4)
+    torch.testing.assert_close(model(x), y @ model.head.weight.T + model.head.bias, atol=1e-5, rtol=1e-5)
+
+
+def test_resampling_to_own_grid_is_identity():
+    table = torch.randn(1, 1 + 12, 8)
+    assert torch.equal(resample_with_prefix(table, 1, (3, 4), (3, 4)), table)
+    model = tiny().eval()
+    assert model.pos_embed((4, 4)) is model.pos_embed.weight
+
+
+def test_resampling_keeps_class_slot_and_interpolates_2d():
+    table = torch.randn(1, 1 + 4, 6)
+    out = resample_with_prefix(table, 1, (2, 2), (4, 6), mode="bilinear")
+    assert out.shape == (1, 1 + 24, 6)
+    assert torch.equal(out[:, 0], table[:, 0])
+    expected = torch.nn.functional.interpolate(table[:, 1:].reshape(1, 2, 2, 6).permute(0, 3, 1, 2), size=(4, 6),
+                                               mode="bilinear", align_corners=False)
+    torch.testing.assert_close(out[:, 1:], expected.permute(0, 2, 3, 1).reshape(1, 24, 6))
+    with pytest.raises(ValueError, match="does not hold a"):
+        resample_grid(table[:, 1:], (3, 3), (4, 4))
+
+
+def test_resampled_tables_are_cached_in_inference_only():
+    model = tiny().eval()
+    with torch.no_grad():
+        first = model.pos_embed((6, 2))
+        assert model.pos_embed((6, 2)) is first
+        model.pos_embed.weight.add_(1.0)  # a new version of the weights invalidates the cache
+        assert model.pos_embed((6, 2)) is not first
+    table = model.pos_embed((6, 2))
+    assert table.requires_grad and table.grad_fn is not None
+
+
+def test_resize_image_makes_new_grid_native():
+    model = tiny().eval()
+    x = torch.randn(1, 3, 64, 48)
+    before = model(x)
+    model.resize_image((64, 48))
+    assert model.config.image_size == (64, 48) and model.pos_embed.weight.shape == (1, 1 + 48, 64)
+    torch.testing.assert_close(model(x), before)
+
+
+def test_learned_2d_resize_and_sincos_formula():
+    model = tiny(pos_embed="learned-2d").eval()
+    x = torch.randn(1, 3, 48, 16)
+    before = model(x)
+    model.resize_image((48, 16))
+    assert model.pos_embed.rows.shape == (6, 32) and model.pos_embed.cols.shape == (2, 32)
+    torch.testing.assert_close(model(x), before)
+    table = sincos_2d((2, 3), 8)
+    # row index 1*3+2 is y=1, x=2; quarter=2 frequencies 1 and 1/10000.
+    expected = torch.tensor([2.0, 2e-4]).sin().tolist() + torch.tensor([2.0, 2e-4]).cos().tolist() + \
+        torch.tensor([1.0, 1e-4]).sin().tolist() + torch.tensor([1.0, 1e-4]).cos().tolist()
+    torch.testing.assert_close(table[5], torch.tensor(expected))
+
+
+def test_reset_head_is_zero_and_drops_pre_logits():
+    model = tiny(representation_size=32)
+    model.reset_head(5)
+    assert model.config.num_classes == 5 and model.config.representation_size is None
+    assert isinstance(model.pre_logits, torch.nn.Identity)
+    assert model.head.weight.shape == (5, 64) and not model.head.weight.any()
+    assert not model(torch.randn(1, 3, 32, 32)).any()
+
+
+def test_intermediates_and_attention_match_fused_path():
+    model = tiny().eval()
+    x = torch.randn(2, 3, 32, 40)
+    out = model.forward_intermediates(x, attention=True)
+    assert len(out.blocks) == 2 and out.grid == (4, 5)
+    torch.testing.assert_close(out.features, model.forward_features(x), atol=1e-5, rtol=1e-5)
+    probs = out.attentions[0]
+    assert probs.shape == (2, 4, 21, 21)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 21))
+
+
+def test_training_mode_regularisers_run():
+    model = tiny(dropout=0.1, attn_dropout=0.1, drop_path=0.2).train()
+    loss = model(torch.randn(4, 3, 32, 32)).square().mean() + model.blocks[1].drop_path.rate
+    loss.backward()
+    assert model.patch_embed.proj.weight.grad is not None
+    assert model.blocks[0].drop_path.rate == 0.0 and model.blocks[1].drop_path.rate == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("shape,message", [
+    ((2, 1, 32, 32), "expected 3 input channels, got 1"),
+    ((2, 3, 30, 32), "multiples of the patch size 8, got 30x32"),
+    ((3, 32, 32), "expected images of shape"),
+])
+def test_bad_inputs_are_clear_errors(shape, message):
+    with pytest.raises(ValueError, match=message):
+        tiny()(torch.randn(*shape))
+
+
+def test_bad_configs_are_clear_errors():
+    with pytest.raises(ValueError, match="pool='token' needs class_token=True"):
+        vitkit.ViTConfig(class_token=False)
+    with pytest.raises(ValueError, match="not a multiple of patch_size"):
+        vitkit.ViTConfig(image_size=225)
+    with pytest.raises(ValueError, match="unknown ViTConfig keys"):
+        vitkit.ViTConfig.from_dict({"widht": 3})
