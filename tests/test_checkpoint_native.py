@@ -15,7 +15,7 @@ def tiny(**overrides):
     return model.eval()
 
 
-@pytest.mark.parametrize("pos_embed", ["learned", "learned-2d", "sincos-2d", "none"])
+@pytest.mark.parametrize("pos_embed", ["learned", "learned-2d", "sincos-2d", "relative", "none"])
 def test_save_then_load_gives_identical_logits(tmp_path, pos_embed):
     model = tiny(pos_embed=pos_embed, representation_size=16)
     model.save(tmp_path / "ckpt")

@@ -10,7 +10,7 @@ def tiny(**overrides):
     return vitkit.create_model(vitkit.ViTConfig(**{**base, **overrides}))
 
 
-@pytest.mark.parametrize("pos_embed", ["learned", "learned-2d", "sincos-2d", "none"])
+@pytest.mark.parametrize("pos_embed", ["learned", "learned-2d", "sincos-2d", "relative", "none"])
 @pytest.mark.parametrize("pool,class_token", [("token", True), ("gap", True), ("gap", False)])
 def test_shapes_square_and_non_square(pos_embed, pool, class_token):
     model = tiny(pos_embed=pos_embed, pool=pool, class_token=class_token).eval()
@@ -177,3 +177,31 @@ def test_bad_configs_are_clear_errors():
         vitkit.ViTConfig(image_size=225)
     with pytest.raises(ValueError, match="unknown ViTConfig keys"):
         vitkit.ViTConfig.from_dict({"widht": 3})
+
+
+def test_relative_attention_by_hand():
+    """Appendix D.4: logits_ij = (q_i . k_j + q_i . R[i - j]) / sqrt(d), with R learned per offset."""
+    model = tiny(pos_embed="relative", depth=1).eval()
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 5, 64)
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).reshape(2, 5, 3, 4, 16).permute(2, 0, 3, 1, 4)
+    rel = attn.relative.weight  # (heads, 2M - 1, d), M = 17 tokens at the native grid
+    logits = torch.empty(2, 4, 5, 5)
+    for i in range(5):
+        for j in range(5):
+            logits[:, :, i, j] = ((q[:, :, i] * (k[:, :, j] + rel[:, i - j + 16])).sum(-1)) / 4.0
+    mixed = (logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 64)
+    expected = mixed @ attn.proj.weight.T + attn.proj.bias
+    torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+    out, probs = attn.forward_with_probs(x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(probs, logits.softmax(-1), atol=1e-6, rtol=1e-5)
+
+
+def test_relative_attention_learns_and_runs_at_other_sizes():
+    model = tiny(pos_embed="relative").train()
+    torch.nn.init.normal_(model.head.weight)  # a zero head would pass no gradient back
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert model.blocks[0].attn.relative.weight.grad.abs().sum() > 0
+    assert model.pos_embed is None
+    assert model.eval()(torch.randn(1, 3, 48, 64)).shape == (1, 10)  # longer offsets are clamped

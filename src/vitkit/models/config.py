@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 POOLINGS = ("token", "gap")
-POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
+POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none")
 GELUS = ("exact", "tanh")
 
 

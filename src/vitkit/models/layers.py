@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .position import RelativePositionLogits
+
 
 class PatchEmbed(nn.Module):
     """Split the image into PxP patches and project each linearly to D (a PxP conv with stride P)."""
@@ -40,7 +42,7 @@ class Attention(nn.Module):
     """MSA: h heads of width D/h, softmax(q k^T / sqrt(D/h)) v, concatenated and projected by D x D."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_dropout: float = 0.0,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, relative_tokens: int = 0):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -49,6 +51,7 @@ class Attention(nn.Module):
         self.attn_dropout = attn_dropout
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(dropout)
+        self.relative = RelativePositionLogits(relative_tokens, num_heads, self.head_dim) if relative_tokens else None
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
@@ -60,16 +63,20 @@ class Attention(nn.Module):
         batch, _, tokens, _ = out.shape
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, -1)))
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _relative_logits(self, q: torch.Tensor) -> torch.Tensor | None:
+        return None if self.relative is None else self.relative(q * self.scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(x)
         dropout = self.attn_dropout if self.training else 0.0
+        bias = self._relative_logits(q)
         return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout))
 
-    def forward_with_probs(self, x: torch.Tensor, bias: torch.Tensor | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_probs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The same attention computed explicitly, also returning the (B, h, T, T) probabilities."""
         q, k, v = self._heads(x)
         logits = (q * self.scale) @ k.transpose(-2, -1)
+        bias = self._relative_logits(q)
         if bias is not None:
             logits = logits + bias
         probs = logits.softmax(dim=-1)
@@ -113,20 +120,20 @@ class Block(nn.Module):
     """Pre-LN encoder block: z' = MSA(LN(z)) + z (eq. 2); z = MLP(LN(z')) + z' (eq. 3)."""
 
     def __init__(self, dim: int, num_heads: int, mlp_dim: int, *, qkv_bias: bool = True, ln_eps: float = 1e-6,
-                 gelu: str = "exact", dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0):
+                 gelu: str = "exact", dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0,
+                 relative_tokens: int = 0):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout, relative_tokens)
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         self.mlp = Mlp(dim, mlp_dim, gelu, dropout)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, z: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        z = z + self.drop_path(self.attn(self.norm1(z), bias))
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        z = z + self.drop_path(self.attn(self.norm1(z)))
         return z + self.drop_path(self.mlp(self.norm2(z)))
 
-    def forward_with_probs(self, z: torch.Tensor, bias: torch.Tensor | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-        attended, probs = self.attn.forward_with_probs(self.norm1(z), bias)
+    def forward_with_probs(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        attended, probs = self.attn.forward_with_probs(self.norm1(z))
         z = z + self.drop_path(attended)
         return z + self.drop_path(self.mlp(self.norm2(z))), probs

@@ -152,6 +152,27 @@ class SinCos2dPositionEmbedding(_CachedByGrid):
         self.grid = tuple(grid)
 
 
+class RelativePositionLogits(nn.Module):
+    """1-D relative attention (appendix D.4): every offset q - k between two tokens of the sequence has
+    a learned embedding; the query attends to these embeddings as keys, and the resulting logits are
+    added to the content logits before the softmax. Offsets beyond the trained range are clamped."""
+
+    def __init__(self, max_tokens: int, num_heads: int, head_dim: int):
+        super().__init__()
+        self.max_tokens = max_tokens
+        self.weight = nn.Parameter(torch.empty(num_heads, 2 * max_tokens - 1, head_dim))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        """(B, h, T, d) queries -> (B, h, T, T) logits q_i . R[i - j]."""
+        tokens = q.shape[-2]
+        position = torch.arange(tokens, device=q.device)
+        span = self.max_tokens - 1
+        offsets = (position[:, None] - position[None, :]).clamp(-span, span) + span
+        per_offset = q @ self.weight.transpose(-2, -1).unsqueeze(0)  # (B, h, T, 2M - 1)
+        return per_offset.gather(-1, offsets.expand(*q.shape[:2], tokens, tokens))
+
+
 def make_position_embedding(config: ViTConfig) -> nn.Module | None:
     prefix = 1 if config.class_token else 0
     grid, dim = config.grid_size, config.dim
@@ -161,4 +182,4 @@ def make_position_embedding(config: ViTConfig) -> nn.Module | None:
         return Learned2dPositionEmbedding(grid, dim, prefix)
     if config.pos_embed == "sincos-2d":
         return SinCos2dPositionEmbedding(grid, dim, prefix)
-    return None
+    return None  # "none", and "relative", which lives in the attention layers

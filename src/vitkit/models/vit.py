@@ -45,9 +45,10 @@ class VisionTransformer(nn.Module):
         self.pos_embed = make_position_embedding(c)
         self.pos_drop = nn.Dropout(c.dropout)
         drop_rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
+        relative_tokens = self.num_prefix_tokens + c.grid_size[0] * c.grid_size[1] if c.pos_embed == "relative" else 0
         self.blocks = nn.ModuleList(
             Block(c.dim, c.num_heads, c.mlp_dim, qkv_bias=c.qkv_bias, ln_eps=c.ln_eps, gelu=c.gelu,
-                  dropout=c.dropout, attn_dropout=c.attn_dropout, drop_path=rate)
+                  dropout=c.dropout, attn_dropout=c.attn_dropout, drop_path=rate, relative_tokens=relative_tokens)
             for rate in drop_rates
         )
         self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.dim, eps=c.ln_eps)
@@ -99,20 +100,28 @@ class VisionTransformer(nn.Module):
         return 1 if self.cls_token is not None else 0
 
     def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Eq. (1): patch embeddings, [class] token prepended, position embeddings added."""
-        tokens, grid = self.patch_embed(images)
+        """Eq. (1): patch embeddings x_p E, then the [class] token and position embeddings."""
+        patches, grid = self.patch_embed(images)
+        return self.embed_patches(patches, grid), grid
+
+    def embed_patches(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """The rest of eq. (1) on (B, N, D) patch embeddings (which masked patch prediction corrupts)."""
+        tokens = patches
         if self.cls_token is not None:
-            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
         if self.pos_embed is not None:
             tokens = tokens + self.pos_embed(grid).to(tokens.dtype)
-        return self.pos_drop(tokens), grid
+        return self.pos_drop(tokens)
 
-    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
-        """Eqs. (1)-(3) and the final LayerNorm: (B, T, D) tokens."""
-        z, _ = self.embed(images)
+    def encode(self, z: torch.Tensor) -> torch.Tensor:
+        """Eqs. (2)-(3) through every block, then the final LayerNorm."""
         for block in self.blocks:
             z = block(z)
         return self.norm(z)
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """All (B, T, D) tokens after the final LayerNorm."""
+        return self.encode(self.embed(images)[0])
 
     def forward_intermediates(self, images: torch.Tensor, attention: bool = False) -> Intermediates:
         """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
