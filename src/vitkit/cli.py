@@ -30,7 +30,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         params = config_parameters(config)
         rows.append([config.extra["name"], config.depth, config.dim, config.mlp_dim, config.num_heads,
                      f"{params:,}", f"{forward_flops(config) / 1e9:.2f}"])
-    print(f"at {args.image_size} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds per image")
+    height, width = args.image_size
+    print(f"at {height}x{width} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds per image")
     print_table(["model", "layers", "D", "MLP", "heads", "params", "GFLOPs"], rows)
     return 0
 
