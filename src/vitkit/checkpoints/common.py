@@ -176,7 +176,8 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
                                      for s in range(stages)))
     config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"
     config.update(settings)
-    config.setdefault("num_heads", standard_heads(dim, overrides, source))
+    if "num_heads" not in config:
+        config["num_heads"] = standard_heads(dim, overrides, source)
 
     if "pos_embed.weight" in state:
         table = state["pos_embed.weight"]

@@ -164,9 +164,9 @@ def write_npz(model: VisionTransformer, path: str | Path) -> Path:
         raise CheckpointError(f"cannot write {path}: Google's layout has no {', '.join(unsupported)}")
     arrays = {}
     for name, tensor in split_qkv(model.state_dict()).items():
-        module, leaf = name.rsplit(".", 1)
         flax = NAMES.to_theirs(name)
         if flax is None:
+            module, leaf = name.rsplit(".", 1)
             is_norm = module.rsplit(".", 1)[-1].startswith("norm")
             flax = f"{NAMES.to_theirs(module)}/{'bias' if leaf == 'bias' else 'scale' if is_norm else 'kernel'}"
         arrays[flax] = _to_flax(name, tensor, config.num_heads)
