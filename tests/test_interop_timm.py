@@ -82,5 +82,5 @@ def test_pickle_bearing_files_are_refused(tmp_path):
 def test_unknown_keys_are_listed(tmp_path):
     state = {k: v.contiguous() for k, v in timm_model(init_values=0.1).state_dict().items()}
     save_file(state, tmp_path / "layerscale.safetensors")
-    with pytest.raises(vitkit.CheckpointError, match="unexpected keys \(4\): blocks.0.ls1.gamma"):
+    with pytest.raises(vitkit.CheckpointError, match=r"unexpected keys \(4\): blocks.0.ls1.gamma"):
         vitkit.load(tmp_path / "layerscale.safetensors", num_heads=4)
