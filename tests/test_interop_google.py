@@ -117,3 +117,23 @@ def test_bad_npz_files_are_clear_errors(tmp_path):
         vitkit.load(tmp_path / "broken.npz")
     assert "missing keys (1): norm.weight" in str(error.value)
     assert "blocks.0.mlp.fc2.weight: checkpoint (192, 768) vs model (192, 100)" in str(error.value)
+
+
+def test_cli_convert_and_info_on_any_format(tmp_path, capsys):
+    from vitkit.cli import main
+
+    peer = timm_model()
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, tmp_path / "peer.safetensors")
+    assert main(["info", str(tmp_path / "peer.safetensors")]) == 2
+    assert "pass the override num_heads=" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "peer.safetensors"), str(tmp_path / "m.npz"), "--to", "npz",
+                 "--set", "num_heads=4", "--set", "gelu=tanh"]) == 0
+    assert "timm -> npz" in capsys.readouterr().out
+    assert main(["info", str(tmp_path / "m.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "(google-npz)" in out and "GELU tanh, LayerNorm eps 1e-06" in out and "10 classes" in out
+    assert main(["convert", str(tmp_path / "m.npz"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    capsys.readouterr()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load(tmp_path / "hf", gelu="exact")(x), peer(x), atol=1e-5, rtol=0)
