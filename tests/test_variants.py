@@ -18,8 +18,10 @@ def test_parameter_counts_are_exact(name):
     assert config_parameters(model_config(name)) == EXPECTED[name]
 
 
-def test_list_models_is_the_paper_table():
-    assert vitkit.list_models() == list(EXPECTED)
+def test_list_models_is_the_paper_table_then_the_hybrids():
+    assert vitkit.list_models()[:len(EXPECTED)] == list(EXPECTED)
+    assert vitkit.list_models()[len(EXPECTED):] == ["R+ViT-Ti/16", "R26+ViT-S/32", "R26+ViT-B/32",
+                                                    "R50+ViT-B/16", "R50+ViT-L/32"]
 
 
 @pytest.mark.parametrize("name", ["vit-b/16", "VIT-B/16", " ViT-b/16 "])

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from .checkpoints import CheckpointError, load
+from .checkpoints import CheckpointError, convert, load
 from .models import list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
@@ -37,21 +37,44 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Config, parameter count and input size of a checkpoint."""
-    model = load(args.path)
+    """Config, parameter count and input size of a checkpoint of any format."""
+    model = load(args.path, **dict(args.set))
     config = model.config
     if args.json:
         print(json.dumps({"config": config.to_dict(), "parameters": count_parameters(model)}, indent=2))
         return 0
     height, width = config.image_size
-    print(f"checkpoint   {args.path}")
+    print(f"checkpoint   {args.path}" + (f" ({config.extra['format']})" if "format" in config.extra else ""))
     print(f"model        {config.extra.get('name', 'custom')}: {config.depth} layers, D={config.dim}, "
-          f"MLP={config.mlp_dim}, {config.num_heads} heads, patch {config.patch_size}")
+          f"MLP={config.mlp_dim}, {config.num_heads} heads, patch {config.patch_size}"
+          + (f" on a ResNet {list(config.backbone)}" if config.backbone is not None else ""))
+    print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
+          + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
+             if config.backbone is not None else ""))
     print(f"input        {config.in_chans}x{height}x{width} (grid {config.grid_size[0]}x{config.grid_size[1]})")
     print(f"output       {config.num_classes} classes, pooling '{config.pool}'"
           + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
     print(f"parameters   {count_parameters(model):,}")
     return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz or an HF directory."""
+    model = convert(args.src, args.dst, args.to, **dict(args.set))
+    print(f"wrote {args.dst} ({args.to}): {model.config.extra.get('format', 'vitkit')} -> {args.to}, "
+          f"{count_parameters(model):,} parameters")
+    return 0
+
+
+def _override(text: str) -> tuple[str, object]:
+    """``key=value`` with a JSON value (``num_heads=4``, ``pool="gap"``; bare words are strings)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def _image_size(text: str) -> tuple[int, int]:
@@ -73,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("path")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(run=cmd_info)
+
+    conv = sub.add_parser("convert", help="convert a checkpoint between formats")
+    conv.add_argument("src", help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
+    conv.add_argument("dst")
+    conv.add_argument("--to", choices=["native", "npz", "hf"], default="native")
+    conv.set_defaults(run=cmd_convert)
+    for command in (info, conv):
+        command.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",
+                             help="config override, e.g. num_heads=4 for a packed qkv (repeatable)")
     return parser
 
 

@@ -1,5 +1,7 @@
-"""Reading and writing checkpoints."""
+"""Reading and writing checkpoints: vitkit's own, Google's .npz, timm, HF transformers, torchvision."""
 
-from .loading import CheckpointError, load
+from .common import CheckpointError
+from .convert import convert, export
+from .loading import load, read_checkpoint
 
-__all__ = ["CheckpointError", "load"]
+__all__ = ["CheckpointError", "convert", "export", "load", "read_checkpoint"]

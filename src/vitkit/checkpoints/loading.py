@@ -7,35 +7,65 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
+from . import hub
+from .common import CheckpointError, read_safetensors, read_weights
+from .google import read_npz
+from .hf import is_hf_directory, read_hf
+from .timm import from_timm, is_timm
+from .torchvision_ import from_torchvision, is_torchvision
+
+__all__ = ["CheckpointError", "load", "read_checkpoint", "build", "load_state_strict"]
 
 # Overrides that change the shape of weights are applied after loading, by model surgery.
 _SURGERY = ("image_size", "num_classes")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, corrupt, or does not fit the model it describes."""
-
-
 def load(path: str | Path, **overrides: Any) -> VisionTransformer:
-    """Load a checkpoint as a ready ``VisionTransformer`` (in eval mode).
+    """Load a checkpoint of any supported format as a ready ``VisionTransformer`` (in eval mode).
 
-    ``overrides`` change config fields: numerics and regularisation (``ln_eps``, ``dropout``, ...) are
-    set before the weights are loaded; ``image_size`` resamples the position table and ``num_classes``
-    puts a new zero-initialised head on, after loading.
+    ``path`` is a vitkit directory, an HF transformers directory, a Google ``.npz``, a timm or
+    torchvision state dict (``.safetensors``, or ``.pth``/``.bin`` read with ``weights_only``), or a
+    remote name (``hf-hub:ORG/NAME``, ``gs://vit_models/...``). ``overrides`` change config fields:
+    settings the file cannot tell (``num_heads`` of a packed qkv) and numerics are set before the
+    weights are loaded; ``image_size`` resamples the position table and ``num_classes`` puts a new
+    zero-initialised head on, after loading.
     """
+    config, state, source = read_checkpoint(path, overrides)
+    return build(config, state, overrides, source)
+
+
+def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
+                    ) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
+    """The config and the vitkit-named weights that ``path`` holds, whatever its format."""
+    overrides = overrides or {}
+    if isinstance(path, str) and hub.is_remote(path):
+        path = hub.resolve(path)
     path = Path(path)
+    source = str(path)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
-    if path.is_dir() and (path / CONFIG_FILE).exists() and (path / WEIGHTS_FILE).exists():
-        config, state = read_native(path)
-        return build(config, state, overrides, source=str(path))
-    raise CheckpointError(f"{path} is not a checkpoint vitkit can read: expected a directory with "
-                          f"{CONFIG_FILE} and {WEIGHTS_FILE}")
+    if path.is_dir():
+        if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists() and not is_hf_directory(path):
+            return *read_native(path), source
+        if is_hf_directory(path):
+            return *read_hf(path, overrides), source
+        npz = sorted(path.glob("*.npz"))
+        if len(npz) == 1:  # a hub repository holding one Google file
+            return *read_npz(npz[0], overrides), str(npz[0])
+        raise CheckpointError(f"{path} is not a checkpoint vitkit can read: expected a vitkit directory "
+                              f"({CONFIG_FILE} + {WEIGHTS_FILE}), an HF transformers directory, or one .npz")
+    if path.suffix == ".npz":
+        return *read_npz(path, overrides), source
+    state = read_weights(path)
+    for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision)):
+        if recognises(state):
+            return *convert(state, overrides, source), source
+    raise CheckpointError(f"{path}: a state dict of no known ViT layout (timm's 'patch_embed.proj.weight' + "
+                          f"'pos_embed', or torchvision's 'conv_proj.weight' + 'encoder.pos_embedding'); "
+                          f"found {sorted(state)[:6]} ...")
 
 
 def read_native(directory: Path) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
@@ -45,13 +75,6 @@ def read_native(directory: Path) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     except (json.JSONDecodeError, TypeError, ValueError) as error:
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error
     return config, read_safetensors(weights_path)
-
-
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(path)
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({error})") from error
 
 
 def build(config: ViTConfig, state: dict[str, torch.Tensor], overrides: dict[str, Any],

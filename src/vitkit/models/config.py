@@ -14,6 +14,16 @@ from typing import Any
 POOLINGS = ("token", "gap")
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none")
 GELUS = ("exact", "tanh")
+# Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
+# (w - mean) / sqrt(var + eps).
+STD_CONVS = ("std+eps", "sqrt(var+eps)")
+
+
+def backbone_stride(backbone: tuple[int, ...] | None) -> int:
+    """Downsampling of the hybrid's ResNet: 4 in the stem, then 2 in every stage after the first."""
+    if backbone is None:
+        return 1
+    return 4 * 2 ** max(len(backbone) - 1, 0)
 
 
 def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -49,10 +59,20 @@ class ViTConfig:
     drop_path: float = 0.0
     ln_eps: float = 1e-6
     gelu: str = "exact"
+    # Hybrid (section 3.2): a BiT ResNet whose feature map is cut into patch_size patches. ``backbone``
+    # lists the blocks per stage, e.g. (3, 4, 9); () is the stem alone; None means plain pixel patches.
+    backbone: tuple[int, ...] | None = None
+    backbone_width: int = 64  # channels of the stem; stage i ends with 4 * width * 2**i
+    std_conv: str = "std+eps"
+    std_conv_eps: float = 1e-5
+    gn_groups: int = 32
+    gn_eps: float = 1e-6
     extra: dict[str, Any] = field(default_factory=dict)  # provenance (name, source format)
 
     def __post_init__(self) -> None:
         self.image_size = pair(self.image_size)
+        if self.backbone is not None:
+            self.backbone = tuple(int(blocks) for blocks in self.backbone)
         self._check()
 
     def _check(self) -> None:
@@ -67,15 +87,28 @@ class ViTConfig:
         need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
         need(self.patch_size > 0, f"patch_size={self.patch_size} must be positive")
         need(self.num_classes >= 0, f"num_classes={self.num_classes} must be >= 0")
+        if self.backbone is not None:
+            need(all(blocks > 0 for blocks in self.backbone), f"backbone={self.backbone} needs positive block counts")
+            need(self.std_conv in STD_CONVS, f"std_conv={self.std_conv!r}, expected one of {STD_CONVS}")
+            need(self.backbone_width % self.gn_groups == 0,
+                 f"backbone_width={self.backbone_width} is not divisible by gn_groups={self.gn_groups}")
+        stride = self.effective_patch_size
         for side in self.image_size:
-            need(side % self.patch_size == 0,
-                 f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}")
+            need(side % stride == 0, f"image_size={self.image_size} is not a multiple of "
+                 + (f"patch_size={self.patch_size}" if self.backbone is None
+                    else f"the hybrid's token stride {stride} (backbone stride x patch_size)"))
         if self.pos_embed in ("learned-2d", "sincos-2d"):
             need(self.dim % 4 == 0, f"pos_embed={self.pos_embed!r} needs dim divisible by 4, got {self.dim}")
 
     @property
+    def effective_patch_size(self) -> int:
+        """The side, in pixels, of the square each token stands for."""
+        return self.patch_size * backbone_stride(self.backbone)
+
+    @property
     def grid_size(self) -> tuple[int, int]:
-        return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
+        stride = self.effective_patch_size
+        return (self.image_size[0] // stride, self.image_size[1] // stride)
 
     @property
     def head_dim(self) -> int:
@@ -87,6 +120,8 @@ class ViTConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["image_size"] = list(self.image_size)
+        if self.backbone is not None:
+            data["backbone"] = list(self.backbone)
         return data
 
     @classmethod

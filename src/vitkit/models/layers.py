@@ -10,18 +10,24 @@ from .position import RelativePositionLogits
 
 
 class PatchEmbed(nn.Module):
-    """Split the image into PxP patches and project each linearly to D (a PxP conv with stride P)."""
+    """Split the image into PxP patches and project each linearly to D (a PxP conv with stride P).
 
-    def __init__(self, in_chans: int, dim: int, patch_size: int):
+    A hybrid first runs a CNN ``backbone`` (anything with ``out_chans`` and ``stride``) and cuts its
+    feature map instead of the pixels, usually into 1x1 patches (section 3.2)."""
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int, backbone: nn.Module | None = None):
         super().__init__()
         self.in_chans = in_chans
         self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+        self.backbone = backbone
+        self.stride = patch_size * (backbone.stride if backbone is not None else 1)
+        features = backbone.out_chans if backbone is not None else in_chans
+        self.proj = nn.Conv2d(features, dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """(B, C, H, W) images -> (B, N, D) patch embeddings and the (H/P, W/P) grid."""
-        check_images(images, self.in_chans, self.patch_size)
-        x = self.proj(images)
+        check_images(images, self.in_chans, self.stride)
+        x = self.proj(images if self.backbone is None else self.backbone(images))
         grid = (x.shape[-2], x.shape[-1])
         return x.flatten(2).transpose(1, 2), grid
 

@@ -21,13 +21,23 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
 PAPER_VARIANTS = ("ViT-Ti/16", "ViT-S/16", "ViT-S/32", "ViT-B/8", "ViT-B/16", "ViT-B/32",
                   "ViT-L/16", "ViT-L/32", "ViT-H/14")
 
-_NAME = re.compile(r"^vit-(ti|s|b|l|h)/(\d+)$", re.IGNORECASE)
+# Hybrids (section 3.2 and AugReg): (ResNet depth, ViT patch name) -> (blocks per stage, patch size on
+# the feature map). R50 for /16 drops stage 4 and extends stage 3 to 9 blocks; "R+" is the stem alone.
+HYBRIDS: dict[tuple[str, int], tuple[tuple[int, ...], int]] = {
+    ("R", 16): ((), 8),
+    ("R26", 32): ((2, 2, 2, 2), 1),
+    ("R50", 16): ((3, 4, 9), 1),
+    ("R50", 32): ((3, 4, 6, 3), 1),
+}
+HYBRID_VARIANTS = ("R+ViT-Ti/16", "R26+ViT-S/32", "R26+ViT-B/32", "R50+ViT-B/16", "R50+ViT-L/32")
+
+_NAME = re.compile(r"^(?:(r\d*)\+)?vit-(ti|s|b|l|h)/(\d+)$", re.IGNORECASE)
 _SIZE_BY_LOWER = {size.lower(): size for size in SIZES}
 
 
 def list_models() -> list[str]:
-    """The paper's named variants; any other ``ViT-<size>/<patch>`` pair is accepted too."""
-    return list(PAPER_VARIANTS)
+    """The paper's named variants and hybrids; any other ``ViT-<size>/<patch>`` pair is accepted too."""
+    return list(PAPER_VARIANTS + HYBRID_VARIANTS)
 
 
 def model_config(name: str, **overrides: Any) -> ViTConfig:
@@ -38,11 +48,19 @@ def model_config(name: str, **overrides: Any) -> ViTConfig:
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown model {name!r}: expected 'ViT-<size>/<patch>' with size in "
                          f"{'/'.join(SIZES)}, e.g. {', '.join(PAPER_VARIANTS[:3])}{hint}")
-    size, patch = _SIZE_BY_LOWER[match.group(1).lower()], int(match.group(2))
+    resnet, size, patch = match.group(1), _SIZE_BY_LOWER[match.group(2).lower()], int(match.group(3))
     depth, dim, mlp_dim, heads = SIZES[size]
-    base = dict(patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp_dim, num_heads=heads,
-                extra={"name": f"ViT-{size}/{patch}"})
-    if "image_size" not in overrides and 224 % patch:
+    canonical = f"ViT-{size}/{patch}"
+    base = dict(patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp_dim, num_heads=heads)
+    if resnet:
+        resnet = resnet.upper()
+        if (resnet, patch) not in HYBRIDS:
+            raise ValueError(f"unknown hybrid {name.strip()!r}: expected one of {', '.join(HYBRID_VARIANTS)} "
+                             "(any ViT size with " + ", ".join(f"{r}+.../{p}" for r, p in HYBRIDS) + ")")
+        canonical = f"{resnet}+{canonical}"
+        base["backbone"], base["patch_size"] = HYBRIDS[resnet, patch]
+    base["extra"] = {"name": canonical}
+    if "image_size" not in overrides and 224 % patch and not resnet:
         base["image_size"] = 224 // patch * patch  # e.g. ViT-H/14 keeps 224; patch 32 at 224 too
     return ViTConfig(**{**base, **overrides})
 

@@ -20,6 +20,7 @@ from ..atomic import atomic_directory
 from .config import ViTConfig, pair
 from .layers import Block, PatchEmbed
 from .position import make_position_embedding
+from .resnet import make_backbone
 
 
 CONFIG_FILE = "config.json"
@@ -40,7 +41,7 @@ class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         c = self.config = config
-        self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size)
+        self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size, make_backbone(c))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_token else None
         self.pos_embed = make_position_embedding(c)
         self.pos_drop = nn.Dropout(c.dropout)

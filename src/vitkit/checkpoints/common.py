@@ -1,0 +1,216 @@
+"""What every checkpoint format shares: safe file reading, name tables, and reading a config off the
+weights once they carry vitkit's names."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from ..models.config import ViTConfig, backbone_stride, pair
+from ..models.registry import SIZES
+
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt, or does not fit the model it describes."""
+
+
+# ------------------------------------------------------------------------------------------ files
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({error})") from error
+
+
+def read_torch(path: Path) -> dict[str, torch.Tensor]:
+    """A PyTorch file holding tensors only; anything that would need unpickling code is refused."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: refusing to unpickle a file that holds Python objects other than "
+                              f"tensors ({reason}); convert it to .safetensors with code you trust") from error
+    except (RuntimeError, OSError, EOFError) as error:
+        raise CheckpointError(f"{path}: corrupt or unreadable PyTorch file ({error})") from error
+    for wrapper in ("state_dict", "model", "module"):  # training checkpoints nest the weights
+        if isinstance(data, dict) and isinstance(data.get(wrapper), dict):
+            data = data[wrapper]
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise CheckpointError(f"{path}: expected a dict of tensors (a state dict), got {type(data).__name__}")
+    return {key.removeprefix("module."): value for key, value in data.items()}
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
+    if path.suffix in TORCH_SUFFIXES:
+        return read_torch(path)
+    raise CheckpointError(f"{path}: unknown weights file type {path.suffix!r}; expected .safetensors, "
+                          f".npz or one of {', '.join(TORCH_SUFFIXES)}")
+
+
+# ------------------------------------------------------------------------------------ name tables
+class Names:
+    """A two-way table of parameter names. Templates hold ``{i}``/``{j}`` (indices from 0), ``{I}``/``{J}``
+    (the same indices counted from 1) and ``{rest}`` (anything), e.g.
+    ``("encoder.layer.{i}.output.dense.{rest}", "blocks.{i}.mlp.fc2.{rest}")``; the first template
+    that matches wins, in either direction."""
+
+    def __init__(self, pairs: list[tuple[str, str]]):
+        self.forward = [self._compile(theirs, ours) for theirs, ours in pairs]
+        self.backward = [self._compile(ours, theirs) for theirs, ours in pairs]
+
+    @staticmethod
+    def _compile(source: str, target: str) -> tuple[re.Pattern, str]:
+        pattern = re.escape(source)
+        for field, regex in (("i", r"\d+"), ("j", r"\d+"), ("I", r"\d+"), ("J", r"\d+"), ("rest", r".+")):
+            pattern = pattern.replace(re.escape(f"{{{field}}}"), f"(?P<{field}>{regex})")
+        return re.compile(pattern), target
+
+    @staticmethod
+    def _apply(name: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
+        for pattern, target in rules:
+            match = pattern.fullmatch(name)
+            if match:
+                fields = match.groupdict()
+                for zero, one in (("i", "I"), ("j", "J")):
+                    if zero in fields:
+                        fields[one] = str(int(fields[zero]) + 1)
+                    elif one in fields:
+                        fields[zero] = str(int(fields[one]) - 1)
+                return target.format(**fields)
+        return None
+
+    def to_ours(self, name: str) -> str | None:
+        return self._apply(name, self.forward)
+
+    def to_theirs(self, name: str) -> str | None:
+        return self._apply(name, self.backward)
+
+
+def rename(state: dict[str, Any], names: Names, source: str) -> dict[str, Any]:
+    """``state`` with vitkit's names; a name the table does not know is an error that lists them all."""
+    renamed, unknown = {}, []
+    for key, value in state.items():
+        ours = names.to_ours(key)
+        if ours is None:
+            unknown.append(key)
+        else:
+            renamed[ours] = value
+    if unknown:
+        raise CheckpointError(f"{source}: {len(unknown)} unexpected keys that vitkit cannot place: "
+                              + ", ".join(sorted(unknown)[:20]) + (" ..." if len(unknown) > 20 else ""))
+    return renamed
+
+
+def fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Concatenate separate ``attn.q/k/v`` projections into vitkit's packed ``attn.qkv``."""
+    fused = dict(state)
+    for key in [k for k in state if ".attn.q." in k]:
+        parts = [fused.pop(key.replace(".attn.q.", f".attn.{p}.")) for p in "qkv"]
+        fused[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat(parts, dim=0)
+    return fused
+
+
+def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`fuse_qkv`."""
+    split = dict(state)
+    for key in [k for k in state if ".attn.qkv." in k]:
+        for part, tensor in zip("qkv", split.pop(key).chunk(3, dim=0)):
+            split[key.replace(".attn.qkv.", f".attn.{part}.")] = tensor.contiguous()
+    return split
+
+
+# ------------------------------------------------------------------------------ reading a config
+def count_indices(state: dict[str, Any], prefix: str) -> int:
+    """How many ``prefix{n}.`` entries there are (e.g. blocks), checking they run 0..n-1."""
+    found = {int(m.group(1)) for key in state if (m := re.match(re.escape(prefix) + r"(\d+)\.", key))}
+    return len(found) if found == set(range(len(found))) else -1
+
+
+def standard_heads(dim: int, overrides: dict[str, Any], source: str) -> int:
+    """The head count the weights cannot tell (packed qkv): the override, or the paper's for its widths."""
+    if "num_heads" in overrides:
+        return int(overrides["num_heads"])
+    by_width = {width: heads for _, width, _, heads in SIZES.values()}
+    if dim in by_width:
+        return by_width[dim]
+    raise CheckpointError(f"{source}: the head count of a packed qkv matrix of width {dim} cannot be read "
+                          f"from the weights; pass the override num_heads=...")
+
+
+def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], source: str,
+                 **settings: Any) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """The config that vitkit-named ``state`` implies (shapes, layout, grid); ``settings`` give what the
+    format knows beyond the weights (numerics, head count, pooling). A position table without a class
+    slot (big_vision, timm's ``no_embed_class``) gets a zero row, which is exactly equivalent."""
+    def need(key: str) -> torch.Tensor:
+        if key not in state:
+            raise CheckpointError(f"{source}: missing {key!r}, which every ViT has; found {sorted(state)[:8]} ...")
+        return state[key]
+
+    proj = need("patch_embed.proj.weight")
+    dim, patch = proj.shape[0], proj.shape[-1]
+    config: dict[str, Any] = dict(dim=dim, patch_size=patch, in_chans=proj.shape[1],
+                                  depth=count_indices(state, "blocks."),
+                                  mlp_dim=need("blocks.0.mlp.fc1.weight").shape[0],
+                                  qkv_bias="blocks.0.attn.qkv.bias" in state,
+                                  class_token="cls_token" in state, fc_norm="fc_norm.weight" in state,
+                                  num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0)
+    if "pre_logits.0.weight" in state:
+        config["representation_size"] = state["pre_logits.0.weight"].shape[0]
+    stem = "patch_embed.backbone.stem.conv.weight"
+    if stem in state:
+        stages = count_indices(state, "patch_embed.backbone.stages.")
+        config.update(in_chans=state[stem].shape[1], backbone_width=state[stem].shape[0],
+                      backbone=tuple(count_indices(state, f"patch_embed.backbone.stages.{s}.")
+                                     for s in range(stages)))
+    config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"
+    config.update(settings)
+    if "num_heads" not in config:
+        config["num_heads"] = standard_heads(dim, overrides, source)
+
+    if "pos_embed.weight" in state:
+        table = state["pos_embed.weight"]
+        if table.ndim == 2:
+            table = table.unsqueeze(0)
+        prefix = int(config["class_token"])
+        tokens = table.shape[1] - prefix
+        if prefix and math.isqrt(table.shape[1]) ** 2 == table.shape[1] and math.isqrt(tokens) ** 2 != tokens:
+            table, tokens = torch.cat([table.new_zeros(1, 1, dim), table], dim=1), table.shape[1]
+        state = {**state, "pos_embed.weight": table}
+        config["image_size"] = _native_size(tokens, config, overrides, source)
+    else:
+        config["pos_embed"] = "none"
+        config["image_size"] = overrides.get("image_size", 224)
+    try:
+        return ViTConfig(**{**config, **kept_overrides(overrides)}), state
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{source}: the weights describe an invalid model ({error})") from error
+
+
+def kept_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that win over what the file says (image_size and num_classes are surgery, after)."""
+    return {k: v for k, v in overrides.items() if k not in ("image_size", "num_classes")}
+
+
+def _native_size(tokens: int, config: dict[str, Any], overrides: dict[str, Any], source: str) -> tuple[int, int]:
+    stride = config["patch_size"] * backbone_stride(config.get("backbone"))
+    side = math.isqrt(tokens)
+    if side * side == tokens:
+        return (side * stride, side * stride)
+    if "image_size" in overrides:  # a non-square native grid can only come from the caller
+        height, width = pair(overrides["image_size"])
+        if (height // stride) * (width // stride) == tokens:
+            return (height, width)
+    raise CheckpointError(f"{source}: the position table has {tokens} patch positions, not a square grid; "
+                          f"pass the native size as the override image_size=(height, width)")

@@ -1,0 +1,124 @@
+"""HF transformers' ViT directories: ``config.json`` + ``model.safetensors`` (or a weights-only
+``pytorch_model.bin``), read with both the on-disk names of transformers 4.x (which 5.x still writes)
+and the in-memory names of 5.x, and written with the 4.x names that every version reads.
+
+Numerics come from the config: LayerNorm eps (HF's default is 1e-12) and ``hidden_act``. HF resamples
+position tables bicubically without antialias (``interpolate_pos_encoding=True``), as vitkit does.
+The pooler (Linear + tanh on the [class] token) is vitkit's pre-logits layer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ..atomic import atomic_directory
+from ..models.config import ViTConfig
+from ..models.vit import VisionTransformer
+from .common import CheckpointError, Names, fuse_qkv, kept_overrides, read_weights, rename, split_qkv
+
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
+
+_V4, _V5 = "encoder.layer.{i}.", "layers.{i}."
+NAMES = Names([  # the 4.x name of each pair comes first: it is the one written
+    ("embeddings.cls_token", "cls_token"),
+    ("embeddings.position_embeddings", "pos_embed.weight"),
+    ("embeddings.patch_embeddings.projection.{rest}", "patch_embed.proj.{rest}"),
+    ("layernorm.{rest}", "norm.{rest}"),
+    ("pooler.dense.{rest}", "pre_logits.0.{rest}"),
+    ("classifier.{rest}", "head.{rest}"),
+    *[(layer + theirs + ".{rest}", "blocks.{i}." + ours + ".{rest}") for theirs, ours, layer in [
+        ("layernorm_before", "norm1", _V4), ("layernorm_before", "norm1", _V5),
+        ("layernorm_after", "norm2", _V4), ("layernorm_after", "norm2", _V5),
+        ("attention.attention.query", "attn.q", _V4), ("attention.q_proj", "attn.q", _V5),
+        ("attention.attention.key", "attn.k", _V4), ("attention.k_proj", "attn.k", _V5),
+        ("attention.attention.value", "attn.v", _V4), ("attention.v_proj", "attn.v", _V5),
+        ("attention.output.dense", "attn.proj", _V4), ("attention.o_proj", "attn.proj", _V5),
+        ("intermediate.dense", "mlp.fc1", _V4), ("mlp.fc1", "mlp.fc1", _V5),
+        ("output.dense", "mlp.fc2", _V4), ("mlp.fc2", "mlp.fc2", _V5),
+    ]],
+])
+
+
+def is_hf_directory(path: Path) -> bool:
+    if not (path / CONFIG_FILE).exists():
+        return False
+    try:
+        return "model_type" in json.loads((path / CONFIG_FILE).read_text())
+    except json.JSONDecodeError:
+        return False
+
+
+def read_hf(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    hf = json.loads((directory / CONFIG_FILE).read_text())
+    if hf.get("model_type") != "vit":
+        raise CheckpointError(f"{directory / CONFIG_FILE}: model_type={hf.get('model_type')!r}; vitkit reads "
+                              f"HF's 'vit' models")
+    if hf.get("hidden_act", "gelu") not in GELUS or hf.get("pooler_act", "tanh") != "tanh":
+        raise CheckpointError(f"{directory / CONFIG_FILE}: hidden_act={hf.get('hidden_act')!r}, "
+                              f"pooler_act={hf.get('pooler_act')!r}; expected hidden_act in {sorted(GELUS)} "
+                              f"and pooler_act 'tanh'")
+    files = [directory / name for name in WEIGHT_FILES if (directory / name).exists()]
+    if not files:
+        raise CheckpointError(f"{directory}: an HF directory without weights; expected one of {WEIGHT_FILES}")
+    state = {key.removeprefix("vit."): value for key, value in read_weights(files[0]).items()}
+    state = fuse_qkv(rename(state, NAMES, str(files[0])))
+    head = state.get("head.weight")
+    pooler = state.get("pre_logits.0.weight")
+    config = dict(
+        image_size=hf.get("image_size", 224), patch_size=hf.get("patch_size", 16),
+        in_chans=hf.get("num_channels", 3), dim=hf["hidden_size"], depth=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], qkv_bias=hf.get("qkv_bias", True),
+        num_classes=head.shape[0] if head is not None else 0,
+        representation_size=pooler.shape[0] if pooler is not None else None,
+        dropout=hf.get("hidden_dropout_prob", 0.0), attn_dropout=hf.get("attention_probs_dropout_prob", 0.0),
+        ln_eps=hf.get("layer_norm_eps", 1e-12), gelu=GELUS[hf.get("hidden_act", "gelu")],
+        pos_interp="bicubic", pos_interp_antialias=False,
+        extra={"format": "hf", "source": str(directory)},
+    )
+    try:
+        return ViTConfig(**{**config, **kept_overrides(overrides)}), state
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: describes an invalid model ({error})") from error
+
+
+def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
+    """Export as ``ViTForImageClassification`` (or ``ViTModel`` with its pooler when there is no head)."""
+    config = model.config
+    unsupported = [reason for reason, bad in [
+        ("pool='gap'", config.pool != "token"), ("fc_norm", config.fc_norm),
+        (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
+        ("hybrid backbone", config.backbone is not None),
+        ("pre-logits layer together with a head", config.representation_size and config.num_classes),
+    ] if bad]
+    if unsupported:
+        raise CheckpointError(f"cannot write {directory}: HF's ViT has no {', '.join(unsupported)}")
+    classify = config.num_classes > 0
+    height, width = config.image_size
+    labels = {str(k): f"LABEL_{k}" for k in range(config.num_classes)}
+    hf = {
+        "architectures": ["ViTForImageClassification" if classify else "ViTModel"], "model_type": "vit",
+        "hidden_size": config.dim, "num_hidden_layers": config.depth, "num_attention_heads": config.num_heads,
+        "intermediate_size": config.mlp_dim, "hidden_act": "gelu" if config.gelu == "exact" else "gelu_pytorch_tanh",
+        "hidden_dropout_prob": config.dropout, "attention_probs_dropout_prob": config.attn_dropout,
+        "layer_norm_eps": config.ln_eps, "image_size": height if height == width else [height, width],
+        "patch_size": config.patch_size, "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
+        "encoder_stride": config.patch_size, "pooler_act": "tanh",
+        "pooler_output_size": config.representation_size or config.dim,
+        "id2label": labels, "label2id": {v: int(k) for k, v in labels.items()},
+    }
+    prefix = "vit." if classify else ""
+    state = {}
+    for name, tensor in split_qkv(model.state_dict()).items():
+        theirs = NAMES.to_theirs(name)
+        state[theirs if theirs.startswith("classifier.") else prefix + theirs] = tensor.detach().cpu().contiguous()
+    with atomic_directory(directory) as staging:
+        (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True))
+        save_file(state, staging / WEIGHT_FILES[0], metadata={"format": "pt"})
+    return Path(directory)

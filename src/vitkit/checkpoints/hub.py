@@ -1,0 +1,65 @@
+"""Checkpoints named by where they live online, fetched once into the user's cache.
+
+``hf-hub:ORG/NAME[@REVISION]`` goes through ``huggingface_hub`` (its cache, its offline mode, its
+token); ``gs://vit_models/...`` (Google's bucket of the paper's and AugReg's ``.npz`` files) is
+downloaded over HTTPS from the bucket's public address (``$VITKIT_GS_URL`` points at a mirror) into
+``$VITKIT_CACHE`` (default ``~/.cache/vitkit``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..atomic import atomic_file
+from .common import CheckpointError
+
+HF_PREFIX = "hf-hub:"
+GS_PREFIX = "gs://"
+GS_PUBLIC_URL = "https://storage.googleapis.com"
+HF_FILES = ["config.json", "*.safetensors", "pytorch_model.bin", "*.npz"]
+
+
+def is_remote(name: str) -> bool:
+    return name.startswith((HF_PREFIX, GS_PREFIX))
+
+
+def resolve(name: str) -> Path:
+    """The local path of a remote checkpoint, downloading it first unless it is cached."""
+    if name.startswith(HF_PREFIX):
+        return _from_hf_hub(name.removeprefix(HF_PREFIX))
+    return _from_bucket(name.removeprefix(GS_PREFIX))
+
+
+def _from_hf_hub(repo: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError as error:
+        raise CheckpointError("hf-hub: ids need the huggingface_hub package (pip install 'vitkit[hub]')") from error
+    repo_id, _, revision = repo.partition("@")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HF_FILES))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
+        raise CheckpointError(f"{HF_PREFIX}{repo}: not in the local cache and not downloadable ({error})") from error
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VITKIT_CACHE", Path.home() / ".cache" / "vitkit"))
+
+
+def _from_bucket(blob: str) -> Path:
+    local = cache_dir() / "gs" / blob
+    if local.exists():
+        return local
+    url = f"{os.environ.get('VITKIT_GS_URL', GS_PUBLIC_URL).rstrip('/')}/{blob}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, atomic_file(local, "wb") as handle:
+            shutil.copyfileobj(response, handle)
+    except (urllib.error.URLError, OSError) as error:
+        raise CheckpointError(f"{GS_PREFIX}{blob}: not in {local.parent} and the download from {url} "
+                              f"failed ({error})") from error
+    return local

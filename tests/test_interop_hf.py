@@ -1,0 +1,129 @@
+"""HF transformers directories, written by transformers itself, load with HF's logits (also at a larger
+input with interpolated position embeddings); vitkit's HF export is read back by transformers; the
+hub path runs offline against a local cache built here."""
+
+import json
+
+import pytest
+import torch
+from interop_helpers import randomised
+from safetensors.torch import save_file
+
+import vitkit
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_model(cls=None, **kwargs):
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, image_size=32, patch_size=8, num_labels=10,
+                                    **kwargs)
+    return randomised((cls or transformers.ViTForImageClassification)(config))
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh"])
+def test_save_pretrained_directories_give_hfs_logits(tmp_path, hidden_act):
+    peer = hf_model(hidden_act=hidden_act)
+    peer.save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf")
+    assert model.config.ln_eps == 1e-12 and model.config.gelu == ("exact" if hidden_act == "gelu" else "tanh")
+    x = torch.randn(2, 3, 32, 32)
+    big = torch.randn(2, 3, 56, 48)  # another grid: bicubic resampling without antialias, like HF
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(big), peer(big, interpolate_pos_encoding=True).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_in_memory_names_of_transformers_5(tmp_path, weights):
+    peer = hf_model()
+    state = peer.state_dict()
+    assert any(".layers.0.attention.q_proj." in k for k in state)  # 5.x names, unlike the saved files
+    (tmp_path / "hf").mkdir()
+    peer.config.to_json_file(tmp_path / "hf" / "config.json")
+    if weights.endswith(".bin"):
+        torch.save(state, tmp_path / "hf" / weights)
+    else:
+        save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "hf" / weights)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load(tmp_path / "hf")(x), peer(x).logits, atol=1e-5, rtol=0)
+
+
+def test_vit_model_pooler_is_the_pre_logits_layer(tmp_path):
+    peer = hf_model(transformers.ViTModel)
+    peer.save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf")
+    assert model.config.representation_size == 64 and model.config.num_classes == 0
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = peer(x)
+        torch.testing.assert_close(model(x), out.pooler_output, atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.forward_features(x), out.last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_export_is_read_by_transformers_and_round_trips_bit_identically(tmp_path):
+    model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=2, num_classes=7)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    model.eval()
+    vitkit.checkpoints.export(model, tmp_path / "hf", "hf")
+    peer = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(peer(x).logits, model(x), atol=1e-5, rtol=0)
+    back = vitkit.load(tmp_path / "hf")
+    ours, theirs = model.state_dict(), back.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert back.config.ln_eps == model.config.ln_eps and back.config.gelu == model.config.gelu
+    assert torch.equal(back(x), model(x))
+
+
+def test_export_refuses_what_hf_cannot_express(tmp_path):
+    model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=1, pool="gap", fc_norm=True)
+    with pytest.raises(vitkit.CheckpointError, match="HF's ViT has no pool='gap', fc_norm"):
+        vitkit.checkpoints.export(model, tmp_path / "hf", "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_hf_hub_ids_resolve_through_the_local_cache(tmp_path, monkeypatch):
+    """The real huggingface_hub code path, offline, on a cache laid out as huggingface_hub lays it out."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    peer = hf_model()
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "cache" / "models--org--tiny-vit"
+    peer.save_pretrained(repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load("hf-hub:org/tiny-vit")(x), peer(x).logits, atol=1e-5, rtol=0)
+    with pytest.raises(vitkit.CheckpointError, match="hf-hub:org/missing: not in the local cache"):
+        vitkit.load("hf-hub:org/missing")
+
+
+def test_google_bucket_names_download_once_into_the_cache(tmp_path, monkeypatch):
+    model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=1, gelu="tanh")
+    mirror = tmp_path / "mirror" / "vit_models" / "augreg"
+    vitkit.checkpoints.export(model, mirror / "Ti_16.npz", "npz")
+    monkeypatch.setenv("VITKIT_GS_URL", (tmp_path / "mirror").as_uri())
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
+    loaded = vitkit.load("gs://vit_models/augreg/Ti_16.npz")
+    assert (tmp_path / "cache" / "gs" / "vit_models" / "augreg" / "Ti_16.npz").exists()
+    (mirror / "Ti_16.npz").unlink()  # the second load needs no download
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(vitkit.load("gs://vit_models/augreg/Ti_16.npz")(x), loaded(x))
+    assert torch.equal(loaded(x), model.eval()(x))
+    with pytest.raises(vitkit.CheckpointError, match="download from .* failed"):
+        vitkit.load("gs://vit_models/augreg/missing.npz")
+
+
+def test_hf_config_of_another_model_type_is_a_clear_error(tmp_path):
+    hf_model().save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["model_type"] = "deit"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vitkit.CheckpointError, match="model_type='deit'"):
+        vitkit.load(tmp_path / "hf")

@@ -1,0 +1,86 @@
+"""timm state dicts (plain and hybrid), saved by timm's model itself, load with timm's logits."""
+
+import pickle
+
+import pytest
+import torch
+from interop_helpers import timm_model
+from safetensors.torch import save_file
+
+import vitkit
+
+timm = pytest.importorskip("timm")
+
+
+def save(peer, path):
+    state = {k: v.contiguous() for k, v in peer.state_dict().items()}
+    if path.suffix == ".safetensors":
+        save_file(state, path)
+    else:
+        torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("kwargs,pool", [
+    (dict(), "token"),
+    (dict(class_token=False, global_pool="avg"), "gap"),  # timm's avg defaults to fc_norm
+    (dict(class_token=False, global_pool="avg", fc_norm=False), "gap"),
+    (dict(no_embed_class=True), "token"),
+])
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_timm_state_dicts_give_timms_logits(tmp_path, kwargs, pool, suffix):
+    peer = timm_model(**kwargs)
+    model = vitkit.load(save(peer, tmp_path / f"peer{suffix}"), num_heads=4)
+    assert model.config.pool == pool and model.config.fc_norm == ("fc_norm.weight" in peer.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
+
+
+def test_class_token_with_avg_pooling_needs_the_pool_override(tmp_path):
+    peer = timm_model(global_pool="avg", fc_norm=False)
+    path = save(peer, tmp_path / "peer.safetensors")
+    x = torch.randn(2, 3, 32, 32)
+    model = vitkit.load(path, num_heads=4, pool="gap")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
+        assert not torch.allclose(vitkit.load(path, num_heads=4)(x), peer(x), atol=1e-3)
+
+
+@pytest.mark.parametrize("layers,patch,size", [((1, 1), 1, 64), ((), 2, 32)])
+def test_timm_hybrids_give_timms_logits(tmp_path, layers, patch, size):
+    peer = timm_model(backbone=layers, img_size=size, patch_size=patch)
+    model = vitkit.load(save(peer, tmp_path / "hybrid.safetensors"), num_heads=4)
+    c = model.config
+    assert (c.backbone, c.std_conv, c.std_conv_eps, c.gn_eps) == (layers, "sqrt(var+eps)", 1e-8, 1e-5)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x), atol=2e-5, rtol=0)
+
+
+def test_head_count_of_a_nonstandard_width_must_be_passed(tmp_path):
+    path = save(timm_model(), tmp_path / "peer.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match="pass the override num_heads="):
+        vitkit.load(path)
+
+
+class Payload:
+    """Any class: unpickling it would run code from the file."""
+
+
+def test_pickle_bearing_files_are_refused(tmp_path):
+    state = {k: v for k, v in timm_model().state_dict().items()}
+    state["payload"] = Payload()
+    torch.save(state, tmp_path / "evil.pth")
+    with pytest.raises(vitkit.CheckpointError, match="refusing to unpickle"):
+        vitkit.load(tmp_path / "evil.pth")
+    (tmp_path / "raw.bin").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(vitkit.CheckpointError, match="refusing to unpickle|corrupt or unreadable"):
+        vitkit.load(tmp_path / "raw.bin")
+
+
+def test_unknown_keys_are_listed(tmp_path):
+    state = {k: v.contiguous() for k, v in timm_model(init_values=0.1).state_dict().items()}
+    save_file(state, tmp_path / "layerscale.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match=r"unexpected keys \(4\): blocks.0.ls1.gamma"):
+        vitkit.load(tmp_path / "layerscale.safetensors", num_heads=4)

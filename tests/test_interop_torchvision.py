@@ -1,0 +1,24 @@
+"""torchvision ViT state dicts (packed in_proj_weight) load with torchvision's logits."""
+
+import pytest
+import torch
+from interop_helpers import randomised
+
+import vitkit
+
+torchvision = pytest.importorskip("torchvision")
+
+
+@pytest.mark.parametrize("representation_size", [None, 48])
+def test_torchvision_state_dicts_give_torchvisions_logits(tmp_path, representation_size):
+    peer = randomised(torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128, num_classes=10,
+        representation_size=representation_size))
+    torch.save(peer.state_dict(), tmp_path / "tv.pth")
+    with pytest.raises(vitkit.CheckpointError, match="num_heads="):
+        vitkit.load(tmp_path / "tv.pth")
+    model = vitkit.load(tmp_path / "tv.pth", num_heads=4)
+    assert model.config.representation_size == representation_size
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
