@@ -80,7 +80,8 @@ def test_hybrid_npz_gives_timms_hybrid_logits(tmp_path):
     ("R26+ViT-S/32", dict(backbone=(1, 1), dim=64, num_heads=2, mlp_dim=64)),
 ])
 def test_native_to_npz_to_native_is_bit_identical(tmp_path, name, kwargs):
-    model = vitkit.create_model(name, image_size=64, depth=2, num_classes=5, gelu="tanh", **kwargs)
+    model = vitkit.create_model(name, image_size=64, depth=2, num_classes=5, gelu="tanh", pos_interp="bilinear",
+                                pos_interp_align_corners=True, **kwargs)  # an npz implies Google numerics
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.2)
     model.eval().save(tmp_path / "native")
@@ -137,3 +138,19 @@ def test_cli_convert_and_info_on_any_format(tmp_path, capsys):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(vitkit.load(tmp_path / "hf", gelu="exact")(x), peer(x), atol=1e-5, rtol=0)
+
+
+def test_google_checkpoints_resample_like_scipy_linear_zoom(tmp_path):
+    """vit_jax resizes position tables with scipy.ndimage.zoom(order=1); a Google checkpoint loaded at
+    another size must get the same table (class slot untouched)."""
+    ndimage = pytest.importorskip("scipy.ndimage")
+    peer = timm_model(act_layer="gelu_tanh")
+    arrays = npz_from_timm(peer, tmp_path, num_heads=4)
+    np.savez(tmp_path / "g.npz", **arrays)
+    model = vitkit.load(tmp_path / "g.npz", image_size=(56, 40))
+    table = arrays["Transformer/posembed_input/pos_embedding"][0]
+    side = int(round((table.shape[0] - 1) ** 0.5))
+    grid = table[1:].reshape(side, side, -1)
+    zoomed = ndimage.zoom(grid, (model.config.grid_size[0] / side, model.config.grid_size[1] / side, 1), order=1)
+    expected = np.concatenate([table[:1], zoomed.reshape(-1, table.shape[-1])])
+    np.testing.assert_allclose(model.pos_embed.weight[0].detach().numpy(), expected, atol=1e-6, rtol=1e-5)

@@ -22,3 +22,20 @@ def test_torchvision_state_dicts_give_torchvisions_logits(tmp_path, representati
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
+
+
+def test_fine_tuning_resolution_matches_torchvisions_interpolate_embeddings(tmp_path):
+    """Loaded at a larger size, the position table is resampled like torchvision's own
+    ``interpolate_embeddings`` (bicubic, corners aligned), so logits agree at the new resolution."""
+    from torchvision.models.vision_transformer import interpolate_embeddings
+
+    small = randomised(torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128, num_classes=10))
+    torch.save(small.state_dict(), tmp_path / "tv.pth")
+    big = torchvision.models.VisionTransformer(image_size=56, patch_size=8, num_layers=2, num_heads=4,
+                                               hidden_dim=64, mlp_dim=128, num_classes=10).eval()
+    big.load_state_dict(interpolate_embeddings(56, 8, small.state_dict()))
+    model = vitkit.load(tmp_path / "tv.pth", num_heads=4, image_size=56)
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), big(x), atol=1e-5, rtol=0)

@@ -25,7 +25,8 @@ from ..models.vit import VisionTransformer
 from .common import CheckpointError, Names, fuse_qkv, infer_config, split_qkv
 
 PREFIXES = ("opt/target/", "params/", "")
-GOOGLE_NUMERICS = dict(gelu="tanh", ln_eps=1e-6, std_conv="std+eps", std_conv_eps=1e-5, gn_eps=1e-6)
+GOOGLE_NUMERICS = dict(gelu="tanh", ln_eps=1e-6, std_conv="std+eps", std_conv_eps=1e-5, gn_eps=1e-6,
+                       pos_interp="bilinear", pos_interp_align_corners=True)
 
 _BLOCK = "Transformer/encoderblock_{i}/"
 # The first entry for each vitkit name is the layout written (vit_jax's released files, pre-Linen).

@@ -16,7 +16,8 @@ import torch
 from ..models.config import ViTConfig
 from .common import Names, infer_config, rename
 
-TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, std_conv="sqrt(var+eps)", std_conv_eps=1e-8, gn_eps=1e-5)
+TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp_antialias=True,
+                     std_conv="sqrt(var+eps)", std_conv_eps=1e-8, gn_eps=1e-5)
 
 NAMES = Names([
     ("pos_embed", "pos_embed.weight"),
@@ -35,7 +36,7 @@ def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
               source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     state = rename(state, NAMES, source)
     if "patch_embed.backbone.stem.conv.weight" not in state:
-        numerics = {k: TIMM_NUMERICS[k] for k in ("gelu", "ln_eps")}
+        numerics = {k: TIMM_NUMERICS[k] for k in ("gelu", "ln_eps", "pos_interp", "pos_interp_antialias")}
     else:
         numerics = TIMM_NUMERICS
     return infer_config(state, overrides, source, **numerics, extra={"format": "timm", "source": source})

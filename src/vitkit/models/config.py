@@ -51,8 +51,12 @@ class ViTConfig:
     pool: str = "token"
     fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
     pos_embed: str = "learned"
-    pos_interp: str = "bicubic"  # how learned tables are resampled to another grid
+    # How a learned table is resampled to another grid; each checkpoint family has its own: Google
+    # bilinear with corners aligned (scipy's linear zoom), HF bicubic, timm bicubic with antialias,
+    # torchvision bicubic with corners aligned.
+    pos_interp: str = "bicubic"
     pos_interp_antialias: bool = False
+    pos_interp_align_corners: bool = False
     representation_size: int | None = None  # pre-logits Linear + tanh of pre-training
     dropout: float = 0.0
     attn_dropout: float = 0.0

@@ -15,7 +15,7 @@ from .config import ViTConfig
 
 
 def resample_grid(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int],
-                  mode: str = "bicubic", antialias: bool = False) -> torch.Tensor:
+                  mode: str = "bicubic", antialias: bool = False, align_corners: bool = False) -> torch.Tensor:
     """Interpolate a (1, rows*cols, D) patch table from ``old_grid`` to ``new_grid`` in 2-D."""
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if table.ndim != 3 or table.shape[1] != old_grid[0] * old_grid[1]:
@@ -24,16 +24,16 @@ def resample_grid(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tupl
         return table
     dim = table.shape[-1]
     image = table.reshape(1, *old_grid, dim).permute(0, 3, 1, 2).float()
-    align = False if mode in ("bilinear", "bicubic") else None
+    align = align_corners if mode in ("bilinear", "bicubic") else None
     image = F.interpolate(image, size=new_grid, mode=mode, antialias=antialias, align_corners=align)
     return image.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(table.dtype)
 
 
 def resample_with_prefix(table: torch.Tensor, prefix: int, old_grid: tuple[int, int],
-                         new_grid: tuple[int, int], mode: str = "bicubic",
-                         antialias: bool = False) -> torch.Tensor:
+                         new_grid: tuple[int, int], mode: str = "bicubic", antialias: bool = False,
+                         align_corners: bool = False) -> torch.Tensor:
     """Resample the patch part of a table whose first ``prefix`` rows ([class] slot) stay as they are."""
-    patches = resample_grid(table[:, prefix:], old_grid, new_grid, mode, antialias)
+    patches = resample_grid(table[:, prefix:], old_grid, new_grid, mode, antialias, align_corners)
     return torch.cat([table[:, :prefix], patches], dim=1)
 
 
@@ -68,14 +68,16 @@ class LearnedPositionEmbedding(_CachedByGrid):
     """1-D learned table (the paper's default), one row per token including the [class] slot."""
 
     def __init__(self, grid: tuple[int, int], dim: int, prefix: int, mode: str = "bicubic",
-                 antialias: bool = False):
+                 antialias: bool = False, align_corners: bool = False):
         super().__init__()
-        self.grid, self.prefix, self.mode, self.antialias = tuple(grid), prefix, mode, antialias
+        self.grid, self.prefix = tuple(grid), prefix
+        self.mode, self.antialias, self.align_corners = mode, antialias, align_corners
         self.weight = nn.Parameter(torch.empty(1, prefix + grid[0] * grid[1], dim))
         nn.init.normal_(self.weight, std=0.02)
 
     def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
-        return resample_with_prefix(self.weight, self.prefix, self.grid, grid, self.mode, self.antialias)
+        return resample_with_prefix(self.weight, self.prefix, self.grid, grid, self.mode, self.antialias,
+                                    self.align_corners)
 
     def forward(self, grid: tuple[int, int]) -> torch.Tensor:
         return self.weight if tuple(grid) == self.grid else super().forward(grid)
@@ -177,7 +179,8 @@ def make_position_embedding(config: ViTConfig) -> nn.Module | None:
     prefix = 1 if config.class_token else 0
     grid, dim = config.grid_size, config.dim
     if config.pos_embed == "learned":
-        return LearnedPositionEmbedding(grid, dim, prefix, config.pos_interp, config.pos_interp_antialias)
+        return LearnedPositionEmbedding(grid, dim, prefix, config.pos_interp, config.pos_interp_antialias,
+                                        config.pos_interp_align_corners)
     if config.pos_embed == "learned-2d":
         return Learned2dPositionEmbedding(grid, dim, prefix)
     if config.pos_embed == "sincos-2d":
