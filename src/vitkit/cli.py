@@ -53,6 +53,39 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
+    checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
+    from .analysis import inputs
+    from .analysis.report import REPORT_FILE, analyze
+
+    model = load(args.checkpoint)
+    if args.dataset:
+        pictures = inputs.dataset_sample(args.dataset, args.data_root, args.num_images, args.seed)
+    elif args.images:
+        pictures = inputs.read_images(args.images)
+    else:
+        pictures = inputs.sample_photos()
+    config = model.config
+    size = args.image_size or config.image_size
+    images, shown = inputs.prepare(pictures, size, config.in_chans, _per_channel(args.mean, config.in_chans),
+                                   _per_channel(args.std, config.in_chans))
+    result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
+                     discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
+                     title=f"{args.checkpoint}")
+    print(f"analysed {len(images)} images at {size[0]}x{size[1]}: {len(result.figures)} figures, "
+          f"report {result.out / REPORT_FILE}")
+    return 0
+
+
+def _per_channel(values: list[float], channels: int) -> list[float]:
+    if len(values) == 1:
+        return values * channels
+    if len(values) != channels:
+        raise ValueError(f"expected 1 or {channels} values for the normalisation, got {values}")
+    return values
+
+
 def _image_size(text: str) -> tuple[int, int]:
     parts = [int(p) for p in text.lower().split("x")]
     return pair(parts[0] if len(parts) == 1 else tuple(parts))
@@ -72,6 +105,29 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("path")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(run=cmd_info)
+
+    analyze = sub.add_parser("analyze", help="attention rollout, attention distance, embedding figures and a report")
+    analyze.add_argument("checkpoint")
+    source = analyze.add_mutually_exclusive_group()
+    source.add_argument("--images", nargs="+", metavar="PATH",
+                         help="image files or directories (default: scikit-learn's two sample photos)")
+    source.add_argument("--dataset", choices=["mnist", "fashion-mnist", "cifar10", "cifar10-subset"],
+                         help="analyse a random sample of this dataset's test split instead")
+    analyze.add_argument("--data-root", default="data", help="where --dataset lies (torchvision layout)")
+    analyze.add_argument("--num-images", type=int, default=64, help="size of the --dataset sample")
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--out", required=True, help="directory for figures, numbers and index.html")
+    analyze.add_argument("--image-size", type=_image_size, help="input size (default: the checkpoint's)")
+    analyze.add_argument("--mean", type=float, nargs="+", default=[0.5],
+                         help="per-channel input mean (default 0.5: Google's [-1, 1] scaling)")
+    analyze.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel input std")
+    analyze.add_argument("--batch-size", type=int, default=8)
+    analyze.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean")
+    analyze.add_argument("--discard-ratio", type=float, default=0.0,
+                         help="fraction of the weakest attention weights dropped before rollout")
+    analyze.add_argument("--overlays", type=int, default=8, help="how many rollout overlays to draw")
+    analyze.add_argument("--filters", type=int, default=28, help="principal components of the patch filters")
+    analyze.set_defaults(run=cmd_analyze)
     return parser
 
 
@@ -80,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError) as error:
+    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
         print(f"vitkit {args.command}: error: {error}", file=sys.stderr)
         return 2
 
