@@ -137,7 +137,7 @@ body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
 figure {{ margin: 0; max-width: 520px; }} img {{ max-width: 100%; }}
 figcaption {{ font-size: 0.85em; color: #555; }} table {{ border-collapse: collapse; font-size: 0.85em; }}
 td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
-</style></head><body>
+</style></head><body data-figures="{len(figures)}">
 <h1>{html.escape(summary['title'] or name)}</h1>
 <p>{html.escape(name)}: {config['depth']} layers, D={config['dim']}, {config['num_heads']} heads, pooling
 '{html.escape(config['pool'])}', position embeddings '{html.escape(config['pos_embed'])}'.
@@ -148,6 +148,12 @@ td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 <table><tr><th>layer</th><th>min</th><th>mean</th><th>max</th></tr>{rows}</table>
 {f'<ul>{skipped}</ul>' if skipped else ''}
 <p>Numbers: summary.json and the .npy files next to this page.</p>
+<script>
+// Record how many figures the browser decoded, so a headless check can tell that all of them show.
+addEventListener("load", () => {{
+  document.body.dataset.shown = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length;
+}});
+</script>
 </body></html>
 """
     path = analysis.out / REPORT_FILE
