@@ -228,3 +228,41 @@ def test_filter_components_need_pixel_filters():
         patch_filters(model)
     with pytest.raises(ValueError, match=r"\(filters, channels, height, width\), got \(4, 5\)"):
         filter_components(torch.randn(4, 5))
+
+
+@pytest.fixture
+def one_thread():
+    """A model this small trains fastest on one thread, and a shared machine is not oversubscribed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_rollout_of_a_model_trained_on_mnist_looks_at_the_digit(shared_data, one_thread):
+    import torchvision
+
+    train = torchvision.datasets.MNIST(shared_data, train=True, download=False)
+    test = torchvision.datasets.MNIST(shared_data, train=False, download=False)
+    images, labels = (train.data[:4096].float() / 255 - 0.5).unsqueeze(1) / 0.5, train.targets[:4096]
+    probe = test.data[:256].float().unsqueeze(1) / 255
+    inked = F.avg_pool2d(probe, 7)[:, 0] > 0.1  # 7x7 patches with strokes in them
+    model = vitkit.create_model(vitkit.ViTConfig(image_size=28, patch_size=7, in_chans=1, dim=32, depth=2,
+                                                 num_heads=2, mlp_dim=64, num_classes=10))
+
+    def mass_on_ink():
+        maps = attention_rollout(*capture_attention(model.eval(), (probe - 0.5) / 0.5))
+        return ((maps / maps.sum(dim=(1, 2), keepdim=True)) * inked).sum(dim=(1, 2)).mean().item()
+
+    before = mass_on_ink()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    model.train()
+    for _ in range(100):
+        batch = torch.randint(0, len(images), (64,))
+        loss = F.cross_entropy(model(images[batch]), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = mass_on_ink()
+    area = inked.float().mean().item()  # ~0.37: what a uniform map would put on the strokes
+    assert after > 1.5 * area and after > before + 0.15, (before, after, area)

@@ -74,6 +74,8 @@ def prepare(images: Sequence[np.ndarray], size: tuple[int, int], channels: int,
             mean: Sequence[float], std: Sequence[float]) -> tuple[torch.Tensor, list[np.ndarray]]:
     """Resize each image so that it covers ``size``, centre-crop it, and normalise it: the model's
     input (B, channels, H, W) and the cropped uint8 pictures (for overlays)."""
+    if not len(images):
+        raise ValueError("no images to analyse")
     batch, shown = [], []
     for image in images:
         pixels = torch.from_numpy(np.array(image))

@@ -90,7 +90,7 @@ def similarity_figure(similarity: torch.Tensor):
     axes.set_xlabel("input patch column")
     axes.set_ylabel("input patch row")
     axes.tick_params(length=0)
-    figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04, label="cosine similarity")
+    figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04, shrink=min(1.0, rows / cols), label="cosine similarity")
     axes.set_title("position embedding similarity", fontsize=9)
     return figure
 
