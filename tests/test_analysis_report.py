@@ -93,7 +93,8 @@ def test_dataset_samples_are_the_files_images(shared_data):
 
 
 def test_analyze_a_grey_model_on_mnist(tmp_path, shared_data):
-    checkpoint(tmp_path / "ckpt", image_size=28, patch_size=7, in_chans=1, pool="gap", class_token=False)
+    checkpoint(tmp_path / "ckpt", image_size=28, patch_size=7, in_chans=1, pool="gap", class_token=False,
+               pos_embed="none")
     args = ["analyze", str(tmp_path / "ckpt"), "--dataset", "mnist", "--data-root", str(shared_data),
             "--num-images", "12", "--overlays", "1", "--out", str(tmp_path / "out")]
     assert main(args) == 0
@@ -101,6 +102,9 @@ def test_analyze_a_grey_model_on_mnist(tmp_path, shared_data):
     assert summary["images"] == 12 and summary["rollout"]["readout"] == "mean"
     assert np.load(tmp_path / "out" / "rollout.npy").shape == (12, 4, 4)
     assert np.load(tmp_path / "out" / "filter_components.npy").shape == (28, 1, 7, 7)
+    assert "pos_embed='none'" in summary["skipped"]["position_similarity"]
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert 'data-figures="3"' in page and "position_similarity skipped: the model has no position" in page
 
 
 def test_analyze_reports_bad_input_clearly(tmp_path, capsys):

@@ -23,23 +23,27 @@ REPORT_FILE = "index.html"
 
 
 @dataclass
-class Figure:
+class FigureFile:
     file: str
     caption: str
 
 
 @dataclass
 class Analysis:
-    """What was written, for the page and for callers."""
+    """What was written into ``out``, for the page and for callers."""
 
     out: Path
     summary: dict
-    figures: list[Figure] = field(default_factory=list)
+    figures: list[FigureFile] = field(default_factory=list)
 
+    def save_numbers(self, key: str, array: torch.Tensor) -> None:
+        with atomic_file(self.out / f"{key}.npy", "wb") as handle:
+            np.save(handle, array.numpy(), allow_pickle=False)
+        self.summary["files"][key] = f"{key}.npy"
 
-def _save_npy(path: Path, array: torch.Tensor) -> None:
-    with atomic_file(path, "wb") as handle:
-        np.save(handle, array.numpy(), allow_pickle=False)
+    def save_figure(self, file: str, figure, caption: str) -> None:
+        plots.save_figure(figure, self.out / file)
+        self.figures.append(FigureFile(file, caption))
 
 
 def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarray], out: str | Path, *,
@@ -47,69 +51,56 @@ def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarra
             filters: int = 28, title: str = "") -> Analysis:
     """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W)) whose uint8 crops are ``pictures``
     and write the results into ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     config = model.config
     readout = "token" if config.pool == "token" else "mean"
-    rollouts, distance_sum = [], None
-    for start in range(0, len(images), batch_size):
+    rollouts, distance_sum = [], 0.0
+    for start in range(0, len(images), batch_size):  # batches bound the memory the attention maps take
         batch = images[start:start + batch_size]
         attn, grid = capture_attention(model, batch)
+        stride = (batch.shape[-2] / grid[0], batch.shape[-1] / grid[1])  # pixels per token, hybrids too
         rollouts.append(attention_rollout(attn, grid, head_fusion, discard_ratio, readout))
-        stride = (batch.shape[-2] / grid[0], batch.shape[-1] / grid[1])
-        distances = mean_attention_distance(attn, grid, stride) * len(batch)
-        distance_sum = distances if distance_sum is None else distance_sum + distances
-        del attn
-    rollout = torch.cat(rollouts)
-    distances = distance_sum / len(images)
-    analysis = Analysis(out, {
+        distance_sum = distance_sum + mean_attention_distance(attn, grid, stride) * len(batch)
+    rollout, distances = torch.cat(rollouts), distance_sum / len(images)
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    analysis = Analysis(Path(out), {
         "title": title, "model": config.to_dict(), "images": len(images), "image_size": list(images.shape[-2:]),
-        "grid": list(grid), "token_stride_px": list(stride), "rollout": {"head_fusion": head_fusion,
-        "discard_ratio": discard_ratio, "readout": readout}, "files": {},
+        "grid": list(grid), "token_stride_px": list(stride),
+        "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "readout": readout},
+        "mean_attention_distance_px": [[round(v, 3) for v in row] for row in distances.tolist()],
+        "files": {}, "skipped": {},
     })
-    summary = analysis.summary
-
-    _save_npy(out / "rollout.npy", rollout)
-    summary["files"]["rollout"] = "rollout.npy"
+    analysis.save_numbers("rollout", rollout)
     for index in range(min(overlays, len(pictures))):
-        name = f"rollout_{index:03d}.png"
-        plots.save_figure(plots.rollout_overlay(pictures[index], rollout[index], f"image {index}"), out / name)
-        analysis.figures.append(Figure(name, f"Attention rollout ({head_fusion} over heads) of image {index}."))
-
-    _save_npy(out / "mean_attention_distance.npy", distances)
-    summary["files"]["mean_attention_distance"] = "mean_attention_distance.npy"
-    summary["mean_attention_distance_px"] = [[round(v, 3) for v in row] for row in distances.tolist()]
-    plots.save_figure(plots.distance_figure(distances, stride[0]), out / "attention_distance.png")
-    analysis.figures.append(Figure("attention_distance.png", f"Mean attention distance per head and depth over "
-                                   f"{len(images)} images (paper figure 7 right)."))
-
+        analysis.save_figure(f"rollout_{index:03d}.png",
+                             plots.rollout_overlay(pictures[index], rollout[index], f"image {index}"),
+                             f"Attention rollout ({head_fusion} over heads) of image {index}.")
+    analysis.save_numbers("mean_attention_distance", distances)
+    analysis.save_figure("attention_distance.png", plots.distance_figure(distances, stride[0]),
+                         f"Mean attention distance per head and depth over {len(images)} images (figure 7 right).")
     try:
         table, pos_grid = position_table(model)
     except ValueError as error:
-        summary["position_similarity"] = f"skipped: {error}"
+        analysis.summary["skipped"]["position_similarity"] = str(error)
     else:
         similarity = position_similarity(table, pos_grid)
-        _save_npy(out / "position_similarity.npy", similarity)
-        summary["files"]["position_similarity"] = "position_similarity.npy"
-        plots.save_figure(plots.similarity_figure(similarity), out / "position_similarity.png")
-        analysis.figures.append(Figure("position_similarity.png", f"Cosine similarity of the position embeddings "
-                                       f"({config.pos_embed}, {pos_grid[0]}x{pos_grid[1]} grid; figure 7 centre)."))
-
+        analysis.save_numbers("position_similarity", similarity)
+        analysis.save_figure("position_similarity.png", plots.similarity_figure(similarity),
+                             f"Cosine similarity of the position embeddings ({config.pos_embed}, "
+                             f"{pos_grid[0]}x{pos_grid[1]} grid; figure 7 centre).")
     try:
         weights = patch_filters(model)
     except ValueError as error:
-        summary["filter_components"] = f"skipped: {error}"
+        analysis.summary["skipped"]["filter_components"] = str(error)
     else:
         components, explained = filter_components(weights, filters)
-        _save_npy(out / "filter_components.npy", components)
-        summary["files"]["filter_components"] = "filter_components.npy"
-        summary["filter_explained_variance"] = [round(v, 5) for v in explained.tolist()]
-        plots.save_figure(plots.filters_figure(components), out / "filters.png")
-        analysis.figures.append(Figure("filters.png", f"First {len(components)} principal components of the "
-                                       f"patch-embedding filters (figure 7 left)."))
-
-    with atomic_file(out / "summary.json") as handle:
-        json.dump(summary, handle, indent=2)
+        analysis.summary["filter_explained_variance"] = [round(v, 5) for v in explained.tolist()]
+        analysis.save_numbers("filter_components", components)
+        analysis.save_figure("filters.png", plots.filters_figure(components),
+                             f"First {len(components)} principal components of the patch-embedding filters "
+                             "(figure 7 left).")
+    with atomic_file(analysis.out / "summary.json") as handle:
+        json.dump(analysis.summary, handle, indent=2)
     write_page(analysis)
     return analysis
 
@@ -126,8 +117,8 @@ def write_page(analysis: Analysis) -> Path:
     rows = "".join(f"<tr><td>{layer + 1}</td><td>{min(row):.1f}</td><td>{sum(row) / len(row):.1f}</td>"
                    f"<td>{max(row):.1f}</td></tr>"
                    for layer, row in enumerate(summary["mean_attention_distance_px"]))
-    skipped = "".join(f"<li>{html.escape(key)}: {html.escape(value)}</li>" for key, value in summary.items()
-                      if isinstance(value, str) and value.startswith("skipped"))
+    skipped = "".join(f"<li>{html.escape(key)} skipped: {html.escape(reason)}</li>"
+                      for key, reason in summary["skipped"].items())
     name = config.get("extra", {}).get("name", "ViT")
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>vitkit analysis: {html.escape(summary['title'] or name)}</title>
