@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from .analysis import inputs
+from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import CheckpointError, load
 from .models import list_models, model_config
 from .models.config import pair
@@ -56,8 +58,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
-    from .analysis import inputs
-    from .analysis.report import REPORT_FILE, analyze
 
     model = load(args.checkpoint)
     if args.dataset:
@@ -86,6 +86,13 @@ def _per_channel(values: list[float], channels: int) -> list[float]:
     return values
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
 def _image_size(text: str) -> tuple[int, int]:
     parts = [int(p) for p in text.lower().split("x")]
     return pair(parts[0] if len(parts) == 1 else tuple(parts))
@@ -111,17 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     source = analyze.add_mutually_exclusive_group()
     source.add_argument("--images", nargs="+", metavar="PATH",
                          help="image files or directories (default: scikit-learn's two sample photos)")
-    source.add_argument("--dataset", choices=["mnist", "fashion-mnist", "cifar10", "cifar10-subset"],
+    source.add_argument("--dataset", choices=inputs.DATASETS,
                          help="analyse a random sample of this dataset's test split instead")
     analyze.add_argument("--data-root", default="data", help="where --dataset lies (torchvision layout)")
-    analyze.add_argument("--num-images", type=int, default=64, help="size of the --dataset sample")
+    analyze.add_argument("--num-images", type=_positive, default=64, help="size of the --dataset sample")
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", required=True, help="directory for figures, numbers and index.html")
     analyze.add_argument("--image-size", type=_image_size, help="input size (default: the checkpoint's)")
     analyze.add_argument("--mean", type=float, nargs="+", default=[0.5],
                          help="per-channel input mean (default 0.5: Google's [-1, 1] scaling)")
     analyze.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel input std")
-    analyze.add_argument("--batch-size", type=int, default=8)
+    analyze.add_argument("--batch-size", type=_positive, default=8)
     analyze.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean")
     analyze.add_argument("--discard-ratio", type=float, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")

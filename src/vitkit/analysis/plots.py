@@ -49,8 +49,8 @@ def rollout_overlay(image: np.ndarray, heat: torch.Tensor, title: str = ""):
     for axes in (left, right):
         axes.imshow(image, cmap="gray" if image.ndim == 2 else None)
         axes.set_axis_off()
-    right.imshow(heat.numpy(), cmap="jet", alpha=0.5, extent=(0, width, height, 0), interpolation="bilinear",
-                 vmin=0, vmax=1)
+    right.imshow(heat.numpy(), cmap="jet", alpha=0.5, extent=(-0.5, width - 0.5, height - 0.5, -0.5),
+                 interpolation="bilinear", vmin=0, vmax=1)  # the image's own pixel-centred extent
     left.set_title(title or "input", fontsize=9)
     right.set_title("attention rollout", fontsize=9)
     return figure
@@ -66,6 +66,7 @@ def distance_figure(distances: torch.Tensor, patch_size: float):
     for head in range(heads):
         axes.scatter(np.arange(1, layers + 1), distances[:, head].numpy(), s=12, color=colours[head],
                      label=f"head {head + 1}")
+    axes.set_xticks(np.arange(1, layers + 1, max(1, layers // 12)))
     axes.set_xlabel("network depth (layer)")
     axes.set_ylabel("mean attention distance (pixels)")
     axes.set_title(f"mean attention distance, {patch_size:g} px tokens", fontsize=9)
