@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -37,8 +38,10 @@ def main() -> None:
     parser.add_argument("--model", default="ViT-B/16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = vitkit.create_model(args.model, image_size=args.image_size).eval()
@@ -62,7 +65,8 @@ def main() -> None:
         "forward_s": plain, "capture_rollout_s": analysed, "ratios": ratios,
         "median_forward_s": statistics.median(plain), "median_capture_rollout_s": statistics.median(analysed),
         "median_ratio": statistics.median(ratios), "target_ratio": 1.5,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "load_average_1min_at_end": os.getloadavg()[0], "machine": platform.processor() or platform.machine(),
     }
     RESULTS.mkdir(exist_ok=True)
     with atomic_file(RESULTS / "analysis.json") as handle:
@@ -70,7 +74,9 @@ def main() -> None:
     with atomic_file(RESULTS / "analysis.md") as handle:
         handle.write(f"# Attention capture + rollout vs plain forward\n\n"
                      f"{args.model}, {args.batch} images at {args.image_size} px, CPU, {result['threads']} threads, "
-                     f"torch {torch.__version__}; {args.repeats} interleaved repeats after a warm-up.\n\n"
+                     f"torch {torch.__version__}; {args.repeats} interleaved repeats after a warm-up; a shared "
+                     f"machine ({os.cpu_count()} CPUs, 1-minute load {result['load_average_1min_at_end']:.1f} "
+                     "at the end), so single repeats are noisy and the median ratio is the figure.\n\n"
                      "| repeat | forward (s) | capture + rollout (s) | ratio |\n|---|---|---|---|\n")
         for index, (p, a, r) in enumerate(zip(plain, analysed, ratios), 1):
             handle.write(f"| {index} | {p:.2f} | {a:.2f} | {r:.2f} |\n")

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .analysis import inputs
+from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import CheckpointError, load
 from .models import list_models, model_config
@@ -58,7 +59,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
-
     model = load(args.checkpoint)
     if args.dataset:
         pictures = inputs.dataset_sample(args.dataset, args.data_root, args.num_images, args.seed)
@@ -72,7 +72,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                                    _per_channel(args.std, config.in_chans))
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                     title=f"{args.checkpoint}")
+                     title=str(args.checkpoint))
     print(f"analysed {len(images)} images at {size[0]}x{size[1]}: {len(result.figures)} figures, "
           f"report {result.out / REPORT_FILE}")
     return 0
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="per-channel input mean (default 0.5: Google's [-1, 1] scaling)")
     analyze.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel input std")
     analyze.add_argument("--batch-size", type=_positive, default=8)
-    analyze.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean")
+    analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     analyze.add_argument("--discard-ratio", type=float, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")
     analyze.add_argument("--overlays", type=int, default=8, help="how many rollout overlays to draw")

@@ -55,7 +55,7 @@ def _split_tokens(tokens: int, grid: tuple[int, int] | None) -> tuple[int, tuple
                 return prefix, (side, side)
         raise ValueError(f"{tokens} tokens do not form a square grid; pass grid=(rows, cols)")
     rows, cols = grid
-    if not 0 <= tokens - rows * cols:
+    if tokens < rows * cols:
         raise ValueError(f"grid {tuple(grid)} has {rows * cols} patches but the attention spans {tokens} tokens")
     return tokens - rows * cols, (rows, cols)
 
