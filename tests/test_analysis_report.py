@@ -13,6 +13,7 @@ from PIL import Image
 import vitkit
 from vitkit.analysis import attention_maps, attention_rollout, mean_attention_distance
 from vitkit.analysis.inputs import dataset_sample, prepare, read_images, sample_photos
+from vitkit.analysis.report import analyze
 from vitkit.cli import main
 
 FIGURES = ["attention_distance.png", "filters.png", "position_similarity.png", "rollout_000.png", "rollout_001.png"]
@@ -54,6 +55,34 @@ def test_analyze_writes_figures_numbers_and_page(report):
     np.testing.assert_allclose(summary["mean_attention_distance_px"], distances, atol=1e-3)
     page = (out / "index.html").read_text()
     assert page.count("data:image/png;base64,") == len(FIGURES) and 'data-figures="5"' in page
+
+
+class StemThenProject(torch.nn.Module):
+    """A hybrid's embedding in miniature: a CNN stem at stride 4, then a 1x1 projection of its features."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 4, stride=4)
+        self.proj = torch.nn.Conv2d(16, dim, 1)
+
+    def forward(self, images):
+        features = self.proj(self.stem(images).relu())
+        return features.flatten(2).transpose(1, 2), tuple(features.shape[-2:])
+
+
+def test_analyze_measures_distance_in_pixels_of_the_token_grid_for_hybrids(tmp_path):
+    model = vitkit.create_model(vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=2,
+                                                 mlp_dim=64)).eval()
+    model.patch_embed = StemThenProject(32)  # 8x8 tokens at stride 4, not the config's 4x4 at stride 8
+    pictures = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
+    images, shown = prepare(pictures, (32, 32), 3, [0.5], [0.5])
+    result = analyze(model, images, shown, tmp_path / "out", batch_size=2)
+    assert result.summary["grid"] == [8, 8] and result.summary["token_stride_px"] == [4, 4]
+    attn = attention_maps(model, images)
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "mean_attention_distance.npy"),
+                               mean_attention_distance(attn, (8, 8), 4).numpy(), rtol=1e-5)
+    assert np.load(tmp_path / "out" / "rollout.npy").shape == (3, 8, 8)
+    assert "no pixel patch projection" in result.summary["skipped"]["filter_components"]
 
 
 def test_prepare_resizes_crops_and_normalises_by_hand():
