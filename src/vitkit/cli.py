@@ -7,6 +7,9 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from .analysis import inputs
+from .analysis.attention import HEAD_FUSIONS
+from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import CheckpointError, convert, load
 from .models import list_models, model_config
 from .models.config import pair
@@ -75,6 +78,41 @@ def _override(text: str) -> tuple[str, object]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
+    checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
+    model = load(args.checkpoint)
+    if args.dataset:
+        pictures = inputs.dataset_sample(args.dataset, args.data_root, args.num_images, args.seed)
+    elif args.images:
+        pictures = inputs.read_images(args.images)
+    else:
+        pictures = inputs.sample_photos()
+    config = model.config
+    size = args.image_size or config.image_size
+    images, shown = inputs.prepare(pictures, size, config.in_chans, _per_channel(args.mean, config.in_chans),
+                                   _per_channel(args.std, config.in_chans))
+    result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
+                     discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
+                     title=str(args.checkpoint))
+    print(f"analysed {len(images)} images at {size[0]}x{size[1]}: {len(result.figures)} figures, "
+          f"report {result.out / REPORT_FILE}")
+    return 0
+
+
+def _per_channel(values: list[float], channels: int) -> list[float]:
+    if len(values) == 1:
+        return values * channels
+    if len(values) != channels:
+        raise ValueError(f"expected 1 or {channels} values for the normalisation, got {values}")
+    return values
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
 
 
 def _image_size(text: str) -> tuple[int, int]:
@@ -105,6 +143,28 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (info, conv):
         command.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",
                              help="config override, e.g. num_heads=4 for a packed qkv (repeatable)")
+    analyze = sub.add_parser("analyze", help="attention rollout, attention distance, embedding figures and a report")
+    analyze.add_argument("checkpoint")
+    source = analyze.add_mutually_exclusive_group()
+    source.add_argument("--images", nargs="+", metavar="PATH",
+                         help="image files or directories (default: scikit-learn's two sample photos)")
+    source.add_argument("--dataset", choices=inputs.DATASETS,
+                         help="analyse a random sample of this dataset's test split instead")
+    analyze.add_argument("--data-root", default="data", help="where --dataset lies (torchvision layout)")
+    analyze.add_argument("--num-images", type=_positive, default=64, help="size of the --dataset sample")
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--out", required=True, help="directory for figures, numbers and index.html")
+    analyze.add_argument("--image-size", type=_image_size, help="input size (default: the checkpoint's)")
+    analyze.add_argument("--mean", type=float, nargs="+", default=[0.5],
+                         help="per-channel input mean (default 0.5: Google's [-1, 1] scaling)")
+    analyze.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel input std")
+    analyze.add_argument("--batch-size", type=_positive, default=8)
+    analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
+    analyze.add_argument("--discard-ratio", type=float, default=0.0,
+                         help="fraction of the weakest attention weights dropped before rollout")
+    analyze.add_argument("--overlays", type=int, default=8, help="how many rollout overlays to draw")
+    analyze.add_argument("--filters", type=int, default=28, help="principal components of the patch filters")
+    analyze.set_defaults(run=cmd_analyze)
     return parser
 
 
@@ -113,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError) as error:
+    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
         print(f"vitkit {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,10 @@
+"""Inspecting a Vision Transformer (section 4.5): attention maps, attention rollout, mean attention
+distance, position-embedding similarity, patch-filter principal components, figures and a report."""
+
+from .attention import (attention_maps, attention_rollout, capture_attention, mean_attention_distance,
+                        patch_distances, rollout_matrix)
+from .embeddings import filter_components, patch_filters, position_similarity, position_table
+
+__all__ = ["attention_maps", "attention_rollout", "capture_attention", "mean_attention_distance",
+           "patch_distances", "rollout_matrix", "filter_components", "patch_filters", "position_similarity",
+           "position_table"]

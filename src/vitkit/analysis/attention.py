@@ -1,0 +1,138 @@
+"""What the attention of a ViT shows (section 4.5): the probabilities themselves, attention rollout
+(Abnar & Zuidema, 2020) back onto the image, and the mean attention distance of every head.
+
+Attention tensors here are shaped (layers, batch, heads, tokens, tokens); the first ``tokens - rows*cols``
+tokens are prefix tokens (the [class] token), the rest the patches of a (rows, cols) grid in row-major order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+HEAD_FUSIONS = ("mean", "max", "min")
+READOUTS = ("token", "mean")
+
+
+def capture_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None
+                      ) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The post-softmax attention of ``layers`` (all by default, negatives count from the end) and the
+    token grid it spans, from ``model.forward_intermediates`` (explicit softmax, same weights as the
+    fused path, which itself stays untouched)."""
+    with torch.no_grad():
+        seen = model.forward_intermediates(images, attention=True)
+    depth = len(seen.attentions)
+    chosen = range(depth) if layers is None else list(layers)
+    bad = [layer for layer in chosen if not -depth <= layer < depth]
+    if bad:
+        raise ValueError(f"layers {bad} out of range for a model with {depth} blocks "
+                         f"(expected 0..{depth - 1} or -{depth}..-1)")
+    return torch.stack([seen.attentions[layer] for layer in chosen]), tuple(seen.grid)
+
+
+def attention_maps(model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None) -> torch.Tensor:
+    """Attention probabilities of shape (layers, batch, heads, tokens, tokens)."""
+    return capture_attention(model, images, layers)[0]
+
+
+def _as_stack(attn: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    attn = attn if isinstance(attn, torch.Tensor) else torch.stack(list(attn))
+    if attn.ndim != 5 or attn.shape[-1] != attn.shape[-2]:
+        raise ValueError("expected attention of shape (layers, batch, heads, tokens, tokens), "
+                         f"got {tuple(attn.shape)}")
+    return attn.float()
+
+
+def _split_tokens(tokens: int, grid: tuple[int, int] | None) -> tuple[int, tuple[int, int]]:
+    """(prefix tokens, grid); a missing grid is taken to be square behind 0 or 1 prefix token."""
+    if grid is None:
+        for prefix in (0, 1):
+            side = math.isqrt(tokens - prefix)
+            if side and side * side == tokens - prefix:
+                return prefix, (side, side)
+        raise ValueError(f"{tokens} tokens do not form a square grid; pass grid=(rows, cols)")
+    rows, cols = grid
+    if tokens < rows * cols:
+        raise ValueError(f"grid {tuple(grid)} has {rows * cols} patches but the attention spans {tokens} tokens")
+    return tokens - rows * cols, (rows, cols)
+
+
+def _discard_weakest(attn: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Zero the weakest ``ratio`` of each (tokens, tokens) map (Gildenblat's rollout option)."""
+    flat = attn.flatten(1)
+    count = int(flat.shape[1] * ratio)
+    if count == 0:
+        return attn
+    weakest = flat.topk(count, dim=1, largest=False).indices
+    return flat.scatter(1, weakest, 0.0).view_as(attn)
+
+
+def rollout_matrix(attn: torch.Tensor | Sequence[torch.Tensor], head_fusion: str = "mean",
+                   discard_ratio: float = 0.0) -> torch.Tensor:
+    """Attention rolled out through all layers, (batch, tokens, tokens): per layer the heads are fused,
+    the identity is added for the residual connection, (A + I) / 2, rows are renormalised, and the
+    layers are multiplied, last layer on the left."""
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion={head_fusion!r}, expected one of {HEAD_FUSIONS}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio={discard_ratio} must be in [0, 1)")
+    attn = _as_stack(attn)
+    identity = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
+    joint = None
+    for layer in attn:
+        fused = {"mean": layer.mean(1), "max": layer.amax(1), "min": layer.amin(1)}[head_fusion]
+        fused = (_discard_weakest(fused, discard_ratio) + identity) / 2
+        fused = fused / fused.sum(-1, keepdim=True)
+        joint = fused if joint is None else fused @ joint
+    return joint
+
+
+def attention_rollout(attn: torch.Tensor | Sequence[torch.Tensor], grid: tuple[int, int] | None = None,
+                      head_fusion: str = "mean", discard_ratio: float = 0.0,
+                      readout: str | None = None) -> torch.Tensor:
+    """Where the output looks in the image, (batch, rows, cols), each map scaled to a maximum of 1.
+
+    ``readout`` is the output token's row of the rolled-out attention over the patches: ``"token"``
+    (the [class] token, the default when there is a prefix token) or ``"mean"`` (the mean over patch
+    rows, for global-average-pooled models and the default without a prefix token).
+    """
+    joint = rollout_matrix(attn, head_fusion, discard_ratio)
+    prefix, (rows, cols) = _split_tokens(joint.shape[-1], grid)
+    readout = readout or ("token" if prefix else "mean")
+    if readout not in READOUTS:
+        raise ValueError(f"readout={readout!r}, expected one of {READOUTS}")
+    if readout == "token" and not prefix:
+        raise ValueError("readout='token' needs a [class] token, but the attention has no prefix token")
+    patches = joint[:, 0, prefix:] if readout == "token" else joint[:, prefix:, prefix:].mean(1)
+    maps = patches.reshape(-1, rows, cols)
+    peak = maps.amax(dim=(1, 2), keepdim=True)
+    return maps / torch.where(peak > 0, peak, torch.ones_like(peak))
+
+
+def patch_distances(grid: tuple[int, int], patch_size: float | tuple[float, float]) -> torch.Tensor:
+    """Euclidean distance in pixels between the centres of every pair of patches, (N, N)."""
+    (rows, cols), (height, width) = grid, (patch_size if isinstance(patch_size, tuple) else (patch_size,) * 2)
+    y, x = torch.meshgrid(torch.arange(rows, dtype=torch.float64) * height,
+                          torch.arange(cols, dtype=torch.float64) * width, indexing="ij")
+    centres = torch.stack([y.flatten(), x.flatten()], dim=1)
+    return (centres[:, None] - centres[None]).norm(dim=-1)
+
+
+def mean_attention_distance(attn: torch.Tensor | Sequence[torch.Tensor], grid: tuple[int, int],
+                            patch_size: float | tuple[float, float]) -> torch.Tensor:
+    """Mean attention distance in input pixels, (layers, heads) (figure 7 right, figure 11).
+
+    Per patch query, the attention-weighted distance between patch centres over the patch keys (prefix
+    tokens dropped, rows renormalised over the patches), averaged over queries, then over images.
+    ``patch_size`` is the pixel stride of a token: P for a ViT, 16 for a ResNet hybrid.
+    """
+    attn = _as_stack(attn)
+    prefix, grid = _split_tokens(attn.shape[-1], grid)
+    patches = attn[..., prefix:, prefix:]
+    patches = patches / patches.sum(-1, keepdim=True).clamp_min(torch.finfo(patches.dtype).tiny)
+    distances = patch_distances(grid, patch_size).to(patches)
+    per_query = torch.einsum("lbhqk,qk->lbhq", patches, distances)
+    return per_query.mean(dim=(1, 3))

@@ -1,0 +1,58 @@
+"""What the embeddings learned (figure 7 left and centre): the principal components of the
+patch-embedding filters and the cosine similarity between position embeddings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def position_similarity(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Cosine similarity of each patch's position embedding with every other, (rows, cols, rows, cols):
+    entry [i, j] is the map of patch (i, j) against the whole grid."""
+    rows, cols = grid
+    if table.ndim != 2 or table.shape[0] != rows * cols:
+        raise ValueError(f"position table of shape {tuple(table.shape)} does not hold a {rows}x{cols} grid "
+                         f"(expected ({rows * cols}, dim))")
+    unit = F.normalize(table.double(), dim=-1)
+    return (unit @ unit.T).float().reshape(rows, cols, rows, cols)
+
+
+def position_table(model: nn.Module) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The patch part of a model's position embeddings, (rows*cols, dim), at its native grid; learned,
+    2-D and sine-cosine tables alike."""
+    embedding = getattr(model, "pos_embed", None)
+    if embedding is None:
+        raise ValueError("the model has no position embeddings (pos_embed='none')")
+    grid = tuple(embedding.grid)
+    with torch.no_grad():
+        table = embedding(grid)
+    return table[0, embedding.prefix:].detach(), grid
+
+
+def filter_components(weight: torch.Tensor, count: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` principal components of a (filters, channels, P, P) bank, shaped like a
+    filter, and the fraction of the variance each explains. Signs are fixed so that every
+    component's largest-magnitude entry is positive."""
+    if weight.ndim != 4:
+        raise ValueError(f"expected filters of shape (filters, channels, height, width), got {tuple(weight.shape)}")
+    flat = weight.detach().reshape(weight.shape[0], -1).double()
+    _, singular, components = torch.linalg.svd(flat - flat.mean(0), full_matrices=False)
+    count = min(count, components.shape[0])
+    components = components[:count]
+    peaks = components.gather(1, components.abs().argmax(1, keepdim=True))
+    components = components * peaks.sign()
+    variance = singular ** 2
+    explained = variance[:count] / variance.sum()
+    return components.reshape(count, *weight.shape[1:]).float(), explained.float()
+
+
+def patch_filters(model: nn.Module) -> torch.Tensor:
+    """The linear patch projection E as (D, channels, P, P) pixel filters."""
+    projection = getattr(getattr(model, "patch_embed", None), "proj", None)
+    channels = model.config.in_chans
+    if not isinstance(projection, nn.Conv2d) or projection.in_channels != channels:
+        raise ValueError("the model has no pixel patch projection to analyse (a hybrid embeds CNN features, "
+                         f"expected patch_embed.proj to be a Conv2d over {channels} image channels)")
+    return projection.weight.detach()

@@ -1,0 +1,93 @@
+"""Images to analyse: given files, a sample of a dataset, or the two photos scikit-learn ships; and
+their preparation for a model (resize, centre crop, normalise)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image, UnidentifiedImageError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar10-subset")
+
+
+def sample_photos() -> list[np.ndarray]:
+    """scikit-learn's two sample photos (a Chinese temple, a flower), 427x640 RGB."""
+    try:
+        from sklearn.datasets import load_sample_images
+    except ImportError as error:
+        raise ImportError("the default images are scikit-learn's sample photos: pip install 'vitkit[analysis]' "
+                          "(or scikit-learn), or pass image files") from error
+    return list(load_sample_images().images)
+
+
+def read_images(paths: Sequence[str | Path]) -> list[np.ndarray]:
+    """Image files, and every image file below the given directories (sorted), as HWC uint8 arrays."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"no image file or directory at {path}")
+    if not files:
+        raise FileNotFoundError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(str, paths))}")
+    images = []
+    for file in files:
+        try:
+            with Image.open(file) as image:
+                images.append(np.asarray(image.convert("RGB")))
+        except (UnidentifiedImageError, OSError) as error:
+            raise ValueError(f"{file}: not a readable image ({error})") from error
+    return images
+
+
+def dataset_sample(name: str, root: str | Path, count: int, seed: int = 0) -> list[np.ndarray]:
+    """``count`` test images drawn at random (seeded) from a dataset on disk; nothing is downloaded."""
+    root = Path(root)
+    if name == "cifar10-subset":
+        path = root / "cifar10-subset" / "cifar10_subset.npz"
+        if not path.exists():
+            raise FileNotFoundError(f"no CIFAR-10 subset at {path}")
+        with np.load(path, allow_pickle=False) as arrays:
+            pixels = arrays["x_test"]
+    elif name in ("mnist", "fashion-mnist", "cifar10"):
+        import torchvision.datasets as datasets
+
+        kind = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[name]
+        try:
+            pixels = np.asarray(kind(root, train=False, download=False).data)
+        except RuntimeError as error:
+            raise FileNotFoundError(f"{name} not found under {root} in torchvision's layout ({error})") from error
+    else:
+        raise ValueError(f"unknown dataset {name!r}, expected one of {DATASETS}")
+    chosen = np.random.default_rng(seed).choice(len(pixels), size=min(count, len(pixels)), replace=False)
+    return [pixels[index] for index in np.sort(chosen)]
+
+
+def prepare(images: Sequence[np.ndarray], size: tuple[int, int], channels: int,
+            mean: Sequence[float], std: Sequence[float]) -> tuple[torch.Tensor, list[np.ndarray]]:
+    """Resize each image so that it covers ``size``, centre-crop it, and normalise it: the model's
+    input (B, channels, H, W) and the cropped uint8 pictures (for overlays)."""
+    if not len(images):
+        raise ValueError("no images to analyse")
+    batch, shown = [], []
+    for image in images:
+        pixels = torch.from_numpy(np.array(image))
+        pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
+        scale = max(size[0] / pixels.shape[1], size[1] / pixels.shape[2])
+        covering = [max(size[0], round(pixels.shape[1] * scale)), max(size[1], round(pixels.shape[2] * scale))]
+        pixels = TF.center_crop(TF.resize(pixels, covering, antialias=True), list(size))
+        if pixels.shape[0] != channels:
+            pixels = pixels.float().mean(0, keepdim=True).round().byte().expand(channels, -1, -1)
+        shown.append(pixels.permute(1, 2, 0).squeeze(-1).numpy().copy())
+        batch.append(pixels)
+    tensor = torch.stack(batch).float() / 255
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+    return (tensor - mean_t) / std_t, shown

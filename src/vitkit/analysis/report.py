@@ -1,0 +1,153 @@
+"""``vitkit analyze``: every analysis of section 4.5 for one model and a set of images, written as
+figures (PNG), numbers (JSON, NPY) and one self-contained HTML page that shows them together."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..atomic import atomic_file
+from . import plots
+from .attention import attention_rollout, capture_attention, mean_attention_distance
+from .embeddings import filter_components, patch_filters, position_similarity, position_table
+
+REPORT_FILE = "index.html"
+
+
+@dataclass
+class FigureFile:
+    file: str
+    caption: str
+
+
+@dataclass
+class Analysis:
+    """What was written into ``out``, for the page and for callers."""
+
+    out: Path
+    summary: dict
+    figures: list[FigureFile] = field(default_factory=list)
+
+    def save_numbers(self, key: str, array: torch.Tensor) -> None:
+        with atomic_file(self.out / f"{key}.npy", "wb") as handle:
+            np.save(handle, array.numpy(), allow_pickle=False)
+        self.summary["files"][key] = f"{key}.npy"
+
+    def save_figure(self, file: str, figure, caption: str) -> None:
+        plots.save_figure(figure, self.out / file)
+        self.figures.append(FigureFile(file, caption))
+
+
+def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarray], out: str | Path, *,
+            batch_size: int = 8, head_fusion: str = "mean", discard_ratio: float = 0.0, overlays: int = 8,
+            filters: int = 28, title: str = "") -> Analysis:
+    """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W)) whose uint8 crops are ``pictures``
+    and write the results into ``out``."""
+    config = model.config
+    readout = "token" if config.pool == "token" else "mean"
+    rollouts, distance_sum = [], 0.0
+    for start in range(0, len(images), batch_size):  # batches bound the memory the attention maps take
+        batch = images[start:start + batch_size]
+        attn, grid = capture_attention(model, batch)
+        stride = (batch.shape[-2] / grid[0], batch.shape[-1] / grid[1])  # pixels per token, hybrids too
+        rollouts.append(attention_rollout(attn, grid, head_fusion, discard_ratio, readout))
+        distance_sum = distance_sum + mean_attention_distance(attn, grid, stride) * len(batch)
+    rollout, distances = torch.cat(rollouts), distance_sum / len(images)
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    analysis = Analysis(Path(out), {
+        "title": title, "model": config.to_dict(), "images": len(images), "image_size": list(images.shape[-2:]),
+        "grid": list(grid), "token_stride_px": list(stride),
+        "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "readout": readout},
+        "mean_attention_distance_px": [[round(v, 3) for v in row] for row in distances.tolist()],
+        "files": {}, "skipped": {},
+    })
+    analysis.save_numbers("rollout", rollout)
+    for index in range(min(overlays, len(pictures))):
+        analysis.save_figure(f"rollout_{index:03d}.png",
+                             plots.rollout_overlay(pictures[index], rollout[index], f"image {index}"),
+                             f"Attention rollout ({head_fusion} over heads) of image {index}.")
+    analysis.save_numbers("mean_attention_distance", distances)
+    analysis.save_figure("attention_distance.png", plots.distance_figure(distances, stride[0]),
+                         f"Mean attention distance per head and depth over {len(images)} images (figure 7 right).")
+    try:
+        table, pos_grid = position_table(model)
+    except ValueError as error:
+        analysis.summary["skipped"]["position_similarity"] = str(error)
+    else:
+        similarity = position_similarity(table, pos_grid)
+        analysis.save_numbers("position_similarity", similarity)
+        analysis.save_figure("position_similarity.png", plots.similarity_figure(similarity),
+                             f"Cosine similarity of the position embeddings ({config.pos_embed}, "
+                             f"{pos_grid[0]}x{pos_grid[1]} grid; figure 7 centre).")
+    try:
+        weights = patch_filters(model)
+    except ValueError as error:
+        analysis.summary["skipped"]["filter_components"] = str(error)
+    else:
+        components, explained = filter_components(weights, filters)
+        analysis.summary["filter_explained_variance"] = [round(v, 5) for v in explained.tolist()]
+        analysis.save_numbers("filter_components", components)
+        analysis.save_figure("filters.png", plots.filters_figure(components),
+                             f"First {len(components)} principal components of the patch-embedding filters "
+                             "(figure 7 left).")
+    with atomic_file(analysis.out / "summary.json") as handle:
+        json.dump(analysis.summary, handle, indent=2)
+    write_page(analysis)
+    return analysis
+
+
+def write_page(analysis: Analysis) -> Path:
+    """One HTML file with every figure inlined, so it can be mailed or archived as it is."""
+    summary = analysis.summary
+    config = summary["model"]
+    figures = []
+    for figure in analysis.figures:
+        data = base64.b64encode((analysis.out / figure.file).read_bytes()).decode("ascii")
+        figures.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(figure.file)}">'
+                       f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>")
+    rows = "".join(f"<tr><td>{layer + 1}</td><td>{min(row):.1f}</td><td>{sum(row) / len(row):.1f}</td>"
+                   f"<td>{max(row):.1f}</td></tr>"
+                   for layer, row in enumerate(summary["mean_attention_distance_px"]))
+    skipped = "".join(f"<li>{html.escape(key)} skipped: {html.escape(reason)}</li>"
+                      for key, reason in summary["skipped"].items())
+    name = config.get("extra", {}).get("name", "ViT")
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>vitkit analysis: {html.escape(summary['title'] or name)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
+.figures {{ display: flex; flex-wrap: wrap; gap: 1.5em; }}
+figure {{ margin: 0; max-width: 520px; }} img {{ max-width: 100%; }}
+figcaption {{ font-size: 0.85em; color: #555; }} table {{ border-collapse: collapse; font-size: 0.85em; }}
+td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
+</style></head><body data-figures="{len(figures)}">
+<h1>{html.escape(summary['title'] or name)}</h1>
+<p>{html.escape(name)}: {config['depth']} layers, D={config['dim']}, {config['num_heads']} heads, pooling
+'{html.escape(config['pool'])}', position embeddings '{html.escape(config['pos_embed'])}'.
+{summary['images']} images at {summary['image_size'][0]}x{summary['image_size'][1]} px, a
+{summary['grid'][0]}x{summary['grid'][1]} token grid.</p>
+<div class="figures">{''.join(figures)}</div>
+<h2>Mean attention distance (pixels) over heads</h2>
+<table><tr><th>layer</th><th>min</th><th>mean</th><th>max</th></tr>{rows}</table>
+{f'<ul>{skipped}</ul>' if skipped else ''}
+<p>Numbers: summary.json and the .npy files next to this page.</p>
+<script>
+// Record how many figures the browser decoded, so a headless check can tell that all of them show.
+addEventListener("load", () => {{
+  document.body.dataset.shown = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length;
+}});
+</script>
+</body></html>
+"""
+    path = analysis.out / REPORT_FILE
+    with atomic_file(path) as handle:
+        handle.write(page)
+    return path
