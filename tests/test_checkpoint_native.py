@@ -111,3 +111,20 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "vitkit info: error: no checkpoint at" in capsys.readouterr().err
     assert main(["models", "ViT-Q/16"]) == 2
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
+
+
+def test_written_files_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    from vitkit.atomic import atomic_file
+
+    mask = os.umask(0o022)
+    try:
+        tiny().save(tmp_path / "c")
+        with atomic_file(tmp_path / "f.txt") as handle:
+            handle.write("x")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "f.txt").stat().st_mode) == 0o644

@@ -11,12 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "w") -> Iterator:
     """Open a temporary file next to ``path``; it replaces ``path`` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's private 0600 would outlive the rename
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
@@ -46,6 +53,7 @@ def atomic_directory(path: str | Path, allowed_existing: tuple[str, ...] = ("con
                                   f"(no {', '.join(allowed_existing)}); refusing to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(staging, 0o777 & ~_umask())
     try:
         yield staging
         _replace_directory(staging, path)
