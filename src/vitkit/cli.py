@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from .checkpoints import CheckpointError, load
 from .models import list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
+from .train.loop import TrainingDiverged
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -58,6 +61,91 @@ def _image_size(text: str) -> tuple[int, int]:
     return pair(parts[0] if len(parts) == 1 else tuple(parts))
 
 
+# ------------------------------------------------------------------------ train, finetune, eval, predict
+def _recipe_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--field`` flag per recipe field, typed by its default; unset flags leave the preset alone."""
+    from .train.recipes import Recipe
+
+    group = parser.add_argument_group("recipe fields (override the preset and the config file)")
+    for item in dataclasses.fields(Recipe):
+        default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+        flag = "--" + item.name.replace("_", "-")
+        if isinstance(default, bool):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+        elif isinstance(default, tuple):
+            group.add_argument(flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X")
+        elif isinstance(default, dict):
+            group.add_argument(flag, type=json.loads, default=argparse.SUPPRESS, metavar="JSON",
+                               help='e.g. \'{"dim": 192, "depth": 12}\'')
+        else:
+            kind = type(default) if default is not None else str
+            group.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper())
+
+
+def _run_recipe(args: argparse.Namespace, overrides: dict) -> int:
+    from .train import resolve, run
+    from .train.recipes import Recipe
+    from .train.run import RECIPE_FILE
+
+    overrides.update({k: v for k, v in vars(args).items() if k not in _NOT_RECIPE})
+    saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
+    if args.resume and "run_dir" in overrides and saved.is_file():
+        recipe = Recipe.from_dict({**json.loads(saved.read_text()), **overrides})
+    else:
+        recipe = resolve(args.preset, args.config, overrides)
+    summary = run(recipe, resume=args.resume)
+    if "test/accuracy" in summary:
+        rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
+        print_table(["metric", "value"], rows)
+        print(f"test accuracy: {100 * summary['test/accuracy']:.2f}% ({summary['test/images']} images)")
+    return 0
+
+
+_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint"}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a ViT (default: a small one on the embedded digits, about a minute on 2 CPU cores)."""
+    return _run_recipe(args, {})
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    """Fine-tune a checkpoint (section 3.2): new resolution, new zero head, SGD momentum, cosine."""
+    return _run_recipe(args, {"init": args.checkpoint})
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
+    from .data import SplitSpec, Transformed, build_transform, eval_loader, load_dataset
+    from .evaluate.metrics import evaluate, write_report
+
+    model = load(args.checkpoint)
+    config = model.config
+    dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
+    transform = build_transform("eval", config.image_size, config.in_chans,
+                                config.extra.get("normalization", "google"))
+    if config.num_classes != len(dataset.classes):
+        raise ValueError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
+                         f"{len(dataset.classes)}")
+    loader = eval_loader(Transformed(dataset, transform), args.batch_size, args.num_workers)
+    report = write_report(evaluate(model, loader, config.num_classes), dataset.classes, args.out, args.split)
+    print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
+                                        for name, acc in report["per_class"].items()])
+    print(f"{args.dataset} [{args.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
+          f"({report['images']} images); report and confusion matrix in {args.out}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Top-k labels with probabilities for each image file."""
+    from .evaluate import predict
+
+    for prediction in predict(load(args.checkpoint), args.images, args.top_k):
+        ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
+        print(f"{prediction.path}: {ranked}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +160,40 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("path")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(run=cmd_info)
+
+    from .train.recipes import PRESETS
+
+    for name, command, helptext in (("train", cmd_train, "train a ViT (no arguments: digits, test accuracy)"),
+                                    ("finetune", cmd_finetune, "fine-tune a checkpoint at a new resolution")):
+        parser_ = sub.add_parser(name, help=helptext, description=command.__doc__)
+        if name == "finetune":
+            parser_.add_argument("checkpoint", help="anything vitkit.load reads")
+        parser_.add_argument("--preset", choices=sorted(PRESETS),
+                             default=None if name == "train" else "paper-finetune",
+                             help="named recipe to start from (default: digits / paper-finetune)")
+        parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
+        parser_.add_argument("--resume", action="store_true",
+                             help="continue the run in --run-dir from its last checkpoint")
+        _recipe_flags(parser_)
+        parser_.set_defaults(run=command)
+
+    evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
+    evaluate_.add_argument("checkpoint")
+    evaluate_.add_argument("--dataset", default="digits")
+    evaluate_.add_argument("--data-dir")
+    evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
+    evaluate_.add_argument("--val-fraction", type=float, default=0.1)
+    evaluate_.add_argument("--corrupt", default="fail", choices=("fail", "skip"))
+    evaluate_.add_argument("--batch-size", type=int, default=256)
+    evaluate_.add_argument("--num-workers", type=int, default=0)
+    evaluate_.add_argument("--out", default=".", help="folder for eval-<split>.json and confusion-<split>.png")
+    evaluate_.set_defaults(run=cmd_eval)
+
+    predict_ = sub.add_parser("predict", help="top-k labels of image files")
+    predict_.add_argument("checkpoint")
+    predict_.add_argument("images", nargs="+")
+    predict_.add_argument("--top-k", type=int, default=5)
+    predict_.set_defaults(run=cmd_predict)
     return parser
 
 
@@ -80,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError) as error:
+    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, TrainingDiverged) as error:
         print(f"vitkit {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,146 @@
+"""The training loop: exact resume, divergence handling, accumulation, EMA, checkpoints, precision."""
+
+import json
+
+import pytest
+import torch
+
+from vitkit import ViTConfig, VisionTransformer
+from vitkit.train import EMA, Recipe, TrainingDiverged
+from vitkit.train.checkpointing import list_checkpoints
+from vitkit.train.run import prepare
+
+TINY = dict(patch_size=2, dim=16, depth=2, num_heads=2, mlp_dim=32, in_chans=1)
+
+
+def tiny_recipe(run_dir, **changes) -> Recipe:
+    """Digits with every source of randomness on: dropout, drop-path, RandAugment, Mixup, EMA."""
+    base = Recipe(dataset="digits", image_size=8, model_args=dict(TINY, dropout=0.1, drop_path=0.1),
+                  transform="pretrain", crop_scale=(0.5, 1.0), aug_level="light2", hflip=False,
+                  steps=8, batch_size=32, accum_steps=2, lr=3e-3, warmup_steps=2, ema_decay=0.9,
+                  checkpoint_every=3, eval_every=4, keep_last=5, log_every=1, threads=1,
+                  run_dir=str(run_dir))
+    return base.replace(**changes)
+
+
+def crash_at(trainer, step):
+    objective = trainer.objective
+
+    def failing(model, batch):
+        if trainer.step == step:
+            raise KeyboardInterrupt("simulated crash")
+        return objective(model, batch)
+    trainer.objective = failing
+
+
+def state(trainer):
+    return {**{f"model.{k}": v for k, v in trainer.model.state_dict().items()},
+            **{f"ema.{k}": v for k, v in trainer.ema.state_dict().items()}}
+
+
+def test_resume_after_interruption_is_bit_exact(tmp_path):
+    straight = prepare(tiny_recipe(tmp_path / "straight")).trainer
+    straight.fit()
+
+    interrupted = prepare(tiny_recipe(tmp_path / "resumed")).trainer
+    crash_at(interrupted, 5)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.fit()
+    assert [p.name for p in list_checkpoints(tmp_path / "resumed")] == ["step-00000003"]
+
+    resumed = prepare(tiny_recipe(tmp_path / "resumed", seed=0)).trainer
+    resumed.fit(resume=True)
+    assert resumed.step == straight.step == 8
+    ours, theirs = state(resumed), state(straight)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    for a, b in zip(resumed.optimizer.state.values(), straight.optimizer.state.values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+    def records(run):
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "train/images_per_s"} for r in lines]
+    assert records(tmp_path / "resumed") == records(tmp_path / "straight")
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=2, ema_decay=0.0)).trainer
+    objective = trainer.objective
+
+    def poisoned(model, batch):
+        loss, metrics = objective(model, batch)
+        return (loss * float("nan") if trainer.step == 5 else loss), metrics
+    trainer.objective = poisoned
+    with pytest.raises(TrainingDiverged, match="step 5: loss nan.*last good checkpoint"):
+        trainer.fit()
+    kept = list_checkpoints(tmp_path)
+    assert kept[-1].name == "step-00000004"
+    from safetensors.torch import load_file
+    saved = load_file(kept[-1] / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in saved.values())
+    # the diverged step changed nothing: the model still holds the weights of step 5's start
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_gradient_accumulation_matches_the_large_batch(tmp_path):
+    # SGD is linear in the gradient, so float-rounding differences stay as small as they start
+    plain = dict(model_args=TINY, aug_level="none", transform="eval", ema_decay=0.0, steps=3, optimizer="sgd",
+                 lr=0.5, checkpoint_every=0, eval_every=0, val_fraction=0.0)
+    one = prepare(tiny_recipe(tmp_path / "a", accum_steps=1, **plain)).trainer
+    four = prepare(tiny_recipe(tmp_path / "b", accum_steps=4, **plain)).trainer
+    one.fit()
+    four.fit()
+    for a, b in zip(one.model.parameters(), four.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_keep_last_checkpoints_and_best(tmp_path):
+    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=2, keep_last=2)).trainer
+    trainer.fit()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000006", "step-00000008"]
+    assert (tmp_path / "best" / "model.safetensors").is_file()
+    evaluations = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+                   if "val/accuracy" in line]
+    assert [e["step"] for e in evaluations] == [4, 8]
+    assert trainer.best == max(e["val/accuracy"] for e in evaluations)
+
+
+def test_ema_is_the_polyak_average():
+    model = torch.nn.Linear(2, 1)
+    ema = EMA(model, decay=0.5)
+    start = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema.update(model)
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.state_dict()["weight"], 0.25 * start + 0.25 * 1.0 + 0.5 * 3.0)
+    with ema.swapped_into(model) as swapped:
+        torch.testing.assert_close(swapped.weight, ema.state_dict()["weight"])
+    assert torch.all(model.weight == 3.0)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    config = ViTConfig(image_size=8, patch_size=2, dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3)
+    images = torch.randn(4, 3, 8, 8)
+    grads = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = VisionTransformer(config)
+        model.grad_checkpointing = recompute
+        model(images).square().sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_bf16_autocast_runs_and_stays_close_to_fp32(tmp_path):
+    norms = {}  # the zero-initialised head makes the first loss ln(10) either way; its gradient differs
+    for precision in ("fp32", "bf16"):
+        trainer = prepare(tiny_recipe(tmp_path / precision, precision=precision, steps=1, checkpoint_every=0,
+                                      eval_every=0, model_args=TINY, aug_level="none")).trainer
+        norms[precision] = trainer._train_step(iter(trainer.batches(0)))["train/grad_norm"]
+    assert norms["fp32"] != norms["bf16"]
+    assert norms["bf16"] == pytest.approx(norms["fp32"], rel=0.05)
