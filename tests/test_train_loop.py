@@ -144,3 +144,18 @@ def test_bf16_autocast_runs_and_stays_close_to_fp32(tmp_path):
         norms[precision] = trainer._train_step(iter(trainer.batches(0)))["train/grad_norm"]
     assert norms["fp32"] != norms["bf16"]
     assert norms["bf16"] == pytest.approx(norms["fp32"], rel=0.05)
+
+
+def test_metrics_go_to_json_lines_and_tensorboard(tmp_path):
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    trainer = prepare(tiny_recipe(tmp_path, steps=3, checkpoint_every=0, eval_every=0, log_every=1)).trainer
+    trainer.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 3] and len(losses) == 3
+    events = accumulator.EventAccumulator(str(tmp_path))
+    events.Reload()
+    logged = events.Scalars("train/loss")
+    assert [e.step for e in logged] == [1, 2, 3]
+    assert [e.value for e in logged] == pytest.approx(losses)
+    assert events.Scalars("val/accuracy")[0].value == pytest.approx(records[-1]["val/accuracy"])

@@ -82,18 +82,30 @@ def _recipe_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper())
 
 
-def _run_recipe(args: argparse.Namespace, overrides: dict) -> int:
-    from .train import resolve, run
+def recipe_from_args(args: argparse.Namespace):
+    """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
+    ``recipe.json`` so that the continued run is the same run."""
+    from .train import resolve
     from .train.recipes import Recipe
     from .train.run import RECIPE_FILE
 
-    overrides.update({k: v for k, v in vars(args).items() if k not in _NOT_RECIPE})
+    overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
+    if getattr(args, "checkpoint", None):
+        overrides["init"] = args.checkpoint
     saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
     if args.resume and "run_dir" in overrides and saved.is_file():
-        recipe = Recipe.from_dict({**json.loads(saved.read_text()), **overrides})
-    else:
-        recipe = resolve(args.preset, args.config, overrides)
-    summary = run(recipe, resume=args.resume)
+        return Recipe.from_dict({**json.loads(saved.read_text()), **overrides})
+    if args.resume:
+        raise ValueError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
+    return resolve(args.preset, args.config, overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a ViT (default: a small one on the embedded digits, about a minute on 2 CPU cores);
+    ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: new resolution, new zero head, SGD)."""
+    from .train import run
+
+    summary = run(recipe_from_args(args), resume=args.resume)
     if "test/accuracy" in summary:
         rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
         print_table(["metric", "value"], rows)
@@ -102,16 +114,6 @@ def _run_recipe(args: argparse.Namespace, overrides: dict) -> int:
 
 
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint"}
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    """Train a ViT (default: a small one on the embedded digits, about a minute on 2 CPU cores)."""
-    return _run_recipe(args, {})
-
-
-def cmd_finetune(args: argparse.Namespace) -> int:
-    """Fine-tune a checkpoint (section 3.2): new resolution, new zero head, SGD momentum, cosine."""
-    return _run_recipe(args, {"init": args.checkpoint})
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -163,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .train.recipes import PRESETS
 
-    for name, command, helptext in (("train", cmd_train, "train a ViT (no arguments: digits, test accuracy)"),
-                                    ("finetune", cmd_finetune, "fine-tune a checkpoint at a new resolution")):
-        parser_ = sub.add_parser(name, help=helptext, description=command.__doc__)
+    for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
+                           ("finetune", "fine-tune a checkpoint at a new resolution")):
+        parser_ = sub.add_parser(name, help=helptext, description=cmd_train.__doc__)
         if name == "finetune":
             parser_.add_argument("checkpoint", help="anything vitkit.load reads")
         parser_.add_argument("--preset", choices=sorted(PRESETS),
@@ -175,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.add_argument("--resume", action="store_true",
                              help="continue the run in --run-dir from its last checkpoint")
         _recipe_flags(parser_)
-        parser_.set_defaults(run=command)
+        parser_.set_defaults(run=cmd_train)
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
     evaluate_.add_argument("checkpoint")

@@ -8,19 +8,22 @@ the same crop whichever rank, worker or resumed process loads it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .transforms import Preset
 
 Key = tuple[int, int]  # (index, epoch)
 
 
 class Transformed(Dataset):
-    """Apply ``transform`` to a dataset's images; keys ``(index, epoch)`` seed the random ones."""
+    """Apply a transform preset to a dataset's images: its per-image part here, seeded by keys
+    ``(index, epoch)``, its per-batch part in ``collate``."""
 
-    def __init__(self, dataset: Dataset, transform: Callable, seed: int = 0):
-        self.dataset, self.transform, self.seed = dataset, transform, seed
+    def __init__(self, dataset: Dataset, preset: Preset, seed: int = 0):
+        self.dataset, self.preset, self.seed = dataset, preset, seed
         self.classes = getattr(dataset, "classes", None)
 
     def __len__(self) -> int:
@@ -30,10 +33,18 @@ class Transformed(Dataset):
         index, epoch = (key, None) if isinstance(key, int) else key
         image, label = self.dataset[index]
         if epoch is None:
-            return self.transform(image), label
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
-            return self.transform(image), label
+            return self.preset.per_image(image), label
+        generator = torch.default_generator  # what torchvision's random transforms draw from
+        state = generator.get_state()
+        try:
+            generator.manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+            return self.preset.per_image(image), label
+        finally:
+            generator.set_state(state)
+
+    def collate(self, items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = zip(*items)
+        return self.preset.per_batch(torch.stack(images)), torch.tensor(labels)
 
 
 class StepSampler(Sampler[list[Key]]):
@@ -74,11 +85,11 @@ class StepSampler(Sampler[list[Key]]):
 
 def step_loader(dataset: Transformed, sampler: StepSampler, num_workers: int = 0) -> DataLoader:
     """A loader over ``sampler``'s micro-batches; its own generator leaves the global RNG untouched."""
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=dataset.collate,
                       generator=torch.Generator().manual_seed(sampler.seed),
                       persistent_workers=False, pin_memory=torch.cuda.is_available())
 
 
 def eval_loader(dataset: Transformed, batch_size: int, num_workers: int = 0) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, collate_fn=dataset.collate,
                       generator=torch.Generator())

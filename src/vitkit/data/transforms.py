@@ -7,6 +7,7 @@ family's normalisation and with the model's number of channels (grey images are 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torchvision.transforms import v2
@@ -60,9 +61,21 @@ def normalization(family: str, channels: int) -> tuple[Sequence[float], Sequence
     return mean, std
 
 
+@dataclass
+class Preset:
+    """A transform split where it is cheapest: the random and size-changing steps per image (uint8),
+    conversion to float and normalisation once per batch."""
+
+    per_image: Callable[[torch.Tensor], torch.Tensor]
+    per_batch: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.per_batch(self.per_image(image)[None])[0]
+
+
 def build_transform(preset: str, image_size: tuple[int, int], channels: int, family: str = "google",
                     hflip: bool = True, crop_scale: tuple[float, float] = (0.08, 1.0),
-                    aug_level: str = "none") -> Callable[[torch.Tensor], torch.Tensor]:
+                    aug_level: str = "none") -> Preset:
     """``pretrain``: Inception crop (random area in ``crop_scale``, aspect 3/4..4/3) + flip;
     ``finetune``: resize to the target resolution, random crop with 1/8 padding + flip;
     ``eval``: resize only. RandAugment at the AugReg ``aug_level`` for the two training presets."""
@@ -83,5 +96,4 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
         if randaug:
             steps.append(v2.RandAugment(num_ops=randaug[0], magnitude=randaug[1]))
     mean, std = normalization(family, channels)
-    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
-    return v2.Compose(steps)
+    return Preset(v2.Compose(steps), v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]))
