@@ -159,3 +159,21 @@ def test_metrics_go_to_json_lines_and_tensorboard(tmp_path):
     assert [e.step for e in logged] == [1, 2, 3]
     assert [e.value for e in logged] == pytest.approx(losses)
     assert events.Scalars("val/accuracy")[0].value == pytest.approx(records[-1]["val/accuracy"])
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=2, eval_every=0, ema_decay=0.0)).trainer
+    real_save, calls = torch.save, []
+
+    def disk_full_on_second_save(obj, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("No space left on device")
+        return real_save(obj, path)
+    monkeypatch.setattr("vitkit.train.checkpointing.torch.save", disk_full_on_second_save)
+    with pytest.raises(OSError, match="No space left"):
+        trainer.fit()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002"]  # no debris
+    resumed = prepare(tiny_recipe(tmp_path, checkpoint_every=2, eval_every=0, ema_decay=0.0)).trainer
+    assert resumed.resume() and resumed.step == 2

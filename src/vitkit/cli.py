@@ -101,7 +101,7 @@ def recipe_from_args(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train a ViT (default: a small one on the embedded digits, about a minute on 2 CPU cores);
+    """Train a ViT (default: a small one on the embedded digits, about two minutes on 2 CPU cores);
     ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: new resolution, new zero head, SGD)."""
     from .train import run
 

@@ -147,7 +147,6 @@ class Trainer:
         self.ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
         self.step = 0
         self.best: float | None = None
-        self.history: list[dict[str, float]] = []
         self.network = wrap(model, self.env)
         if config.compile:
             self.network = torch.compile(self.network)

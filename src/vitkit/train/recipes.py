@@ -78,9 +78,9 @@ class Recipe:
         return cls(**data)
 
 
-_GREY_28 = dict(image_size=28, model_args=dict(patch_size=4, dim=64, depth=6, num_heads=4, mlp_dim=128, in_chans=1,
+_GREY_28 = dict(image_size=28, model_args=dict(patch_size=4, dim=64, depth=4, num_heads=4, mlp_dim=128, in_chans=1,
                                                pool="gap"),
-                transform="finetune", epochs=8, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_steps=300,
+                transform="finetune", epochs=6, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_steps=300,
                 label_smoothing=0.1, val_fraction=0.02)
 PRESETS: dict[str, dict[str, Any]] = {
     # The default of `vitkit train`: >= 95% test accuracy on 8x8 digits in about two minutes on 2 cores.
@@ -90,7 +90,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                    label_smoothing=0.1, val_fraction=0.05),
     # Small ViTs for the 28 px grey sets: patch 4 (a 7x7 grid), random shifts of up to 3 px.
     "mnist": dict(dataset="mnist", hflip=False, **_GREY_28),
-    "fashion-mnist": dict(dataset="fashion-mnist", hflip=True, **_GREY_28),
+    "fashion-mnist": dict(dataset="fashion-mnist", hflip=True, **{**_GREY_28, "epochs": 8}),
     # Paper, ImageNet from scratch (table 3 / appendix B.1): Adam, lr 3e-3, wd 0.3, batch 4096, 10k
     # warm-up steps, cosine decay, dropout 0.1, 300 epochs at 224 px, pre-logits head.
     "paper-pretrain": dict(model="ViT-B/16", model_args=dict(dropout=0.1, representation_size=768), image_size=224,
