@@ -177,3 +177,28 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypat
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002"]  # no debris
     resumed = prepare(tiny_recipe(tmp_path, checkpoint_every=2, eval_every=0, ema_decay=0.0)).trainer
     assert resumed.resume() and resumed.step == 2
+
+
+def test_gradients_are_clipped_at_the_global_norm(tmp_path):
+    """With plain SGD (lr 1, first step) the update is the clipped gradient: its global norm is the clip."""
+    trainer = prepare(tiny_recipe(tmp_path, optimizer="sgd", lr=1.0, warmup_steps=0, schedule="constant",
+                                  weight_decay=0.0, clip_norm=0.01, steps=1, model_args=TINY,
+                                  aug_level="none", ema_decay=0.0)).trainer
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    metrics = trainer._train_step(iter(trainer.batches(0)))
+    change = torch.cat([(p.detach() - b).flatten() for p, b in zip(trainer.model.parameters(), before)])
+    assert metrics["train/grad_norm"] > 0.01
+    assert change.norm().item() == pytest.approx(0.01, rel=1e-4)
+
+
+def test_label_smoothed_cross_entropy_closed_form():
+    from vitkit.train import Classification
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
+    labels = torch.tensor([0, 1])
+    model = lambda images: logits  # noqa: E731  (a 'model' with known outputs)
+    loss, metrics = Classification(3, label_smoothing=0.3)(model, (torch.zeros(2), labels))
+    log_p = logits.log_softmax(1)
+    expected = (0.7 * -log_p[[0, 1], labels] + 0.3 * -log_p.mean(1)).mean()
+    torch.testing.assert_close(loss, expected)
+    assert metrics["accuracy"].item() == 0.5
