@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS
@@ -14,6 +16,7 @@ from .checkpoints import CheckpointError, convert, load
 from .models import list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
+from .train.loop import TrainingDiverged
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -120,6 +123,93 @@ def _image_size(text: str) -> tuple[int, int]:
     return pair(parts[0] if len(parts) == 1 else tuple(parts))
 
 
+# ------------------------------------------------------------------------ train, finetune, eval, predict
+def _recipe_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--field`` flag per recipe field, typed by its default; unset flags leave the preset alone."""
+    from .train.recipes import Recipe
+
+    group = parser.add_argument_group("recipe fields (override the preset and the config file)")
+    for item in dataclasses.fields(Recipe):
+        default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+        flag = "--" + item.name.replace("_", "-")
+        if isinstance(default, bool):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+        elif isinstance(default, tuple):
+            group.add_argument(flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X")
+        elif isinstance(default, dict):
+            group.add_argument(flag, type=json.loads, default=argparse.SUPPRESS, metavar="JSON",
+                               help='e.g. \'{"dim": 192, "depth": 12}\'')
+        else:
+            kind = type(default) if default is not None else str
+            group.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper())
+
+
+def recipe_from_args(args: argparse.Namespace):
+    """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
+    ``recipe.json`` so that the continued run is the same run."""
+    from .train import resolve
+    from .train.recipes import Recipe
+    from .train.run import RECIPE_FILE
+
+    overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
+    if getattr(args, "checkpoint", None):
+        overrides["init"] = args.checkpoint
+    saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
+    if args.resume and "run_dir" in overrides and saved.is_file():
+        return Recipe.from_dict({**json.loads(saved.read_text()), **overrides})
+    if args.resume:
+        raise ValueError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
+    return resolve(args.preset, args.config, overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a ViT (default: a small one on the embedded digits, about two minutes on 2 CPU cores);
+    ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: new resolution, new zero head, SGD)."""
+    from .train import run
+
+    summary = run(recipe_from_args(args), resume=args.resume)
+    if "test/accuracy" in summary:
+        rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
+        print_table(["metric", "value"], rows)
+        print(f"test accuracy: {100 * summary['test/accuracy']:.2f}% ({summary['test/images']} images)")
+    return 0
+
+
+_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint"}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
+    from .data import SplitSpec, Transformed, build_transform, eval_loader, load_dataset
+    from .evaluate.metrics import evaluate, write_report
+
+    model = load(args.checkpoint)
+    config = model.config
+    dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
+    transform = build_transform("eval", config.image_size, config.in_chans,
+                                config.extra.get("normalization", "google"))
+    if config.num_classes != len(dataset.classes):
+        raise ValueError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
+                         f"{len(dataset.classes)}")
+    loader = eval_loader(Transformed(dataset, transform), args.batch_size, args.num_workers)
+    report = write_report(evaluate(model, loader, config.num_classes), dataset.classes, args.out, args.split)
+    print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
+                                        for name, acc in report["per_class"].items()])
+    print(f"{args.dataset} [{args.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
+          f"({report['images']} images); report and confusion matrix in {args.out}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Top-k labels with probabilities for each image file."""
+    from .evaluate import predict
+
+    for prediction in predict(load(args.checkpoint), args.images, args.top_k):
+        ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
+        print(f"{prediction.path}: {ranked}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +255,39 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--overlays", type=int, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=int, default=28, help="principal components of the patch filters")
     analyze.set_defaults(run=cmd_analyze)
+    from .train.recipes import PRESETS
+
+    for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
+                           ("finetune", "fine-tune a checkpoint at a new resolution")):
+        parser_ = sub.add_parser(name, help=helptext, description=cmd_train.__doc__)
+        if name == "finetune":
+            parser_.add_argument("checkpoint", help="anything vitkit.load reads")
+        parser_.add_argument("--preset", choices=sorted(PRESETS),
+                             default=None if name == "train" else "paper-finetune",
+                             help="named recipe to start from (default: digits / paper-finetune)")
+        parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
+        parser_.add_argument("--resume", action="store_true",
+                             help="continue the run in --run-dir from its last checkpoint")
+        _recipe_flags(parser_)
+        parser_.set_defaults(run=cmd_train)
+
+    evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
+    evaluate_.add_argument("checkpoint")
+    evaluate_.add_argument("--dataset", default="digits")
+    evaluate_.add_argument("--data-dir")
+    evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
+    evaluate_.add_argument("--val-fraction", type=float, default=0.1)
+    evaluate_.add_argument("--corrupt", default="fail", choices=("fail", "skip"))
+    evaluate_.add_argument("--batch-size", type=int, default=256)
+    evaluate_.add_argument("--num-workers", type=int, default=0)
+    evaluate_.add_argument("--out", default=".", help="folder for eval-<split>.json and confusion-<split>.png")
+    evaluate_.set_defaults(run=cmd_eval)
+
+    predict_ = sub.add_parser("predict", help="top-k labels of image files")
+    predict_.add_argument("checkpoint")
+    predict_.add_argument("images", nargs="+")
+    predict_.add_argument("--top-k", type=int, default=5)
+    predict_.set_defaults(run=cmd_predict)
     return parser
 
 
@@ -173,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
+    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError, TrainingDiverged) as error:
         print(f"vitkit {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -34,6 +34,14 @@ def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (int(height), int(width))
 
 
+def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
+    """Refuse keys that are not fields of dataclass ``cls``, naming them and the expected ones."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} keys {unknown}; expected a subset of {sorted(known)}")
+
+
 @dataclass
 class ViTConfig:
     """Hyper-parameters of a ViT (paper table 1 plus the options of its ablations)."""
@@ -130,10 +138,7 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ViTConfig keys {unknown}; expected a subset of {sorted(known)}")
+        check_keys(cls, data, "ViTConfig")
         return cls(**data)
 
     def to_json(self) -> str:

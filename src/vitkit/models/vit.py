@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..atomic import atomic_directory
 from .config import ViTConfig, pair
@@ -59,6 +60,7 @@ class VisionTransformer(nn.Module):
         else:
             self.pre_logits = nn.Identity()
         self.head = self._new_head(c.num_classes)
+        self.grad_checkpointing = False  # recompute block activations in backward to save memory
         self.init_weights()
 
     # ----------------------------------------------------------------------------------- init
@@ -116,8 +118,9 @@ class VisionTransformer(nn.Module):
 
     def encode(self, z: torch.Tensor) -> torch.Tensor:
         """Eqs. (2)-(3) through every block, then the final LayerNorm."""
+        recompute = self.grad_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            z = block(z)
+            z = checkpoint(block, z, use_reentrant=False) if recompute else block(z)
         return self.norm(z)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,10 @@
+"""Training: optimisers and schedules, objectives, the loop (checkpoints, resume, DDP), recipes."""
+
+from .loop import EMA, LoopConfig, Trainer, TrainingDiverged
+from .objectives import Classification, Objective
+from .optim import decay_mask, learning_rate, make_optimizer
+from .recipes import PRESETS, Recipe, resolve
+from .run import build_model, run
+
+__all__ = ["EMA", "PRESETS", "Classification", "LoopConfig", "Objective", "Recipe", "Trainer", "TrainingDiverged",
+           "build_model", "decay_mask", "learning_rate", "make_optimizer", "resolve", "run"]

@@ -1,0 +1,8 @@
+"""Datasets, transform presets and the step-indexed batch order of training."""
+
+from .datasets import DatasetError, SplitSpec, load_dataset, scan_folder
+from .loading import StepSampler, Transformed, eval_loader, step_loader
+from .transforms import AUGREG_LEVELS, NORMALIZATION, augreg_level, build_transform
+
+__all__ = ["AUGREG_LEVELS", "NORMALIZATION", "DatasetError", "SplitSpec", "StepSampler", "Transformed",
+           "augreg_level", "build_transform", "eval_loader", "load_dataset", "scan_folder", "step_loader"]

@@ -1,0 +1,245 @@
+"""Datasets by name: the embedded ``digits``, torchvision's MNIST / Fashion-MNIST / CIFAR, arrays in
+``.npz`` files and ``imagefolder:PATH``.
+
+Every dataset yields ``(image, label)`` with the image a uint8 ``(C, H, W)`` tensor and keeps its
+class names in ``.classes``. Splits are ``train``, ``val`` and ``test``; a dataset without a
+validation (or test) split gets one held out of its training images, the same for every seed-equal
+call, so a run's validation images never leak into its training images.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import datasets as tvd
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+SPLITS = ("train", "val", "test")
+TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
+               "cifar100": tvd.CIFAR100}
+DIGITS_TEST_FRACTION = 0.2
+
+
+class DatasetError(ValueError):
+    """A dataset is missing, empty or holds files that are not images."""
+
+
+class ArrayDataset(Dataset):
+    """Images held in memory as one uint8 ``(N, C, H, W)`` tensor."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, classes: list[str], name: str):
+        if images.ndim == 3:
+            images = images[:, None]
+        if images.ndim != 4 or images.dtype != torch.uint8:
+            raise DatasetError(f"{name}: expected uint8 images (N, C, H, W), got {images.dtype} "
+                               f"{tuple(images.shape)}")
+        if len(images) != len(labels):
+            raise DatasetError(f"{name}: {len(images)} images but {len(labels)} labels")
+        if len(images) == 0:
+            raise DatasetError(f"{name}: the dataset is empty")
+        self.images, self.labels, self.classes, self.name = images, labels.long(), list(classes), name
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+    def subset(self, indices: torch.Tensor, name: str) -> "ArrayDataset":
+        return ArrayDataset(self.images[indices], self.labels[indices], self.classes, name)
+
+
+class FileDataset(Dataset):
+    """Image files decoded on access (``imagefolder:``); every file was checked when it was listed."""
+
+    def __init__(self, files: list[Path], labels: list[int], classes: list[str], name: str):
+        if not files:
+            raise DatasetError(f"{name}: the dataset is empty")
+        self.files, self.labels, self.classes, self.name = files, torch.tensor(labels), classes, name
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return read_image(self.files[index]), int(self.labels[index])
+
+    def subset(self, indices: torch.Tensor, name: str) -> "FileDataset":
+        return FileDataset([self.files[i] for i in indices.tolist()], self.labels[indices].tolist(),
+                           self.classes, name)
+
+
+def read_image(path: Path) -> torch.Tensor:
+    """Decode an image file fully (a truncated file fails here) as uint8 (C, H, W): grey stays 1 channel."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            image = image if image.mode in ("L", "RGB") else image.convert("RGB")
+            return pil_to_tensor(image)
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise DatasetError(f"{path}: not a readable image ({error})") from error
+
+
+@dataclass
+class SplitSpec:
+    """How much of the training images to hold out for the splits a dataset lacks."""
+
+    val_fraction: float = 0.1
+    seed: int = 0
+
+
+def held_out(size: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random partition of ``range(size)`` into (kept, held out), the latter ``fraction`` of it."""
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+    count = int(round(size * fraction))
+    return order[count:].sort().values, order[:count].sort().values
+
+
+def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
+                 spec: SplitSpec | None = None, corrupt: str = "fail") -> Dataset:
+    """The ``split`` of dataset ``name`` (see module doc); ``corrupt`` is ``fail`` or ``skip`` for
+    image folders."""
+    spec = spec or SplitSpec()
+    if split not in SPLITS:
+        raise DatasetError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if name == "digits":
+        train, test = _digits()
+    elif name in TORCHVISION:
+        train, test = (_torchvision(name, is_train, data_dir) for is_train in (True, False))
+    elif name.startswith("npz:"):
+        return _npz_split(Path(name[4:]), split, spec)
+    elif name.startswith("imagefolder:"):
+        return _folder_split(Path(name[len("imagefolder:"):]), split, spec, corrupt)
+    else:
+        raise DatasetError(f"unknown dataset {name!r}; expected digits, {', '.join(TORCHVISION)}, "
+                           f"npz:PATH or imagefolder:PATH")
+    return _with_val(train, test, split, spec)
+
+
+def _with_val(train, test, split: str, spec: SplitSpec):
+    """Carve the validation split out of ``train`` (which then loses those images)."""
+    if split == "test":
+        return test
+    if spec.val_fraction <= 0:
+        if split == "val":
+            raise DatasetError(f"{train.name}: no validation split (val_fraction is 0)")
+        return train
+    kept, val = held_out(len(train), spec.val_fraction, spec.seed)
+    return train.subset(kept if split == "train" else val, f"{train.name}[{split}]")
+
+
+def _digits() -> tuple[ArrayDataset, ArrayDataset]:
+    """scikit-learn's 8x8 digits (grey levels 0..16, scaled to 0..255); 20% fixed as the test split."""
+    with resources.files(__package__).joinpath("digits.npz").open("rb") as handle:
+        arrays = np.load(handle, allow_pickle=False)
+        images, labels = arrays["images"], arrays["labels"]
+    images = torch.from_numpy((images.astype(np.float32) * (255 / 16)).round().astype(np.uint8))
+    full = ArrayDataset(images, torch.from_numpy(labels), [str(d) for d in range(10)], "digits")
+    train, test = held_out(len(full), DIGITS_TEST_FRACTION, seed=0)
+    return full.subset(train, "digits[train]"), full.subset(test, "digits[test]")
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("VITKIT_DATA", Path.home() / ".cache" / "vitkit" / "data"))
+
+
+def _torchvision(name: str, train: bool, data_dir: str | Path | None) -> ArrayDataset:
+    """Read torchvision's files from ``data_dir``; download them there only when they are absent."""
+    root = Path(data_dir) if data_dir else default_data_dir()
+    cls = TORCHVISION[name]
+    try:
+        dataset = cls(root, train=train, download=False)
+    except RuntimeError:
+        try:
+            dataset = cls(root, train=train, download=True)
+        except (RuntimeError, OSError) as error:
+            raise DatasetError(f"{name}: not found under {root} and could not be downloaded ({error}); "
+                               f"pass --data-dir with the dataset in torchvision's layout") from error
+    images = torch.as_tensor(np.asarray(dataset.data))
+    if images.ndim == 4:  # CIFAR: (N, H, W, C)
+        images = images.permute(0, 3, 1, 2).contiguous()
+    split = "train" if train else "test"
+    return ArrayDataset(images, torch.as_tensor(dataset.targets), dataset.classes, f"{name}[{split}]")
+
+
+def _npz_split(path: Path, split: str, spec: SplitSpec) -> ArrayDataset:
+    """Arrays ``x_train, y_train, x_test, y_test`` (optionally ``x_val, y_val``, ``classes``); images
+    uint8 as (N, H, W) or (N, H, W, C)."""
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such .npz file")
+    try:
+        arrays = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise DatasetError(f"{path}: not a readable .npz file ({error})") from error
+
+    def part(key: str) -> ArrayDataset:
+        if f"x_{key}" not in arrays or f"y_{key}" not in arrays:
+            raise DatasetError(f"{path}: needs arrays x_{key} and y_{key}; it has {sorted(arrays.files)}")
+        images = torch.from_numpy(np.ascontiguousarray(arrays[f"x_{key}"]))
+        if images.ndim == 4:
+            images = images.permute(0, 3, 1, 2).contiguous()
+        labels = torch.from_numpy(arrays[f"y_{key}"].astype(np.int64))
+        classes = [str(c) for c in arrays["classes"]] if "classes" in arrays else \
+            [str(c) for c in range(int(labels.max()) + 1)]
+        return ArrayDataset(images, labels, classes, f"{path.name}[{key}]")
+
+    if split == "test":
+        return part("test")
+    if "x_val" in arrays:
+        return part(split)
+    return _with_val(part("train"), None, split, spec)
+
+
+def _folder_split(root: Path, split: str, spec: SplitSpec, corrupt: str) -> FileDataset:
+    """``root/<class>/*`` images, or ``root/{train,val,test}/<class>/*``; missing splits are held out
+    (test from train with the validation fraction, then val from the rest)."""
+    if not root.is_dir():
+        raise DatasetError(f"{root}: no such image folder")
+    if (root / split).is_dir():
+        return scan_folder(root / split, corrupt)
+    if not (root / "train").is_dir():
+        whole = scan_folder(root, corrupt)
+        kept, test = held_out(len(whole), spec.val_fraction, spec.seed + 1)
+        if split == "test":
+            return whole.subset(test, f"{root}[test]")
+        return _with_val(whole.subset(kept, f"{root}[train]"), None, split, spec)
+    if split == "test":
+        raise DatasetError(f"{root}: has train/ but no test/ folder")
+    return _with_val(scan_folder(root / "train", corrupt), None, split, spec)
+
+
+def scan_folder(root: Path, corrupt: str = "fail") -> FileDataset:
+    """One sub-folder per class; every file is decoded once so that bad files are found up front and
+    reported by name (``corrupt='fail'`` raises, ``'skip'`` warns with the count and leaves them out)."""
+    if corrupt not in ("fail", "skip"):
+        raise DatasetError(f"corrupt={corrupt!r}; expected 'fail' or 'skip'")
+    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    if not classes:
+        raise DatasetError(f"{root}: no class folders (expected {root}/<class>/<image>)")
+    files, labels, bad = [], [], []
+    for label, name in enumerate(classes):
+        found = sorted(p for p in (root / name).rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not found:
+            raise DatasetError(f"{root / name}: class folder is empty")
+        for path in found:
+            try:
+                read_image(path)
+            except DatasetError as error:
+                if corrupt == "fail":
+                    raise DatasetError(f"{error} (pass corrupt='skip' / --corrupt skip to leave such "
+                                       f"files out)") from None
+                bad.append(path)
+                continue
+            files.append(path)
+            labels.append(label)
+    if bad:
+        listed = ", ".join(str(p) for p in bad[:10]) + (" ..." if len(bad) > 10 else "")
+        warnings.warn(f"{root}: skipped {len(bad)} unreadable file(s): {listed}", stacklevel=2)
+    return FileDataset(files, labels, classes, str(root))

@@ -1,0 +1,113 @@
+"""Classification metrics as the paper reports them (top-1, top-5) plus per-class accuracy and the
+confusion matrix, from one pass over a loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Evaluation:
+    confusion: torch.Tensor  # (K, K) counts, rows = true class, columns = predicted class
+    top5_correct: int
+    loss_sum: float
+
+    @property
+    def count(self) -> int:
+        return int(self.confusion.sum())
+
+    @property
+    def top1(self) -> float:
+        return float(self.confusion.diagonal().sum()) / max(self.count, 1)
+
+    @property
+    def top5(self) -> float:
+        return self.top5_correct / max(self.count, 1)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.count, 1)
+
+    @property
+    def per_class(self) -> torch.Tensor:
+        """Accuracy of each true class (NaN for a class with no images)."""
+        totals = self.confusion.sum(dim=1).double()
+        return self.confusion.diagonal().double() / totals
+
+    def summary(self, prefix: str) -> dict[str, float]:
+        return {f"{prefix}/accuracy": self.top1, f"{prefix}/top5": self.top5, f"{prefix}/loss": self.loss}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, num_classes: int, device: torch.device | str = "cpu") -> Evaluation:
+    """Run ``model`` (switched to eval mode) over ``(images, labels)`` batches."""
+    model.eval()
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    top5, loss_sum = 0, 0.0
+    k = min(5, num_classes)
+    for images, labels in loader:
+        logits = model(images.to(device)).float().cpu()
+        loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        predicted = logits.argmax(dim=-1)
+        confusion += torch.bincount(labels * num_classes + predicted, minlength=num_classes ** 2).view(
+            num_classes, num_classes)
+        top5 += int((logits.topk(k, dim=-1).indices == labels[:, None]).any(dim=-1).sum())
+    return Evaluation(confusion, top5, loss_sum)
+
+
+def confusion_figure(confusion: torch.Tensor, classes: list[str], path: str | Path, title: str = "") -> Path:
+    """Draw the row-normalised confusion matrix with its counts and save it as a PNG (atomically)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..atomic import atomic_file
+
+    counts = confusion.numpy()
+    rates = counts / counts.sum(axis=1, keepdims=True).clip(min=1)
+    size = max(4.0, 0.45 * len(classes) + 2)
+    figure, axes = plt.subplots(figsize=(size + 1, size))
+    shown = axes.imshow(rates, cmap="Blues", vmin=0, vmax=1)
+    figure.colorbar(shown, ax=axes, fraction=0.046, label="fraction of the true class")
+    axes.set_xticks(range(len(classes)), classes, rotation=90 if len(classes) > 10 else 0)
+    axes.set_yticks(range(len(classes)), classes)
+    axes.set_xlabel("predicted")
+    axes.set_ylabel("true")
+    if len(classes) <= 20:
+        for row in range(len(classes)):
+            for col in range(len(classes)):
+                if counts[row, col]:
+                    axes.text(col, row, str(counts[row, col]), ha="center", va="center", fontsize=7,
+                              color="white" if rates[row, col] > 0.5 else "black")
+    axes.set_title(title)
+    figure.tight_layout()
+    path = Path(path)
+    with atomic_file(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=120)
+    plt.close(figure)
+    return path
+
+
+def write_report(evaluation: Evaluation, classes: list[str], out_dir: str | Path, split: str) -> dict:
+    """``eval-<split>.json`` (top-1, top-5, loss, per-class accuracy, confusion matrix) and
+    ``confusion-<split>.png`` in ``out_dir``; returns the JSON content."""
+    import json
+
+    from ..atomic import atomic_file
+
+    out_dir = Path(out_dir)
+    report = {"split": split, "images": evaluation.count, "top1": evaluation.top1, "top5": evaluation.top5,
+              "loss": evaluation.loss,
+              "per_class": {name: (None if acc != acc else acc)
+                            for name, acc in zip(classes, evaluation.per_class.tolist())},
+              "confusion": evaluation.confusion.tolist()}
+    with atomic_file(out_dir / f"eval-{split}.json") as handle:
+        json.dump(report, handle, indent=1)
+    confusion_figure(evaluation.confusion, classes, out_dir / f"confusion-{split}.png",
+                     title=f"{split}: top-1 {100 * evaluation.top1:.2f}%")
+    return report

@@ -1,0 +1,42 @@
+"""Top-k predictions for image files, with the class names and normalisation the checkpoint records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..data.datasets import read_image
+from ..data.transforms import build_transform
+from ..models.vit import VisionTransformer
+
+
+@dataclass
+class Prediction:
+    path: Path
+    labels: list[str]
+    probabilities: list[float]
+
+
+def class_names(model: VisionTransformer) -> list[str]:
+    names = model.config.extra.get("classes")
+    return list(names) if names else [str(i) for i in range(model.config.num_classes)]
+
+
+@torch.no_grad()
+def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5) -> list[Prediction]:
+    """Resize each image to the model's resolution, normalise it as the model was trained, and return
+    the ``top_k`` classes by softmax probability."""
+    config = model.config
+    transform = build_transform("eval", config.image_size, config.in_chans,
+                                config.extra.get("normalization", "google"))
+    names = class_names(model)
+    model.eval()
+    results = []
+    for path in paths:
+        image = transform(read_image(Path(path)))
+        probabilities = model(image[None]).float().softmax(dim=-1)[0]
+        top = probabilities.topk(min(top_k, len(probabilities)))
+        results.append(Prediction(Path(path), [names[i] for i in top.indices.tolist()], top.values.tolist()))
+    return results

@@ -1,0 +1,281 @@
+"""One training loop for every recipe: the objective says what to minimise, the loop does the rest.
+
+Per step: learning rate from the schedule, ``accum_steps`` micro-batches (forward under autocast,
+backward, DDP gradient sync on the last one), clipping at a global norm, the optimiser step, EMA
+weights; then logging, evaluation and checkpoints. The state of a step is a function of its index,
+so a resumed run continues bit for bit (CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..atomic import atomic_file
+from .checkpointing import list_checkpoints, load_checkpoint, save_checkpoint
+from .distributed import Distributed, wrap
+from .objectives import Objective
+
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient became NaN or infinite; the last good checkpoint is left as it was."""
+
+
+@dataclass
+class LoopConfig:
+    total_steps: int
+    accum_steps: int = 1
+    clip_norm: float | None = 1.0
+    precision: str = "fp32"
+    ema_decay: float = 0.0
+    log_every: int = 20
+    eval_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 0  # 0: only at the end
+    keep_last: int = 2
+    best_metric: str = "val/accuracy"  # higher is better
+    compile: bool = False
+
+
+class EMA:
+    """Polyak averaging of the weights: ``shadow <- decay * shadow + (1 - decay) * weights``."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.names = [n for n, t in model.state_dict().items() if t.is_floating_point()]
+        self.shadow = [t.detach().clone() for n, t in model.state_dict().items() if n in self.names]
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        current = model.state_dict()
+        torch._foreach_lerp_(self.shadow, [current[n] for n in self.names], 1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, self.shadow))
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for tensor, name in zip(self.shadow, self.names):
+            tensor.copy_(state[name])
+
+    @contextlib.contextmanager
+    def swapped_into(self, model: nn.Module):
+        """Run a block with the averaged weights in ``model``, then put the trained ones back."""
+        backup = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        model.load_state_dict({**backup, **self.state_dict()})
+        try:
+            yield model
+        finally:
+            model.load_state_dict(backup)
+
+
+class MetricsLog:
+    """``metrics.jsonl`` in the run directory (and TensorBoard when it is installed); main rank only."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.path, self.enabled, self.board = Path(run_dir) / "metrics.jsonl", enabled, None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                pass
+            else:
+                self.board = SummaryWriter(str(run_dir))
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps that the resumed run will redo."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        with atomic_file(self.path) as handle:
+            handle.write("".join(line + "\n" for line in kept))
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as handle:
+            handle.write(json.dumps({"step": step, **values}) + "\n")
+        if self.board is not None:
+            for key, value in values.items():
+                self.board.add_scalar(key, value, step)
+            self.board.flush()
+
+
+def progress_line(step: int, total: int, values: dict[str, float], rate: float, eta: float) -> str:
+    shown = " ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in values.items() if k != "train/images_per_s")
+    return (f"step {step}/{total} {100 * step / total:3.0f}% | {shown} | {rate:,.0f} img/s | "
+            f"ETA {time.strftime('%H:%M:%S', time.gmtime(max(0.0, eta)))}")
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """bf16 where asked (``auto``: on GPUs that support it); None means full fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+    if precision == "auto":
+        supported = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if supported else None
+    return torch.bfloat16 if precision == "bf16" else None
+
+
+class Trainer:
+    """Train ``model`` with ``objective`` for ``config.total_steps`` optimiser steps.
+
+    ``batches(start_step)`` yields this rank's micro-batches from step ``start_step`` on;
+    ``lr_at(step)`` is the schedule; ``evaluate(model)`` returns metrics such as ``val/accuracy``
+    (on the main rank; the EMA weights are evaluated when EMA is on).
+    """
+
+    def __init__(self, model: nn.Module, objective: Objective, optimizer: torch.optim.Optimizer,
+                 lr_at: Callable[[int], float], batches: Callable[[int], Iterable], run_dir: str | Path,
+                 config: LoopConfig, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+                 env: Distributed | None = None):
+        self.model, self.objective, self.optimizer = model, objective, optimizer
+        self.lr_at, self.batches, self.config, self.evaluate = lr_at, batches, config, evaluate
+        self.env = env or Distributed()
+        self.run_dir = Path(run_dir)
+        self.ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
+        self.step = 0
+        self.best: float | None = None
+        self.network = wrap(model, self.env)
+        if config.compile:
+            self.network = torch.compile(self.network)
+        self.dtype = autocast_dtype(config.precision, self.env.device)
+        self.log = MetricsLog(self.run_dir, self.env.is_main)
+
+    # ---------------------------------------------------------------------------- state
+    def training_state(self) -> dict[str, Any]:
+        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "best": self.best,
+                 "rng_cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["rng_cuda"] = torch.cuda.get_rng_state(self.env.device)
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    def resume(self) -> bool:
+        """Continue from the newest complete checkpoint of the run directory, if there is one."""
+        found = list_checkpoints(self.run_dir)
+        if not found:
+            return False
+        state = load_checkpoint(found[-1], self.model)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.best = state["step"], state["best"]
+        torch.set_rng_state(state["rng_cpu"])
+        if "rng_cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["rng_cuda"], self.env.device)
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.log.truncate_after(self.step)
+        return True
+
+    def save(self) -> None:
+        if self.env.is_main:
+            save_checkpoint(self.run_dir, self.step, self.model, self.training_state(), self.config.keep_last)
+        self.env.barrier()
+
+    def final_model(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The weights to evaluate and export: the EMA average when EMA is on."""
+        return self.ema.swapped_into(self.model) if self.ema is not None else contextlib.nullcontext(self.model)
+
+    # ------------------------------------------------------------------------------ loop
+    def _to_device(self, batch: Any) -> Any:
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.env.device, non_blocking=True)
+        return type(batch)(self._to_device(part) for part in batch)
+
+    def _train_step(self, micro_batches) -> dict[str, float]:
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        accum = self.config.accum_steps
+        totals: dict[str, torch.Tensor] = {}
+        images = 0
+        for index in range(accum):
+            batch = self._to_device(next(micro_batches))
+            images += len(batch[0])
+            last = index == accum - 1
+            sync = contextlib.nullcontext() if last or not self.env.enabled else self.network.no_sync()
+            with sync:
+                with torch.autocast(self.env.device.type, dtype=self.dtype or torch.float32,
+                                    enabled=self.dtype is not None):
+                    loss, metrics = self.objective(self.network, batch)
+                (loss / accum).backward()
+            for key, value in {"loss": loss.detach(), **metrics}.items():
+                totals[key] = totals.get(key, 0.0) + value.detach().float() / accum
+        clip = self.config.clip_norm or math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        keys = sorted(totals)
+        averaged = self.env.mean(torch.stack([totals[k] for k in keys] + [norm.float()]))
+        values = dict(zip(keys, averaged.tolist()))
+        if not math.isfinite(values["loss"]) or not math.isfinite(averaged[-1].item()):
+            raise TrainingDiverged(
+                f"step {self.step}: loss {values['loss']} / gradient norm {averaged[-1].item()} is not finite; "
+                f"stopped without updating the weights. The last good checkpoint is kept in "
+                f"{self.run_dir / 'checkpoints'}; lower the learning rate or check the data.")
+        self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.step += 1
+        return {**{f"train/{k}": v for k, v in values.items()}, "train/lr": lr,
+                "train/grad_norm": averaged[-1].item(), "train/images": images * self.env.world_size}
+
+    def _evaluate(self) -> dict[str, float]:
+        if self.evaluate is None:
+            return {}
+        results: dict[str, float] = {}
+        if self.env.is_main:
+            self.model.eval()
+            with self.final_model() as model, torch.no_grad():
+                results = self.evaluate(model)
+            self.model.train()
+            self.log.write(self.step, results)
+            score = results.get(self.config.best_metric)
+            if score is not None and (self.best is None or score > self.best):
+                self.best = score
+                with self.final_model() as model:
+                    model.save(self.run_dir / "best")
+        self.env.barrier()
+        return results
+
+    def fit(self, resume: bool = False) -> dict[str, float]:
+        """Run to ``total_steps`` (from the last checkpoint if ``resume``); returns the last metrics."""
+        config = self.config
+        if resume and self.resume() and self.env.is_main:
+            print(f"resumed from step {self.step} in {self.run_dir}", file=sys.stderr)
+        self.model.train()
+        micro_batches = iter(self.batches(self.step))
+        started, start_step, window = time.perf_counter(), self.step, []
+        last: dict[str, float] = {}
+        while self.step < config.total_steps:
+            tick = time.perf_counter()
+            last = self._train_step(micro_batches)
+            window.append((last["train/images"], time.perf_counter() - tick))
+            done = self.step
+            if done % config.log_every == 0 or done == config.total_steps:
+                rate = sum(n for n, _ in window) / max(sum(t for _, t in window), 1e-9)
+                window.clear()
+                shown = {k: v for k, v in last.items() if k != "train/images"}
+                shown["train/images_per_s"] = rate
+                self.log.write(done, shown)
+                if self.env.is_main:
+                    eta = (time.perf_counter() - started) / (done - start_step) * (config.total_steps - done)
+                    print(progress_line(done, config.total_steps, shown, rate, eta), file=sys.stderr, flush=True)
+            if config.eval_every and done % config.eval_every == 0 and done < config.total_steps:
+                last.update(self._evaluate())
+            if config.checkpoint_every and done % config.checkpoint_every == 0 and done < config.total_steps:
+                self.save()
+        last.update(self._evaluate())
+        self.save()
+        return last

@@ -1,0 +1,151 @@
+"""Datasets, transform presets and the step-indexed sampler."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
+                         scan_folder)
+from vitkit.data.transforms import ToChannels
+
+
+def test_embedded_digits_are_scikit_learns():
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    reference = sklearn_datasets.load_digits()
+    train = load_dataset("digits", "train", spec=SplitSpec(val_fraction=0.0))
+    test = load_dataset("digits", "test")
+    assert len(train) + len(test) == 1797 and len(test) == 359
+    images = torch.cat([train.images, test.images]).float()
+    labels = torch.cat([train.labels, test.labels])
+    expected = torch.from_numpy(reference.images * 255 / 16).round()
+    # the same multiset of (image, label) pairs: match each image to its original by sorting keys
+    ours = sorted(zip(images.flatten(1).tolist(), labels.tolist()))
+    theirs = sorted(zip(expected.flatten(1).tolist(), reference.target.tolist()))
+    assert ours == theirs
+    assert train.classes == [str(d) for d in range(10)]
+
+
+def test_validation_split_is_held_out_of_train():
+    spec = SplitSpec(val_fraction=0.25, seed=3)
+    full = load_dataset("digits", "train", spec=SplitSpec(val_fraction=0.0))
+    train, val = load_dataset("digits", "train", spec=spec), load_dataset("digits", "val", spec=spec)
+    assert len(train) + len(val) == len(full) and len(val) == round(0.25 * len(full))
+    rows = lambda d: {tuple(x) for x in d.images.flatten(1).tolist()}  # noqa: E731
+    assert rows(train) | rows(val) == rows(full)
+    with pytest.raises(DatasetError, match="no validation split"):
+        load_dataset("digits", "val", spec=SplitSpec(val_fraction=0.0))
+
+
+def test_mnist_from_shared_data(shared_data):
+    test = load_dataset("mnist", "test", shared_data)
+    assert len(test) == 10000 and tuple(test.images.shape[1:]) == (1, 28, 28)
+    counts = torch.bincount(test.labels).tolist()
+    assert counts == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]  # the README's class counts
+    fashion = load_dataset("fashion-mnist", "train", shared_data, SplitSpec(val_fraction=0.1))
+    assert len(fashion) == 54000 and fashion.classes[0] == "T-shirt/top"
+
+
+def test_missing_torchvision_dataset_names_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr("torchvision.datasets.MNIST.download", lambda self: (_ for _ in ()).throw(OSError("offline")))
+    with pytest.raises(DatasetError, match=f"not found under {tmp_path}"):
+        load_dataset("mnist", "train", tmp_path)
+
+
+def test_npz_arrays_with_classes(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "set.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (40, 6, 6, 3), dtype=np.uint8), y_train=np.arange(40) % 4,
+             x_test=rng.integers(0, 256, (8, 6, 6, 3), dtype=np.uint8), y_test=np.arange(8) % 4,
+             classes=np.array(["a", "b", "c", "d"]))
+    train = load_dataset(f"npz:{path}", "train", spec=SplitSpec(val_fraction=0.25))
+    test = load_dataset(f"npz:{path}", "test")
+    assert len(train) == 30 and len(test) == 8 and train.classes == ["a", "b", "c", "d"]
+    image, label = test[3]
+    assert image.shape == (3, 6, 6) and label == 3
+    assert torch.equal(image, torch.from_numpy(np.load(path)["x_test"][3]).permute(2, 0, 1))
+    with pytest.raises(DatasetError, match="needs arrays x_val"):
+        np.savez(path, x_train=np.zeros((4, 2, 2), np.uint8), y_train=np.zeros(4), x_val=np.zeros((1, 2, 2), np.uint8))
+        load_dataset(f"npz:{path}", "val")
+
+
+def _folder(tmp_path):
+    for name, colour in (("cat", 10), ("dog", 200)):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.fromarray(np.full((5, 7, 3), colour + i, np.uint8)).save(tmp_path / name / f"{i}.png")
+    return tmp_path
+
+
+def test_image_folder_reads_classes_and_pixels(tmp_path):
+    folder = scan_folder(_folder(tmp_path))
+    assert folder.classes == ["cat", "dog"] and len(folder) == 6
+    image, label = folder[4]
+    assert label == 1 and image.shape == (3, 5, 7) and int(image[0, 0, 0]) == 201
+
+
+def test_corrupt_and_truncated_files_are_reported_by_name(tmp_path):
+    root = _folder(tmp_path)
+    (root / "cat" / "notes.txt").write_text("not an image")
+    good = (root / "dog" / "0.png").read_bytes()
+    (root / "dog" / "cut.png").write_bytes(good[: len(good) // 2])
+    with pytest.raises(DatasetError, match="notes.txt"):
+        scan_folder(root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        folder = scan_folder(root, corrupt="skip")
+    assert len(folder) == 6
+    message = str(caught[0].message)
+    assert "skipped 2 unreadable file(s)" in message and "cut.png" in message and "notes.txt" in message
+
+
+def test_empty_dataset_and_empty_class_are_clear_errors(tmp_path):
+    with pytest.raises(DatasetError, match="no class folders"):
+        scan_folder(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="empty.*class folder is empty"):
+        scan_folder(tmp_path)
+
+
+def test_grey_images_expand_to_model_channels_and_normalise():
+    image = torch.tensor([[[0, 255], [51, 102]]], dtype=torch.uint8)
+    out = build_transform("eval", (2, 2), channels=3, family="google")(image)
+    assert out.shape == (3, 2, 2)
+    expected = image.float() / 255 * 2 - 1  # Google: mean = std = 0.5 maps [0, 1] to [-1, 1]
+    for channel in out:
+        torch.testing.assert_close(channel, expected[0])
+    imagenet = build_transform("eval", (2, 2), channels=3, family="imagenet")(image)
+    torch.testing.assert_close(imagenet[1], (image[0].float() / 255 - 0.456) / 0.224)
+    with pytest.raises(ValueError, match="cannot turn a 2-channel image into 3"):
+        ToChannels(3)(torch.zeros(2, 4, 4))
+
+
+def test_pretrain_preset_is_random_and_seeded_per_sample():
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    dataset = [(images[i], i) for i in range(4)]
+    transform = build_transform("pretrain", (8, 8), 3, aug_level="light2")
+    data = Transformed(dataset, transform, seed=7)
+    first, again, other_epoch = data[(2, 0)][0], data[(2, 0)][0], data[(2, 1)][0]
+    assert first.shape == (3, 8, 8)
+    assert torch.equal(first, again) and not torch.equal(first, other_epoch)
+    state = torch.get_rng_state()
+    data[(1, 0)]
+    assert torch.equal(state, torch.get_rng_state()), "seeded transforms must not consume the global RNG"
+
+
+def test_sampler_epochs_ranks_accumulation_and_resume():
+    full = list(StepSampler(20, 8, total_steps=6, seed=1, accum_steps=2))
+    assert len(full) == 12 and all(len(mb) == 4 for mb in full)
+    steps_per_epoch = 20 // 8
+    for epoch in range(3):  # each epoch draws distinct images, in a seed-fixed order
+        keys = [k for mb in full[epoch * 4:(epoch + 1) * 4] for k in mb]
+        assert {e for _, e in keys} == {epoch} and len({i for i, _ in keys}) == 8 * steps_per_epoch
+    resumed = list(StepSampler(20, 8, total_steps=6, seed=1, accum_steps=2, start_step=4))
+    assert resumed == full[8:]
+    ranks = [list(StepSampler(20, 8, total_steps=6, seed=1, rank=r, world_size=2)) for r in range(2)]
+    single = list(StepSampler(20, 8, total_steps=6, seed=1))
+    assert [a + b for a, b in zip(*ranks)] == single
+    with pytest.raises(ValueError, match="multiple of world size 3"):
+        StepSampler(20, 8, total_steps=1, world_size=3)

@@ -1,0 +1,47 @@
+"""Fine-tuning as section 3.2 / B.1.1: new resolution, 2-D interpolated position embeddings, pre-logits
+dropped, a new zero-initialised head, SGD with momentum and no weight decay."""
+
+import json
+
+import torch
+
+import vitkit
+from vitkit.models.position import resample_with_prefix
+from vitkit.train import resolve
+from vitkit.train.run import build_model, prepare, run
+
+
+def _pretrained(path):
+    model = vitkit.create_model(vitkit.ViTConfig(image_size=8, patch_size=2, dim=16, depth=2, num_heads=2,
+                                                 mlp_dim=32, in_chans=1, num_classes=7, representation_size=16))
+    model.save(path)
+    return model
+
+
+def test_checkpoint_prepared_for_finetuning(tmp_path):
+    source = _pretrained(tmp_path / "pre")
+    recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=16, dataset="digits"))
+    model = build_model(recipe, [str(d) for d in range(10)])
+    assert model.config.image_size == (16, 16) and model.config.grid_size == (8, 8)
+    expected = resample_with_prefix(source.pos_embed.weight, 1, (4, 4), (8, 8), "bicubic")
+    torch.testing.assert_close(model.pos_embed.weight, expected)
+    assert isinstance(model.pre_logits, torch.nn.Identity) and model.config.representation_size is None
+    assert model.head.out_features == 10 and not model.head.weight.any() and not model.head.bias.any()
+    torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)
+
+    trainer = prepare(recipe.replace(steps=2, batch_size=16, run_dir=str(tmp_path / "ft"))).trainer
+    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    assert all(group["weight_decay"] == 0.0 and group["momentum"] == 0.9 for group in trainer.optimizer.param_groups)
+    assert trainer.lr_at(500) == recipe.lr and trainer.lr_at(250) == recipe.lr / 2  # 500 warm-up steps
+
+
+def test_finetuned_model_is_saved_at_the_new_resolution(tmp_path):
+    _pretrained(tmp_path / "pre")
+    recipe = resolve("paper-finetune", overrides=dict(
+        init=str(tmp_path / "pre"), dataset="digits", image_size=16, steps=3, batch_size=16, warmup_steps=1,
+        lr=0.01, run_dir=str(tmp_path / "ft"), threads=1))
+    summary = run(recipe)
+    saved = vitkit.load(tmp_path / "ft" / "model")
+    assert saved.config.image_size == (16, 16) and saved.pos_embed.weight.shape == (1, 1 + 64, 16)
+    assert saved.config.extra["classes"] == [str(d) for d in range(10)]
+    assert json.loads((tmp_path / "ft" / "summary.json").read_text())["test/accuracy"] == summary["test/accuracy"]

@@ -1,0 +1,53 @@
+"""Recipes: presets < config file (YAML/JSON) < command line; the CLI's recipe flags and resume."""
+
+import json
+
+import pytest
+
+from vitkit.cli import build_parser, main, recipe_from_args
+from vitkit.train import PRESETS, Recipe, resolve
+
+
+def test_preset_then_yaml_then_overrides(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("preset: mnist\nlr: 0.01\nmodel_args:\n  depth: 2\ncrop_scale: [0.3, 1.0]\n")
+    recipe = resolve(config_file=path, overrides={"lr": 0.02, "model_args": {"dim": 32}})
+    assert recipe.dataset == "mnist" and recipe.lr == 0.02 and recipe.crop_scale == (0.3, 1.0)
+    assert recipe.model_args == {**PRESETS["mnist"]["model_args"], "depth": 2, "dim": 32}
+    json_path = tmp_path / "recipe.json"
+    json_path.write_text(json.dumps({"steps": 7}))
+    assert resolve("paper-finetune", json_path).steps == 7
+
+
+def test_paper_presets_hold_the_papers_hyper_parameters():
+    pre, fine = resolve("paper-pretrain"), resolve("paper-finetune")
+    assert (pre.optimizer, pre.betas, pre.batch_size, pre.warmup_steps, pre.clip_norm) == ("adamw", (0.9, 0.999), 4096,
+                                                                                           10_000, 1.0)
+    assert (fine.optimizer, fine.momentum, fine.weight_decay, fine.batch_size, fine.schedule, fine.image_size) == (
+        "sgd", 0.9, 0.0, 512, "cosine", 384)
+
+
+def test_bad_recipes_are_named():
+    with pytest.raises(ValueError, match=r"unknown recipe keys \['learning_rate'\]"):
+        resolve(overrides={"learning_rate": 1.0})
+    with pytest.raises(ValueError, match="unknown preset 'imagenet'"):
+        resolve("imagenet")
+
+
+def test_command_line_flags_become_recipe_fields():
+    args = build_parser().parse_args(["train", "--preset", "mnist", "--lr", "0.5", "--no-hflip", "--crop-scale",
+                                      "0.3", "1", "--model-args", '{"depth": 1}', "--ema-decay", "0.99"])
+    recipe = recipe_from_args(args)
+    assert (recipe.dataset, recipe.lr, recipe.hflip, recipe.crop_scale, recipe.ema_decay) == (
+        "mnist", 0.5, False, (0.3, 1.0), 0.99)
+    assert recipe.model_args["depth"] == 1 and recipe.model_args["dim"] == PRESETS["mnist"]["model_args"]["dim"]
+    finetune = recipe_from_args(build_parser().parse_args(["finetune", "runs/x/model", "--dataset", "mnist"]))
+    assert finetune.init == "runs/x/model" and finetune.optimizer == "sgd"
+
+
+def test_resume_reads_the_runs_recipe(tmp_path, capsys):
+    (tmp_path / "recipe.json").write_text(json.dumps(Recipe(lr=0.123, steps=5).to_dict()))
+    args = build_parser().parse_args(["train", "--resume", "--run-dir", str(tmp_path)])
+    assert recipe_from_args(args).lr == 0.123
+    assert main(["train", "--resume", "--run-dir", str(tmp_path / "nothing")]) == 2
+    assert "--resume needs --run-dir" in capsys.readouterr().err
