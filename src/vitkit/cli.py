@@ -13,6 +13,7 @@ from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import CheckpointError, convert, load
+from .evaluate.fewshot import DEFAULT_L2_REGS
 from .models import list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
@@ -168,10 +169,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import run
 
     summary = run(recipe_from_args(args), resume=args.resume)
+    rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
+    print_table(["metric", "value"], rows)
     if "test/accuracy" in summary:
-        rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
-        print_table(["metric", "value"], rows)
         print(f"test accuracy: {100 * summary['test/accuracy']:.2f}% ({summary['test/images']} images)")
+    else:
+        print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
     return 0
 
 
@@ -197,6 +200,40 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                         for name, acc in report["per_class"].items()])
     print(f"{args.dataset} [{args.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
           f"({report['images']} images); report and confusion matrix in {args.out}")
+    return 0
+
+
+def cmd_fewshot(args: argparse.Namespace) -> int:
+    """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
+    from .data import SplitSpec, Transformed, build_transform, eval_loader, load_dataset
+    from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
+
+    model = load(args.checkpoint)
+    config = model.config
+    transform = build_transform("eval", config.image_size, config.in_chans,
+                                config.extra.get("normalization", "google"))
+    features = {}
+    for split in ("train", "test"):
+        dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(0.0), "fail")
+        loader = eval_loader(Transformed(dataset, transform), args.batch_size, 0)
+        features[split] = extract_features(model, loader)
+    results = fewshot_evaluate(*features["train"], *features["test"], shots=args.shots, seeds=range(args.seeds),
+                               l2_regs=args.l2)
+    rows = [[r.shots, f"{100 * r.mean:.2f}%", f"{100 * r.std:.2f}", f"{r.selected_l2:g}"] for r in results]
+    report: dict = {"checkpoint": args.checkpoint, "dataset": args.dataset,
+                    "fewshot": {r.shots: {"mean": r.mean, "std": r.std, "l2": r.selected_l2, "per_seed": r.selected}
+                                for r in results}}
+    if args.linear_probe:
+        accuracy, l2 = linear_probe(*features["train"], *features["test"], l2_regs=args.l2)
+        rows.append(["all", f"{100 * accuracy:.2f}%", "-", f"{l2:g}"])
+        report["linear_probe"] = {"accuracy": accuracy, "l2": l2}
+    print(f"{args.dataset}: linear classifier on frozen representations, {args.seeds} seeds")
+    print_table(["shots", "test accuracy", "std", "l2"], rows)
+    if args.out:
+        from .atomic import atomic_file
+
+        with atomic_file(args.out) as handle:
+            json.dump(report, handle, indent=1)
     return 0
 
 
@@ -258,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .train.recipes import PRESETS
 
     for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
+                           ("pretrain", "self-supervised pre-training: masked patch prediction (section 4.6)"),
                            ("finetune", "fine-tune a checkpoint at a new resolution")):
         parser_ = sub.add_parser(name, help=helptext, description=cmd_train.__doc__)
         if name == "finetune":
@@ -269,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.add_argument("--resume", action="store_true",
                              help="continue the run in --run-dir from its last checkpoint")
         _recipe_flags(parser_)
-        parser_.set_defaults(run=cmd_train)
+        parser_.set_defaults(run=cmd_train, **({"objective": "mpp"} if name == "pretrain" else {}))
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
     evaluate_.add_argument("checkpoint")
@@ -282,6 +320,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--num-workers", type=int, default=0)
     evaluate_.add_argument("--out", default=".", help="folder for eval-<split>.json and confusion-<split>.png")
     evaluate_.set_defaults(run=cmd_eval)
+
+    fewshot = sub.add_parser("fewshot", help="few-shot linear evaluation of frozen representations")
+    fewshot.add_argument("checkpoint")
+    fewshot.add_argument("--dataset", default="digits")
+    fewshot.add_argument("--data-dir")
+    fewshot.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
+    fewshot.add_argument("--seeds", type=int, default=5, help="repeats with different shots")
+    fewshot.add_argument("--l2", type=float, nargs="+", default=list(DEFAULT_L2_REGS),
+                         help="regularisers tried; one is chosen on held-out training images")
+    fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
+    fewshot.add_argument("--batch-size", type=int, default=256)
+    fewshot.add_argument("--out", help="write the numbers to this JSON file")
+    fewshot.set_defaults(run=cmd_fewshot)
 
     predict_ = sub.add_parser("predict", help="top-k labels of image files")
     predict_.add_argument("checkpoint")

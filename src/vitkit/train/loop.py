@@ -240,7 +240,8 @@ class Trainer:
             with self.final_model() as model, torch.no_grad():
                 results = self.evaluate(model)
             self.model.train()
-            self.log.write(self.step, results)
+            if results:
+                self.log.write(self.step, results)
             score = results.get(self.config.best_metric)
             if score is not None and (self.best is None or score > self.best):
                 self.best = score

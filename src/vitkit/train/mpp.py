@@ -133,7 +133,7 @@ class MaskedPatchPrediction(nn.Module):
         return patch_pixels(pixels, patch).flatten(2)
 
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss over corrupted patches, and its accuracy (or mean squared error for ``pixels``)."""
         encoder = self.encoder
         patches, grid = encoder.patch_embed(images)
@@ -145,9 +145,9 @@ class MaskedPatchPrediction(nn.Module):
         targets = self.targets(images)[chosen]
         if self.target == "pixels":
             loss = F.mse_loss(predictions.float(), targets)
-            return loss, {"mse": loss.item()}
+            return loss, {"mse": loss.detach()}
         if self.target == "downsized":
             predictions = predictions.reshape(*targets.shape, 2 ** self.bits)
         loss = F.cross_entropy(predictions.float().flatten(0, -2), targets.flatten())
-        correct = (predictions.argmax(-1) == targets).float().mean().item()
+        correct = (predictions.argmax(-1) == targets).float().mean()
         return loss, {"accuracy": correct}

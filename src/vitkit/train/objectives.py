@@ -40,3 +40,11 @@ class Classification:
         loss = F.cross_entropy(logits.float(), targets, label_smoothing=self.label_smoothing)
         accuracy = (logits.detach().argmax(dim=-1) == labels).float().mean()
         return loss, {"accuracy": accuracy}
+
+
+class MaskedPatches:
+    """Masked patch prediction (section 4.6): the model is a ``MaskedPatchPrediction`` wrapper that
+    corrupts, encodes and scores the images itself; labels are ignored."""
+
+    def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return model(batch[0])

@@ -30,6 +30,13 @@ class Recipe:
     model_args: dict[str, Any] = field(default_factory=dict)
     image_size: int = 8
     init: str | None = None  # fine-tune from this checkpoint (anything vitkit.load reads)
+    # objective: 'classification', or 'mpp' (masked patch prediction, self-supervised, labels unused)
+    objective: str = "classification"
+    mpp_target: str = "mean-colour"  # or 'downsized' (4x4, 3 bits each), 'pixels' (L2)
+    mpp_bits: int = 3
+    mpp_ratio: float = 0.5  # share of patches corrupted; of those 80% [mask], 10% random, 10% kept
+    mpp_mask_prob: float = 0.8
+    mpp_random_prob: float = 0.1
     # transforms
     transform: str = "pretrain"  # 'pretrain' (Inception crop) or 'finetune' (resize + crop)
     crop_scale: tuple[float, float] = (0.08, 1.0)

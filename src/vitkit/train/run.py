@@ -17,12 +17,14 @@ import torch
 from ..atomic import atomic_file
 from ..checkpoints import load
 from ..data import SplitSpec, StepSampler, Transformed, build_transform, eval_loader, load_dataset, step_loader
-from ..data.transforms import augreg_level
+from ..data.transforms import augreg_level, normalization
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..models import ViTConfig, VisionTransformer, create_model
 from .distributed import setup
 from .loop import LoopConfig, Trainer
-from .objectives import Classification
+from .checkpointing import vit_of
+from .mpp import MaskedPatchPrediction
+from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
 from .recipes import Recipe
 
@@ -83,8 +85,16 @@ def prepare(recipe: Recipe) -> Experiment:
         keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(recipe.seed))
         train_set = train_set.subset(keep[:recipe.train_subset].sort().values, f"{train_set.name}[subset]")
     classes = train_set.classes
-    model = build_model(recipe, classes).to(env.device)
+    if recipe.objective not in ("classification", "mpp"):
+        raise ValueError(f"objective={recipe.objective!r}, expected 'classification' or 'mpp'")
+    pretraining = recipe.objective == "mpp"
+    model = build_model(recipe, [] if pretraining else classes)
     config = model.config
+    if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
+        mean, std = normalization(recipe.normalization, config.in_chans)
+        model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
+                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, tuple(mean), tuple(std))
+    model = model.to(env.device)
     train_transform = build_transform(recipe.transform, config.image_size, config.in_chans, recipe.normalization,
                                       recipe.hflip, recipe.crop_scale, recipe.aug_level)
     eval_transform = build_transform("eval", config.image_size, config.in_chans, recipe.normalization)
@@ -102,13 +112,14 @@ def prepare(recipe: Recipe) -> Experiment:
         return evaluate(network, loader, len(classes), env.device)
 
     def validate(network: VisionTransformer) -> dict[str, float]:
-        return measure(network, "val").summary("val") if recipe.val_fraction > 0 else {}
+        return measure(network, "val").summary("val") if recipe.val_fraction > 0 and not pretraining else {}
 
     optimizer = make_optimizer(model, recipe.optimizer, recipe.lr, recipe.weight_decay, recipe.betas, recipe.momentum)
     lr_at = functools.partial(learning_rate, base_lr=recipe.lr, total_steps=steps, warmup_steps=recipe.warmup_steps,
                               decay=recipe.schedule, end_lr=recipe.end_lr)
     _, mixup_alpha = augreg_level(recipe.aug_level)
-    objective = Classification(len(classes), recipe.label_smoothing, mixup_alpha, recipe.cutmix_alpha)
+    objective = MaskedPatches() if pretraining else \
+        Classification(len(classes), recipe.label_smoothing, mixup_alpha, recipe.cutmix_alpha)
     loop = LoopConfig(total_steps=steps, accum_steps=recipe.accum_steps, clip_norm=recipe.clip_norm,
                       precision=recipe.precision, ema_decay=recipe.ema_decay, log_every=recipe.log_every,
                       eval_every=recipe.eval_every, checkpoint_every=recipe.checkpoint_every,
@@ -132,9 +143,11 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
                                **{k: v for k, v in last.items() if not k.startswith("train/images")}}
     if trainer.env.is_main:
         with trainer.final_model() as final:
-            final.save(run_dir / "model")
-            report = write_report(experiment.measure(final, "test"), experiment.classes, run_dir, "test")
-        summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"], "test/images": report["images"]})
+            vit_of(final).save(run_dir / "model")
+            if recipe.objective == "classification":
+                report = write_report(experiment.measure(final, "test"), experiment.classes, run_dir, "test")
+                summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
+                                "test/images": report["images"]})
         with atomic_file(run_dir / "summary.json") as handle:
             json.dump(summary, handle, indent=1)
     trainer.env.barrier()
