@@ -58,7 +58,8 @@ def finetune(data_dir: str) -> None:
                   steps=300, batch_size=64, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0,
                   warmup_steps=30, schedule="cosine", clip_norm=1.0, val_fraction=0.02, label_smoothing=0.0)
     tuned = measure("finetune_fashion28_to_mnist56", {**budget, "init": str(pretrained)}, preset="paper-finetune")
-    scratch_args = resolve("mnist").model_args
+    pre = json.loads((pretrained / "config.json").read_text())  # the same architecture, from scratch
+    scratch_args = {k: pre[k] for k in ("patch_size", "dim", "depth", "num_heads", "mlp_dim", "in_chans", "pool")}
     scratch = measure("scratch_mnist56_sgd", {**budget, "model_args": scratch_args}, preset="paper-finetune")
     adamw = measure("scratch_mnist56_adamw", {**budget, "model_args": scratch_args, "optimizer": "adamw",
                                                "lr": 2e-3, "weight_decay": 0.05}, preset="paper-finetune")
