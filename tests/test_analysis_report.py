@@ -15,6 +15,7 @@ from vitkit.analysis import attention_maps, attention_rollout, mean_attention_di
 from vitkit.analysis.inputs import dataset_sample, prepare, read_images, sample_photos
 from vitkit.analysis.report import analyze
 from vitkit.cli import main
+from vitkit.data import DatasetError
 
 FIGURES = ["attention_distance.png", "filters.png", "position_similarity.png", "rollout_000.png", "rollout_001.png"]
 
@@ -110,21 +111,22 @@ def test_read_images_from_files_and_directories(tmp_path):
         read_images([tmp_path / "missing.jpg"])
 
 
-def test_dataset_samples_are_the_files_images(shared_data):
-    sample = dataset_sample("cifar10-subset", shared_data, 5, seed=3)
-    with np.load(shared_data / "cifar10-subset" / "cifar10_subset.npz") as arrays:
+def test_dataset_samples_are_the_files_images(shared_data, tmp_path):
+    subset = shared_data / "cifar10-subset" / "cifar10_subset.npz"
+    sample = dataset_sample(f"npz:{subset}", None, 5, seed=3)
+    with np.load(subset) as arrays:
         pixels = arrays["x_test"]
     chosen = np.sort(np.random.default_rng(3).choice(len(pixels), 5, replace=False))
     assert all(np.array_equal(a, pixels[i]) for a, i in zip(sample, chosen))
     assert [a.shape for a in dataset_sample("mnist", shared_data, 3)] == [(28, 28)] * 3
-    with pytest.raises(FileNotFoundError, match="cifar10 not found under"):
-        dataset_sample("cifar10", shared_data, 3)
+    with pytest.raises(DatasetError, match="cifar10"):
+        dataset_sample("cifar10", tmp_path, 3)  # absent, and nothing can be downloaded here
 
 
 def test_analyze_a_grey_model_on_mnist(tmp_path, shared_data):
     checkpoint(tmp_path / "ckpt", image_size=28, patch_size=7, in_chans=1, pool="gap", class_token=False,
                pos_embed="none")
-    args = ["analyze", str(tmp_path / "ckpt"), "--dataset", "mnist", "--data-root", str(shared_data),
+    args = ["analyze", str(tmp_path / "ckpt"), "--dataset", "mnist", "--data-dir", str(shared_data),
             "--num-images", "12", "--overlays", "1", "--out", str(tmp_path / "out")]
     assert main(args) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -87,7 +87,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
     model = load(args.checkpoint)
     if args.dataset:
-        pictures = inputs.dataset_sample(args.dataset, args.data_root, args.num_images, args.seed)
+        pictures = inputs.dataset_sample(args.dataset, args.data_dir, args.num_images, args.seed)
     elif args.images:
         pictures = inputs.read_images(args.images)
     else:
@@ -275,9 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     source = analyze.add_mutually_exclusive_group()
     source.add_argument("--images", nargs="+", metavar="PATH",
                          help="image files or directories (default: scikit-learn's two sample photos)")
-    source.add_argument("--dataset", choices=inputs.DATASETS,
-                         help="analyse a random sample of this dataset's test split instead")
-    analyze.add_argument("--data-root", default="data", help="where --dataset lies (torchvision layout)")
+    source.add_argument("--dataset", help="analyse a random sample of this dataset's test split instead "
+                         "(digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH)")
+    analyze.add_argument("--data-dir", help="where --dataset lies (torchvision layout)")
     analyze.add_argument("--num-images", type=_positive, default=64, help="size of the --dataset sample")
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", required=True, help="directory for figures, numbers and index.html")

@@ -11,8 +11,9 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image, UnidentifiedImageError
 
+from ..data import load_dataset
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
-DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar10-subset")
 
 
 def sample_photos() -> list[np.ndarray]:
@@ -47,27 +48,12 @@ def read_images(paths: Sequence[str | Path]) -> list[np.ndarray]:
     return images
 
 
-def dataset_sample(name: str, root: str | Path, count: int, seed: int = 0) -> list[np.ndarray]:
-    """``count`` test images drawn at random (seeded) from a dataset on disk; nothing is downloaded."""
-    root = Path(root)
-    if name == "cifar10-subset":
-        path = root / "cifar10-subset" / "cifar10_subset.npz"
-        if not path.exists():
-            raise FileNotFoundError(f"no CIFAR-10 subset at {path}")
-        with np.load(path, allow_pickle=False) as arrays:
-            pixels = arrays["x_test"]
-    elif name in ("mnist", "fashion-mnist", "cifar10"):
-        import torchvision.datasets as datasets
-
-        kind = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[name]
-        try:
-            pixels = np.asarray(kind(root, train=False, download=False).data)
-        except RuntimeError as error:
-            raise FileNotFoundError(f"{name} not found under {root} in torchvision's layout ({error})") from error
-    else:
-        raise ValueError(f"unknown dataset {name!r}, expected one of {DATASETS}")
-    chosen = np.random.default_rng(seed).choice(len(pixels), size=min(count, len(pixels)), replace=False)
-    return [pixels[index] for index in np.sort(chosen)]
+def dataset_sample(name: str, data_dir: str | Path | None, count: int, seed: int = 0) -> list[np.ndarray]:
+    """``count`` test images drawn at random (seeded) from any dataset ``vitkit.data`` reads (``mnist``,
+    ``npz:PATH``, ``imagefolder:PATH``, ...), as uint8 arrays (H, W) or (H, W, C)."""
+    data = load_dataset(name, "test", data_dir)
+    chosen = np.random.default_rng(seed).choice(len(data), size=min(count, len(data)), replace=False)
+    return [data[int(index)][0].permute(1, 2, 0).squeeze(-1).numpy() for index in np.sort(chosen)]
 
 
 def prepare(images: Sequence[np.ndarray], size: tuple[int, int], channels: int,
