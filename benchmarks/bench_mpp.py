@@ -1,6 +1,6 @@
 """Masked patch prediction and few-shot evaluation on real data (issue 6; run on demand).
 
-    PYTHONPATH=src python benchmarks/bench_mpp.py [--data-dir ../shared/data] [--pretrain-steps 1500]
+    PYTHONPATH=src python benchmarks/bench_mpp.py [--data-dir ../shared/data] [--pretrain-steps 1000]
 
 1. Pre-train a small ViT on Fashion-MNIST images with masked patch prediction (labels unused).
 2. Fine-tune it on Fashion-MNIST labels, and train the same architecture from scratch with the same
@@ -62,9 +62,9 @@ def features(model: vitkit.VisionTransformer, dataset: str, data_dir: str, pool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    parser.add_argument("--pretrain-steps", type=int, default=1500)
-    parser.add_argument("--finetune-steps", type=int, default=600)
-    parser.add_argument("--shot-pool", type=int, default=10000)
+    parser.add_argument("--pretrain-steps", type=int, default=1000)
+    parser.add_argument("--finetune-steps", type=int, default=400)
+    parser.add_argument("--shot-pool", type=int, default=5000)
     parser.add_argument("--threads", type=int, default=2, help="1 when the machine is shared")
     args = parser.parse_args()
     common = dict(COMMON, data_dir=args.data_dir, threads=args.threads)
@@ -89,7 +89,7 @@ def main() -> None:
             started = time.perf_counter()
             split = features(model, dataset, args.data_dir, args.shot_pool)
             results = fewshot_evaluate(*split["train"], *split["test"], shots=(1, 5, 10, 25), seeds=range(5))
-            fewshot[f"{dataset} | {name}"] = {r.shots: {"mean": r.mean, "std": r.std, "l2": r.selected_l2}
+            fewshot[f"{dataset}, {name}"] = {r.shots: {"mean": r.mean, "std": r.std, "l2": r.selected_l2}
                                               for r in results}
             print(f"== few-shot {dataset} {name}: "
                   + ", ".join(f"{r.shots}-shot {100 * r.mean:.1f}±{100 * r.std:.1f}" for r in results)
