@@ -178,8 +178,13 @@ class VisionTransformer(nn.Module):
     def save(self, directory: str | Path) -> Path:
         """Write ``config.json`` + ``model.safetensors`` into ``directory`` atomically: a reader sees
         the previous checkpoint or the new one, never a mixture."""
-        with atomic_directory(directory) as staging:
-            (staging / CONFIG_FILE).write_text(self.config.to_json())
-            state = {name: t.detach().cpu().contiguous() for name, t in self.state_dict().items()}
-            save_file(state, staging / WEIGHTS_FILE, metadata={"format": "vitkit"})
-        return Path(directory)
+        return save_native(directory, self.config, self.state_dict())
+
+
+def save_native(directory: str | Path, config: ViTConfig, state: dict[str, torch.Tensor]) -> Path:
+    """``VisionTransformer.save`` for weights held apart from a model (gathered from FSDP shards)."""
+    with atomic_directory(directory) as staging:
+        (staging / CONFIG_FILE).write_text(config.to_json())
+        weights = {name: t.detach().cpu().contiguous() for name, t in state.items()}
+        save_file(weights, staging / WEIGHTS_FILE, metadata={"format": "vitkit"})
+    return Path(directory)

@@ -5,7 +5,8 @@
 ``weights_only=True``). When the trained module wraps a ViT as ``.encoder`` (masked patch prediction),
 the directory is still a plain ViT checkpoint, and the wrapper's own weights (its [mask] embedding and
 prediction head) go beside it in ``objective.safetensors``. Each is written atomically, so the previous one survives a crash at any
-moment; only the last ``keep_last`` are kept.
+moment; only the last ``keep_last`` are kept. The files hold whole tensors whether the run was one
+process, DDP or FSDP (``distributed.full_state`` gathers the shards).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from torch import nn
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
-from ..checkpoints.loading import read_native, read_safetensors
-from ..models.vit import VisionTransformer
+from ..checkpoints.loading import build, read_native, read_safetensors
+from ..models.vit import VisionTransformer, save_native
+from .distributed import load_full_state
 
 STATE_FILE = "training_state.pt"
 OBJECTIVE_FILE = "objective.safetensors"
@@ -46,26 +48,44 @@ def vit_of(model: nn.Module) -> VisionTransformer:
     return getattr(model, "encoder", model)
 
 
-def save_checkpoint(run_dir: Path, step: int, model: nn.Module, state: dict[str, Any], keep_last: int) -> Path:
+def split_weights(model: nn.Module, weights: dict[str, torch.Tensor]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the ViT's weights, a pre-training wrapper's own) from the state dict of the trained module."""
+    if vit_of(model) is model:
+        return weights, {}
+    vit = {k[len(_ENCODER):]: t for k, t in weights.items() if k.startswith(_ENCODER)}
+    return vit, {k: t for k, t in weights.items() if not k.startswith(_ENCODER)}
+
+
+def plain_vit(model: nn.Module, weights: dict[str, torch.Tensor]) -> VisionTransformer:
+    """A stand-alone ViT (on the CPU, unsharded) with the ViT part of ``weights``."""
+    return build(vit_of(model).config, split_weights(model, weights)[0], {}, "gathered weights")
+
+
+def save_checkpoint(run_dir: Path, step: int, model: nn.Module, weights: dict[str, torch.Tensor],
+                    state: dict[str, Any], keep_last: int) -> Path:
+    """Write ``weights`` (the whole state dict of ``model``) and the training ``state``."""
     path = checkpoint_dir(run_dir, step)
+    vit, own = split_weights(model, weights)
     with atomic_directory(path) as staging:
-        vit_of(model).save(staging)
-        if vit_of(model) is not model:
-            own = {k: t.detach().cpu().contiguous() for k, t in model.state_dict().items() if not k.startswith(_ENCODER)}
-            save_file(own, staging / OBJECTIVE_FILE)
+        save_native(staging, vit_of(model).config, vit)
+        if own:
+            save_file({k: t.detach().cpu().contiguous() for k, t in own.items()}, staging / OBJECTIVE_FILE)
         torch.save(state, staging / STATE_FILE)
     for old in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return path
 
 
-def load_checkpoint(path: Path, model: nn.Module) -> dict[str, Any]:
-    """Load the weights into ``model`` (same architecture) and return the training state."""
+def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load the weights and the optimiser state into ``model`` (same architecture, sharded or not) and
+    ``optimizer``; return the rest of the training state."""
     config, weights = read_native(Path(path))
     if config.to_dict() != vit_of(model).config.to_dict():
         raise ValueError(f"{path}: checkpoint config differs from the model being trained; resume with "
                          f"the same recipe")
     if vit_of(model) is not model:
         weights = {**{_ENCODER + k: t for k, t in weights.items()}, **read_safetensors(Path(path) / OBJECTIVE_FILE)}
-    model.load_state_dict(weights, strict=True)
-    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    load_full_state(model, optimizer, weights, state.pop("optimizer"))
+    return state

@@ -1,17 +1,30 @@
-"""torchrun support: the same command trains on one process or many (DDP).
+"""torchrun support: the same command trains on one process or many (DDP or FSDP).
 
 ``torchrun --nproc_per_node=N`` sets RANK / WORLD_SIZE / LOCAL_RANK; without them the run is a
-single process. Backend: NCCL on GPUs, gloo on CPU.
+single process. Backend: NCCL on GPUs, gloo on CPU. DDP keeps a whole replica on every rank; FSDP
+(``parallel="fsdp"``, PyTorch's FSDP2) keeps 1/N of every parameter, gradient and optimiser moment
+per rank, for the large variants. The loop stays one: the few places where the two differ (gradient
+sync while accumulating, the global gradient norm, whole state dicts for checkpoints) are the small
+functions below.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+PARALLEL = ("ddp", "fsdp")
 
 @dataclass(frozen=True)
 class Distributed:
@@ -54,9 +67,96 @@ def setup(device: str | None = None) -> Distributed:
     return Distributed(rank, world_size, local_rank, target)
 
 
+def shard(model: nn.Module, env: Distributed, parallel: str) -> nn.Module:
+    """With ``parallel="fsdp"`` on several ranks, shard ``model`` in place: each encoder block is one
+    FSDP unit (its parameters are gathered for its forward and backward only), the root holds the rest
+    (embeddings, final norm, head, a pre-training wrapper's own weights). Sharding replaces the
+    parameters, so build the optimiser after this call. DDP wraps later, in ``wrap``."""
+    if parallel not in PARALLEL:
+        raise ValueError(f"unknown parallel={parallel!r}; expected one of {PARALLEL}")
+    if parallel == "fsdp" and env.enabled:
+        for block in getattr(model, "encoder", model).blocks:
+            fully_shard(block)
+        fully_shard(model)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)  # seen through torch.compile
+
+
 def wrap(model: nn.Module, env: Distributed) -> nn.Module:
-    """The module the loop calls: ``model`` itself on one process, else DDP."""
-    if not env.enabled:
+    """The module the loop calls: ``model`` itself on one process or when sharded, else DDP."""
+    if not env.enabled or is_sharded(model):
         return model
     ids = [env.device.index] if env.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+@contextlib.contextmanager
+def no_gradient_sync(network: nn.Module) -> Iterator[None]:
+    """Backward without exchanging gradients: accumulation micro-batches before the last one."""
+    module = getattr(network, "_orig_mod", network)
+    if isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    elif isinstance(module, nn.parallel.DistributedDataParallel):
+        with module.no_sync():
+            yield
+    else:
+        yield
+
+
+def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global L2 norm of at most ``max_norm``; returns the norm before. With
+    FSDP each rank holds a shard of every gradient, and the norm is reduced over all of them."""
+    parameters = list(parameters)
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    return norm
+
+
+_WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with whole tensors. Under FSDP every rank must call it (the shards are
+    gathered) and only the main rank gets them, on its CPU."""
+    return get_model_state_dict(model, options=_WHOLE) if is_sharded(model) else model.state_dict()
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``full_weights`` and the optimiser's state dict alike, as a checkpoint stores them (under FSDP
+    the optimiser's state is keyed by parameter name rather than position)."""
+    if not is_sharded(model):
+        return model.state_dict(), optimizer.state_dict()
+    return full_weights(model), get_optimizer_state_dict(model, optimizer, options=_WHOLE)
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+                    optimizer_state: dict[str, Any]) -> None:
+    """Inverse of ``full_state``; under FSDP every rank passes the whole state and keeps its shard."""
+    if not is_sharded(model):
+        model.load_state_dict(weights, strict=True)
+        optimizer.load_state_dict(optimizer_state)
+        return
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, weights, options=options)
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+
+
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """A whole tensor from an FSDP shard (every rank must call it); other tensors as they are."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def sharded_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``whole``, laid out as ``like`` (inverse of ``gathered``)."""
+    if not isinstance(like, DTensor):
+        return whole
+    return distribute_tensor(whole.to(like.device, like.dtype), like.device_mesh, like.placements)

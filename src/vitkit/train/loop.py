@@ -1,8 +1,9 @@
 """One training loop for every recipe: the objective says what to minimise, the loop does the rest.
 
 Per step: learning rate from the schedule, ``accum_steps`` micro-batches (forward under autocast,
-backward, DDP gradient sync on the last one), clipping at a global norm, the optimiser step, EMA
-weights; then logging, evaluation and checkpoints. The state of a step is a function of its index,
+backward, gradient sync on the last one), clipping at a global norm, the optimiser step, EMA
+weights; then logging, evaluation and checkpoints. DDP and FSDP differ only inside the helpers of
+``distributed`` and ``checkpointing``. The state of a step is a function of its index,
 so a resumed run continues bit for bit (CPU).
 """
 
@@ -22,8 +23,9 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
-from .checkpointing import list_checkpoints, load_checkpoint, save_checkpoint
-from .distributed import Distributed, wrap
+from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, vit_of
+from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
+                          sharded_like, wrap)
 from .objectives import Objective
 
 PRECISIONS = ("fp32", "bf16", "auto")
@@ -49,7 +51,8 @@ class LoopConfig:
 
 
 class EMA:
-    """Polyak averaging of the weights: ``shadow <- decay * shadow + (1 - decay) * weights``."""
+    """Polyak averaging of the weights: ``shadow <- decay * shadow + (1 - decay) * weights``. Under
+    FSDP each rank averages its own shards; the state dict holds whole tensors."""
 
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
@@ -62,17 +65,17 @@ class EMA:
         torch._foreach_lerp_(self.shadow, [current[n] for n in self.names], 1.0 - self.decay)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(zip(self.names, self.shadow))
+        return {name: gathered(tensor) for name, tensor in zip(self.names, self.shadow)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for tensor, name in zip(self.shadow, self.names):
-            tensor.copy_(state[name])
+            tensor.copy_(sharded_like(state[name], tensor))
 
     @contextlib.contextmanager
     def swapped_into(self, model: nn.Module):
         """Run a block with the averaged weights in ``model``, then put the trained ones back."""
         backup = {n: t.detach().clone() for n, t in model.state_dict().items()}
-        model.load_state_dict({**backup, **self.state_dict()})
+        model.load_state_dict({**backup, **dict(zip(self.names, self.shadow))})
         try:
             yield model
         finally:
@@ -154,9 +157,8 @@ class Trainer:
         self.log = MetricsLog(self.run_dir, self.env.is_main)
 
     # ---------------------------------------------------------------------------- state
-    def training_state(self) -> dict[str, Any]:
-        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "best": self.best,
-                 "rng_cpu": torch.get_rng_state()}
+    def training_state(self, optimizer: dict[str, Any]) -> dict[str, Any]:
+        state = {"step": self.step, "optimizer": optimizer, "best": self.best, "rng_cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             state["rng_cuda"] = torch.cuda.get_rng_state(self.env.device)
         if self.ema is not None:
@@ -168,8 +170,7 @@ class Trainer:
         found = list_checkpoints(self.run_dir)
         if not found:
             return False
-        state = load_checkpoint(found[-1], self.model)
-        self.optimizer.load_state_dict(state["optimizer"])
+        state = load_checkpoint(found[-1], self.model, self.optimizer)
         self.step, self.best = state["step"], state["best"]
         torch.set_rng_state(state["rng_cpu"])
         if "rng_cuda" in state and torch.cuda.is_available():
@@ -180,13 +181,28 @@ class Trainer:
         return True
 
     def save(self) -> None:
+        """Write a checkpoint on the main rank; every rank calls it (FSDP gathers the shards)."""
+        weights, optimizer = full_state(self.model, self.optimizer)
+        state = self.training_state(optimizer)
         if self.env.is_main:
-            save_checkpoint(self.run_dir, self.step, self.model, self.training_state(), self.config.keep_last)
+            save_checkpoint(self.run_dir, self.step, self.model, weights, state, self.config.keep_last)
         self.env.barrier()
 
-    def final_model(self) -> contextlib.AbstractContextManager[nn.Module]:
-        """The weights to evaluate and export: the EMA average when EMA is on."""
-        return self.ema.swapped_into(self.model) if self.ema is not None else contextlib.nullcontext(self.model)
+    @contextlib.contextmanager
+    def final_model(self):
+        """The ViT to evaluate and export, with the EMA average when EMA is on, on the main rank (None
+        on the others). Every rank enters: under FSDP the shards are gathered into a plain copy."""
+        sharded = is_sharded(self.model)
+        if not (self.env.is_main or sharded):
+            yield None
+            return
+        averaged = self.ema.swapped_into(self.model) if self.ema is not None else contextlib.nullcontext(self.model)
+        with averaged as model:
+            if not sharded:
+                yield vit_of(model)
+                return
+            weights = full_weights(model)
+        yield plain_vit(model, weights).to(self.env.device) if self.env.is_main else None
 
     # ------------------------------------------------------------------------------ loop
     def _to_device(self, batch: Any) -> Any:
@@ -206,8 +222,7 @@ class Trainer:
             batch = self._to_device(next(micro_batches))
             images += len(batch[0])
             last = index == accum - 1
-            sync = contextlib.nullcontext() if last or not self.env.enabled else self.network.no_sync()
-            with sync:
+            with contextlib.nullcontext() if last else no_gradient_sync(self.network):
                 with torch.autocast(self.env.device.type, dtype=self.dtype or torch.float32,
                                     enabled=self.dtype is not None):
                     loss, metrics = self.objective(self.network, batch)
@@ -215,7 +230,7 @@ class Trainer:
             for key, value in {"loss": loss.detach(), **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + value.detach().float() / accum
         clip = self.config.clip_norm or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm = clip_gradients(self.model.parameters(), clip)
         keys = sorted(totals)
         averaged = self.env.mean(torch.stack([totals[k] for k in keys] + [norm.float()]))
         values = dict(zip(keys, averaged.tolist()))
@@ -235,18 +250,18 @@ class Trainer:
         if self.evaluate is None:
             return {}
         results: dict[str, float] = {}
-        if self.env.is_main:
-            self.model.eval()
-            with self.final_model() as model, torch.no_grad():
-                results = self.evaluate(model)
-            self.model.train()
-            if results:
-                self.log.write(self.step, results)
-            score = results.get(self.config.best_metric)
-            if score is not None and (self.best is None or score > self.best):
-                self.best = score
-                with self.final_model() as model:
+        self.model.eval()
+        with self.final_model() as model:
+            if self.env.is_main:
+                with torch.no_grad():
+                    results = self.evaluate(model)
+                if results:
+                    self.log.write(self.step, results)
+                score = results.get(self.config.best_metric)
+                if score is not None and (self.best is None or score > self.best):
+                    self.best = score
                     model.save(self.run_dir / "best")
+        self.model.train()
         self.env.barrier()
         return results
 

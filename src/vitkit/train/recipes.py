@@ -63,6 +63,7 @@ class Recipe:
     ema_decay: float = 0.0
     grad_checkpointing: bool = False
     compile: bool = False
+    parallel: str = "ddp"  # under torchrun: 'ddp' (a replica per rank) or 'fsdp' (sharded, large variants)
     seed: int = 0
     # bookkeeping
     run_dir: str = ""

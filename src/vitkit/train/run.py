@@ -20,9 +20,8 @@ from ..data import SplitSpec, StepSampler, Transformed, build_transform, eval_lo
 from ..data.transforms import augreg_level, normalization
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..models import ViTConfig, VisionTransformer, create_model
-from .distributed import setup
+from .distributed import setup, shard
 from .loop import LoopConfig, Trainer
-from .checkpointing import vit_of
 from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
@@ -94,7 +93,7 @@ def prepare(recipe: Recipe) -> Experiment:
         mean, std = normalization(recipe.normalization, config.in_chans)
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
                                       recipe.mpp_mask_prob, recipe.mpp_random_prob, tuple(mean), tuple(std))
-    model = model.to(env.device)
+    model = shard(model.to(env.device), env, recipe.parallel)
     train_transform = build_transform(recipe.transform, config.image_size, config.in_chans, recipe.normalization,
                                       recipe.hflip, recipe.crop_scale, recipe.aug_level)
     eval_transform = build_transform("eval", config.image_size, config.in_chans, recipe.normalization)
@@ -141,14 +140,14 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
                                "train_seconds": round(time.perf_counter() - started, 1),
                                **{k: v for k, v in last.items() if not k.startswith("train/images")}}
-    if trainer.env.is_main:
-        with trainer.final_model() as final:
-            vit_of(final).save(run_dir / "model")
+    with trainer.final_model() as final:
+        if trainer.env.is_main:
+            final.save(run_dir / "model")
             if recipe.objective == "classification":
                 report = write_report(experiment.measure(final, "test"), experiment.classes, run_dir, "test")
                 summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
                                 "test/images": report["images"]})
-        with atomic_file(run_dir / "summary.json") as handle:
-            json.dump(summary, handle, indent=1)
+            with atomic_file(run_dir / "summary.json") as handle:
+                json.dump(summary, handle, indent=1)
     trainer.env.barrier()
     return summary
