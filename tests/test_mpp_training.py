@@ -66,3 +66,10 @@ def test_cli_fewshot_reports_every_shot(tmp_path, capsys):
     assert set(report["fewshot"]) == {"1", "5"} and len(report["fewshot"]["5"]["per_seed"]) == 2
     # Even random features of 8x8 digits are far above chance with a linear probe on every image.
     assert report["linear_probe"]["accuracy"] > 0.3
+
+
+def test_pretrain_starts_from_the_default_preset_not_the_fine_tuning_one():
+    from vitkit.cli import build_parser, recipe_from_args
+
+    recipe = recipe_from_args(build_parser().parse_args(["pretrain"]))
+    assert recipe.objective == "mpp" and recipe.dataset == "digits" and recipe.image_size == 8

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -169,6 +170,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import run
 
     summary = run(recipe_from_args(args), resume=args.resume)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
+        return 0
     rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
     print_table(["metric", "value"], rows)
     if "test/accuracy" in summary:
@@ -301,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "finetune":
             parser_.add_argument("checkpoint", help="anything vitkit.load reads")
         parser_.add_argument("--preset", choices=sorted(PRESETS),
-                             default=None if name == "train" else "paper-finetune",
+                             default="paper-finetune" if name == "finetune" else None,
                              help="named recipe to start from (default: digits / paper-finetune)")
         parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
         parser_.add_argument("--resume", action="store_true",
