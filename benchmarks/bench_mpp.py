@@ -25,7 +25,7 @@ import torch
 
 import vitkit
 from vitkit.atomic import atomic_file
-from vitkit.data import SplitSpec, Transformed, build_transform, eval_loader, load_dataset
+from vitkit.data import SplitSpec, Transformed, checkpoint_transform, eval_loader, load_dataset
 from vitkit.evaluate.fewshot import extract_features, fewshot_evaluate
 from vitkit.train import Recipe, run
 
@@ -48,7 +48,7 @@ def timed(name: str, recipe: Recipe) -> dict:
 
 
 def features(model: vitkit.VisionTransformer, dataset: str, data_dir: str, pool: int) -> dict:
-    transform = build_transform("eval", model.config.image_size, 1, "google")
+    transform = checkpoint_transform(model.config)
     out = {}
     for split in ("train", "test"):
         data = load_dataset(dataset, split, data_dir, SplitSpec(0.0))

@@ -186,14 +186,13 @@ _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint"}
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
-    from .data import SplitSpec, Transformed, build_transform, eval_loader, load_dataset
+    from .data import SplitSpec, Transformed, checkpoint_transform, eval_loader, load_dataset
     from .evaluate.metrics import evaluate, write_report
 
     model = load(args.checkpoint)
     config = model.config
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
-    transform = build_transform("eval", config.image_size, config.in_chans,
-                                config.extra.get("normalization", "google"))
+    transform = checkpoint_transform(config)
     if config.num_classes != len(dataset.classes):
         raise ValueError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                          f"{len(dataset.classes)}")
@@ -208,13 +207,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
-    from .data import SplitSpec, Transformed, build_transform, eval_loader, load_dataset
+    from .data import SplitSpec, Transformed, checkpoint_transform, eval_loader, load_dataset
     from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
 
     model = load(args.checkpoint)
     config = model.config
-    transform = build_transform("eval", config.image_size, config.in_chans,
-                                config.extra.get("normalization", "google"))
+    transform = checkpoint_transform(config)
     features = {}
     for split in ("train", "test"):
         dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(0.0), "fail")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torchvision.transforms import v2
 
+from ..models.config import ViTConfig
+
 # mean, std per checkpoint family: Google scales inputs to [-1, 1].
 NORMALIZATION = {
     "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -97,3 +99,9 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
             steps.append(v2.RandAugment(num_ops=randaug[0], magnitude=randaug[1]))
     mean, std = normalization(family, channels)
     return Preset(v2.Compose(steps), v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]))
+
+
+def checkpoint_transform(config: ViTConfig) -> Preset:
+    """How a checkpoint wants its test images: its size and channels, and the normalisation it was
+    trained with (``extra["normalization"]``; Google's [-1, 1] when the file does not say)."""
+    return build_transform("eval", config.image_size, config.in_chans, config.extra.get("normalization", "google"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..data.datasets import read_image
-from ..data.transforms import build_transform
+from ..data.transforms import checkpoint_transform
 from ..models.vit import VisionTransformer
 
 
@@ -29,8 +29,7 @@ def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5) -
     """Resize each image to the model's resolution, normalise it as the model was trained, and return
     the ``top_k`` classes by softmax probability."""
     config = model.config
-    transform = build_transform("eval", config.image_size, config.in_chans,
-                                config.extra.get("normalization", "google"))
+    transform = checkpoint_transform(config)
     names = class_names(model)
     model.eval()
     results = []

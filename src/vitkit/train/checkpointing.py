@@ -21,7 +21,8 @@ from torch import nn
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
-from ..checkpoints.loading import build, read_native, read_safetensors
+from ..checkpoints.common import read_safetensors
+from ..checkpoints.loading import build, read_native
 from ..models.vit import VisionTransformer, save_native
 from .distributed import load_full_state
 
