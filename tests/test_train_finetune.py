@@ -7,6 +7,7 @@ import torch
 
 import vitkit
 from vitkit.models.position import resample_with_prefix
+from vitkit.cli import main
 from vitkit.train import resolve
 from vitkit.train.run import build_model, prepare, run
 
@@ -45,3 +46,10 @@ def test_finetuned_model_is_saved_at_the_new_resolution(tmp_path):
     assert saved.config.image_size == (16, 16) and saved.pos_embed.weight.shape == (1, 1 + 64, 16)
     assert saved.config.extra["classes"] == [str(d) for d in range(10)]
     assert json.loads((tmp_path / "ft" / "summary.json").read_text())["test/accuracy"] == summary["test/accuracy"]
+
+
+def test_finetune_from_a_preset_made_for_another_architecture(tmp_path):
+    _pretrained(tmp_path / "pre")  # dim 16; the digits preset's fresh model has dim 64
+    assert main(["finetune", str(tmp_path / "pre"), "--preset", "digits", "--steps", "2", "--batch-size", "16",
+                 "--image-size", "16", "--run-dir", str(tmp_path / "ft")]) == 0
+    assert vitkit.load(tmp_path / "ft" / "model").config.dim == 16

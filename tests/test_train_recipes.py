@@ -49,5 +49,16 @@ def test_resume_reads_the_runs_recipe(tmp_path, capsys):
     (tmp_path / "recipe.json").write_text(json.dumps(Recipe(lr=0.123, steps=5).to_dict()))
     args = build_parser().parse_args(["train", "--resume", "--run-dir", str(tmp_path)])
     assert recipe_from_args(args).lr == 0.123
+    saved = Recipe(model_args={"dim": 32, "depth": 2}).to_dict()
+    (tmp_path / "recipe.json").write_text(json.dumps(saved))
+    args = build_parser().parse_args(["train", "--resume", "--run-dir", str(tmp_path), "--model-args", '{"depth": 3}'])
+    assert recipe_from_args(args).model_args == {"dim": 32, "depth": 3}
     assert main(["train", "--resume", "--run-dir", str(tmp_path / "nothing")]) == 2
     assert "--resume needs --run-dir" in capsys.readouterr().err
+
+
+def test_a_run_from_a_checkpoint_keeps_the_checkpoints_architecture():
+    assert resolve("fashion-mnist").model_args["dim"] == 96
+    tuned = resolve("fashion-mnist", overrides={"init": "runs/x/model", "model_args": {"drop_path": 0.1}})
+    assert tuned.model_args == {"drop_path": 0.1} and tuned.model == "" and tuned.dataset == "fashion-mnist"
+    assert resolve("paper-pretrain", overrides={"init": "runs/x/model"}).model == ""

@@ -150,7 +150,7 @@ def recipe_from_args(args: argparse.Namespace):
     """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
     ``recipe.json`` so that the continued run is the same run."""
     from .train import resolve
-    from .train.recipes import Recipe
+    from .train.recipes import Recipe, merge
     from .train.run import RECIPE_FILE
 
     overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
@@ -158,7 +158,7 @@ def recipe_from_args(args: argparse.Namespace):
         overrides["init"] = args.checkpoint
     saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
     if args.resume and "run_dir" in overrides and saved.is_file():
-        return Recipe.from_dict({**json.loads(saved.read_text()), **overrides})
+        return Recipe.from_dict(merge(json.loads(saved.read_text()), overrides))
     if args.resume:
         raise ValueError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
     return resolve(args.preset, args.config, overrides)

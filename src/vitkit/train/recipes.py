@@ -132,16 +132,29 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def resolve(preset: str | None = None, config_file: str | Path | None = None,
-            overrides: dict[str, Any] | None = None) -> Recipe:
-    """Preset, then config file, then overrides; ``model_args`` are merged key by key."""
-    layers = [read_config_file(config_file)] if config_file else []
-    name = preset or (layers[0].pop("preset", None) if layers else None) or "digits"
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
-    layers = [PRESETS[name], *layers, overrides or {}]
+def merge(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; ``model_args`` are merged key by key, so one override keeps the rest."""
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
             merged[key] = {**merged.get(key, {}), **value} if key == "model_args" else value
-    return Recipe.from_dict(merged)
+    return merged
+
+
+# What a preset says about the architecture; a run from a checkpoint (``init``) has the checkpoint's.
+ARCHITECTURE = ("model", "model_args")
+
+
+def resolve(preset: str | None = None, config_file: str | Path | None = None,
+            overrides: dict[str, Any] | None = None) -> Recipe:
+    """Preset, then config file, then overrides. When the run starts from a checkpoint, the preset's
+    architecture is left out: it describes a fresh model, and a fine-tuning run may start from any preset."""
+    layers = [read_config_file(config_file)] if config_file else []
+    name = preset or (layers[0].pop("preset", None) if layers else None) or "digits"
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    layers.append(overrides or {})
+    base = PRESETS[name]
+    if any(layer.get("init") for layer in layers):
+        base = {key: value for key, value in base.items() if key not in ARCHITECTURE}
+    return Recipe.from_dict(merge(base, *layers))
