@@ -138,6 +138,25 @@ def test_analyze_a_grey_model_on_mnist(tmp_path, shared_data):
     assert 'data-figures="3"' in page and "position_similarity skipped: the model has no position" in page
 
 
+def test_analyze_normalises_as_the_checkpoint_was_trained(tmp_path):
+    model = vitkit.create_model(vitkit.ViTConfig(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2,
+                                                 mlp_dim=32, num_classes=3))
+    model.config = model.config.replace(extra={"normalization": "imagenet"})
+    model.save(tmp_path / "ckpt")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+
+    def rollout(*flags):
+        out = tmp_path / f"out{len(flags)}{flags[:2]}"
+        assert main(["analyze", str(tmp_path / "ckpt"), "--images", str(tmp_path / "a.png"), "--overlays", "0",
+                     "--filters", "4", "--out", str(out), *flags]) == 0
+        return np.load(out / "rollout.npy")
+
+    trained = rollout()
+    np.testing.assert_array_equal(trained, rollout("--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224",
+                                                   "0.225"))
+    assert not np.allclose(trained, rollout("--mean", "0.5", "--std", "0.5"), atol=1e-6)
+
+
 def test_analyze_reports_bad_input_clearly(tmp_path, capsys):
     checkpoint(tmp_path / "ckpt")
     assert main(["analyze", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o"), "--mean", "0.1", "0.2"]) == 2

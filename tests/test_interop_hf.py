@@ -10,6 +10,7 @@ from interop_helpers import randomised
 from safetensors.torch import save_file
 
 import vitkit
+from vitkit.data import checkpoint_transform
 
 transformers = pytest.importorskip("transformers")
 
@@ -127,3 +128,22 @@ def test_hf_config_of_another_model_type_is_a_clear_error(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(vitkit.CheckpointError, match="model_type='deit'"):
         vitkit.load(tmp_path / "hf")
+
+
+def test_input_normalisation_travels_with_the_directory(tmp_path):
+    """An HF directory's preprocessor_config.json names the input statistics; vitkit's export writes one
+    that transformers' own image processor turns into the pixels vitkit's evaluation transform makes."""
+    peer = hf_model()
+    peer.save_pretrained(tmp_path / "hf")
+    assert vitkit.load(tmp_path / "hf").config.extra["normalization"] == "google"  # no processor: HF's default
+    imagenet = transformers.ViTImageProcessor(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    imagenet.save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf")
+    assert model.config.extra["normalization"] == "imagenet"
+
+    vitkit.checkpoints.export(model, tmp_path / "out", "hf")
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)  # at the model's size: no resampling
+    theirs = processor(image.permute(1, 2, 0).numpy(), return_tensors="pt").pixel_values[0]
+    ours = checkpoint_transform(vitkit.load(tmp_path / "out").config)(image)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)

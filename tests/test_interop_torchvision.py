@@ -5,6 +5,7 @@ import torch
 from interop_helpers import randomised
 
 import vitkit
+from vitkit.data import checkpoint_transform
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -22,6 +23,9 @@ def test_torchvision_state_dicts_give_torchvisions_logits(tmp_path, representati
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
+    reference = torchvision.transforms._presets.ImageClassification(crop_size=32)  # what its weights expect
+    normalize = checkpoint_transform(model.config).per_batch.transforms[-1]
+    assert (list(normalize.mean), list(normalize.std)) == (reference.mean, reference.std)
 
 
 def test_fine_tuning_resolution_matches_torchvisions_interpolate_embeddings(tmp_path):

@@ -14,6 +14,8 @@ from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import CheckpointError, convert, load
+from .checkpoints.common import normalization
+from .data import trained_normalization
 from .evaluate.fewshot import DEFAULT_L2_REGS
 from .models import list_models, model_config
 from .models.config import pair
@@ -95,8 +97,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         pictures = inputs.sample_photos()
     config = model.config
     size = args.image_size or config.image_size
-    images, shown = inputs.prepare(pictures, size, config.in_chans, _per_channel(args.mean, config.in_chans),
-                                   _per_channel(args.std, config.in_chans))
+    trained_mean, trained_std = normalization(trained_normalization(config), config.in_chans)
+    mean = _per_channel(args.mean, config.in_chans) if args.mean else trained_mean
+    std = _per_channel(args.std, config.in_chans) if args.std else trained_std
+    images, shown = inputs.prepare(pictures, size, config.in_chans, mean, std)
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
                      title=str(args.checkpoint))
@@ -283,9 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", required=True, help="directory for figures, numbers and index.html")
     analyze.add_argument("--image-size", type=_image_size, help="input size (default: the checkpoint's)")
-    analyze.add_argument("--mean", type=float, nargs="+", default=[0.5],
-                         help="per-channel input mean (default 0.5: Google's [-1, 1] scaling)")
-    analyze.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel input std")
+    analyze.add_argument("--mean", type=float, nargs="+",
+                         help="per-channel input mean (default: the checkpoint's normalisation)")
+    analyze.add_argument("--std", type=float, nargs="+", help="per-channel input std (default: the checkpoint's)")
     analyze.add_argument("--batch-size", type=_positive, default=8)
     analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     analyze.add_argument("--discard-ratio", type=float, default=0.0,

@@ -23,6 +23,34 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt, or does not fit the model it describes."""
 
 
+# Input (mean, std) per checkpoint family, kept in ``config.extra["normalization"]``: Google scales
+# inputs to [-1, 1]; torchvision's weights (and DeiT's) use ImageNet's statistics.
+NORMALIZATION = {
+    "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+
+
+def normalization(family: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A family's (mean, std) for ``channels`` channels (grey: the mean over RGB)."""
+    if family not in NORMALIZATION:
+        raise ValueError(f"unknown normalisation {family!r}; expected one of {list(NORMALIZATION)}")
+    mean, std = NORMALIZATION[family]
+    if channels == 1:
+        return (sum(mean) / 3,), (sum(std) / 3,)
+    return mean, std
+
+
+def normalization_family(mean: Any, std: Any) -> str | None:
+    """The family whose statistics these are (1 grey or 3 colour channels, to 3 decimals), or None."""
+    given = [*mean, *std]
+    for family in NORMALIZATION:
+        expected = [value for stats in normalization(family, len(mean)) for value in stats]
+        if len(given) == len(expected) and all(abs(a - b) < 1e-3 for a, b in zip(given, expected)):
+            return family
+    return None
+
+
 # ------------------------------------------------------------------------------------------ files
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:

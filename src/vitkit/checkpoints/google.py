@@ -146,7 +146,8 @@ def read_npz(path: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str
                               + ", ".join(sorted(unknown)[:20]) + (" ..." if len(unknown) > 20 else ""))
     query = arrays.get("Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel",
                        arrays.get("Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"))
-    settings: dict[str, Any] = dict(GOOGLE_NUMERICS, extra={"format": "google-npz", "source": str(path)})
+    settings: dict[str, Any] = dict(GOOGLE_NUMERICS, extra={"format": "google-npz", "source": str(path),
+                                                            "normalization": "google"})
     if query is not None and query.ndim == 3:
         settings["num_heads"] = query.shape[1]
     return infer_config(fuse_qkv(state), overrides, str(path), **settings)

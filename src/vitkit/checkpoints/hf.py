@@ -4,12 +4,14 @@ and the in-memory names of 5.x, and written with the 4.x names that every versio
 
 Numerics come from the config: LayerNorm eps (HF's default is 1e-12) and ``hidden_act``. HF resamples
 position tables bicubically without antialias (``interpolate_pos_encoding=True``), as vitkit does.
-The pooler (Linear + tanh on the [class] token) is vitkit's pre-logits layer.
+The pooler (Linear + tanh on the [class] token) is vitkit's pre-logits layer. The input
+normalisation comes from ``preprocessor_config.json`` when there is one (HF ViTs default to [-1, 1]).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,11 @@ from safetensors.torch import save_file
 from ..atomic import atomic_directory
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from .common import CheckpointError, Names, fuse_qkv, kept_overrides, read_weights, rename, split_qkv
+from .common import (NORMALIZATION, CheckpointError, Names, fuse_qkv, kept_overrides, normalization,
+                     normalization_family, read_weights, rename, split_qkv)
 
 CONFIG_FILE = "config.json"
+PREPROCESSOR_FILE = "preprocessor_config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
@@ -80,12 +84,30 @@ def read_hf(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict
         dropout=hf.get("hidden_dropout_prob", 0.0), attn_dropout=hf.get("attention_probs_dropout_prob", 0.0),
         ln_eps=hf.get("layer_norm_eps", 1e-12), gelu=GELUS[hf.get("hidden_act", "gelu")],
         pos_interp="bicubic", pos_interp_antialias=False,
-        extra={"format": "hf", "source": str(directory)},
+        extra={"format": "hf", "source": str(directory), "normalization": read_normalization(directory)},
     )
     try:
         return ViTConfig(**{**config, **kept_overrides(overrides)}), state
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{directory / CONFIG_FILE}: describes an invalid model ({error})") from error
+
+
+def read_normalization(directory: Path) -> str:
+    """The normalisation family of ``preprocessor_config.json`` (Google's when there is none)."""
+    path = directory / PREPROCESSOR_FILE
+    if not path.exists():
+        return "google"
+    try:
+        processor = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: not JSON ({error})") from error
+    mean, std = (processor.get(key, default) for key, default in zip(("image_mean", "image_std"),
+                                                                      NORMALIZATION["google"]))
+    family = normalization_family(mean, std)
+    if family is None:
+        warnings.warn(f"{path}: image_mean={mean}, image_std={std} match no known family {sorted(NORMALIZATION)}; "
+                      f"evaluating with Google's [-1, 1]", stacklevel=2)
+    return family or "google"
 
 
 def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
@@ -101,7 +123,8 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
         raise CheckpointError(f"cannot write {directory}: HF's ViT has no {', '.join(unsupported)}")
     classify = config.num_classes > 0
     height, width = config.image_size
-    labels = {str(k): f"LABEL_{k}" for k in range(config.num_classes)}
+    names = config.extra.get("classes") or [f"LABEL_{k}" for k in range(config.num_classes)]
+    labels = {str(k): name for k, name in enumerate(names)}
     hf = {
         "architectures": ["ViTForImageClassification" if classify else "ViTModel"], "model_type": "vit",
         "hidden_size": config.dim, "num_hidden_layers": config.depth, "num_attention_heads": config.num_heads,
@@ -113,6 +136,10 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
         "pooler_output_size": config.representation_size or config.dim,
         "id2label": labels, "label2id": {v: int(k) for k, v in labels.items()},
     }
+    mean, std = normalization(config.extra.get("normalization", "google"), config.in_chans)
+    processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": 2,
+                 "size": {"height": height, "width": width}, "do_rescale": True, "rescale_factor": 1 / 255,
+                 "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
     prefix = "vit." if classify else ""
     state = {}
     for name, tensor in split_qkv(model.state_dict()).items():
@@ -120,5 +147,6 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
         state[theirs if theirs.startswith("classifier.") else prefix + theirs] = tensor.detach().cpu().contiguous()
     with atomic_directory(directory) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True))
+        (staging / PREPROCESSOR_FILE).write_text(json.dumps(processor, indent=2, sort_keys=True))
         save_file(state, staging / WEIGHT_FILES[0], metadata={"format": "pt"})
     return Path(directory)

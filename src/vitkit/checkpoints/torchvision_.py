@@ -41,4 +41,4 @@ def from_torchvision(state: dict[str, torch.Tensor], overrides: dict[str, Any],
                      source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     return infer_config(rename(state, NAMES, source), overrides, source, gelu="exact", ln_eps=1e-6,
                         pos_interp="bicubic", pos_interp_align_corners=True,
-                        extra={"format": "torchvision", "source": source})
+                        extra={"format": "torchvision", "source": source, "normalization": "imagenet"})

@@ -6,19 +6,15 @@ family's normalisation and with the model's number of channels (grey images are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torchvision.transforms import v2
 
+from ..checkpoints.common import normalization
 from ..models.config import ViTConfig
 
-# mean, std per checkpoint family: Google scales inputs to [-1, 1].
-NORMALIZATION = {
-    "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-}
 # AugReg (Steiner et al. 2021) augmentation levels: RandAugment (ops, magnitude) and Mixup alpha.
 AUGREG_LEVELS = {
     "none": (None, 0.0),
@@ -52,15 +48,6 @@ class ToChannels(torch.nn.Module):
         if have == 1:
             return image.expand(*image.shape[:-3], self.channels, *image.shape[-2:])
         raise ValueError(f"cannot turn a {have}-channel image into {self.channels} channels")
-
-
-def normalization(family: str, channels: int) -> tuple[Sequence[float], Sequence[float]]:
-    if family not in NORMALIZATION:
-        raise ValueError(f"unknown normalisation {family!r}; expected one of {list(NORMALIZATION)}")
-    mean, std = NORMALIZATION[family]
-    if channels == 1:
-        return (sum(mean) / 3,), (sum(std) / 3,)
-    return mean, std
 
 
 @dataclass
@@ -101,7 +88,12 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
     return Preset(v2.Compose(steps), v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]))
 
 
+def trained_normalization(config: ViTConfig) -> str:
+    """The normalisation family a checkpoint was trained with (``extra["normalization"]``, set by
+    training and by the readers); Google's [-1, 1] when the file does not say."""
+    return config.extra.get("normalization", "google")
+
+
 def checkpoint_transform(config: ViTConfig) -> Preset:
-    """How a checkpoint wants its test images: its size and channels, and the normalisation it was
-    trained with (``extra["normalization"]``; Google's [-1, 1] when the file does not say)."""
-    return build_transform("eval", config.image_size, config.in_chans, config.extra.get("normalization", "google"))
+    """How a checkpoint wants its test images: its size, channels and normalisation."""
+    return build_transform("eval", config.image_size, config.in_chans, trained_normalization(config))

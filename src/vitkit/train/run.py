@@ -16,8 +16,9 @@ import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
+from ..checkpoints.common import normalization
 from ..data import SplitSpec, StepSampler, Transformed, build_transform, eval_loader, load_dataset, step_loader
-from ..data.transforms import augreg_level, normalization
+from ..data.transforms import augreg_level
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..models import ViTConfig, VisionTransformer, create_model
 from .distributed import setup, shard
