@@ -1,7 +1,9 @@
 """Data-parallel training: `torchrun --nproc_per_node=2 vitkit train` (gloo, CPU) equals one process
 with the same global batch."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,16 +12,18 @@ import torch
 from safetensors.torch import load_file
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-ARGS = ["train", "--dataset", "digits", "--model-args",
-        '{"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1}',
-        "--steps", "4", "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.3", "--warmup-steps", "1",
+MODEL = {"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1}
+ARGS = ["train", "--dataset", "digits", "--model-args", json.dumps(MODEL), "--steps", "4", "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.3", "--warmup-steps", "1",
         "--transform", "pretrain", "--crop-scale", "0.5", "1.0", "--aug-level", "light1", "--threads", "1",
         "--log-every", "1"]
 
 
-def _run(command, run_dir):
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitkit"]
+
+
+def _run(command, run_dir, *extra):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*command, *ARGS, "--run-dir", str(run_dir)], env=env, capture_output=True, text=True,
+    result = subprocess.run([*command, *ARGS, "--run-dir", str(run_dir), *extra], env=env, capture_output=True, text=True,
                             timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     return load_file(run_dir / "model" / "model.safetensors"), result.stdout
@@ -27,11 +31,26 @@ def _run(command, run_dir):
 
 def test_two_gloo_processes_equal_one(tmp_path):
     single, _ = _run([sys.executable, "-m", "vitkit"], tmp_path / "single")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                "-m", "vitkit"]
-    double, stdout = _run(torchrun, tmp_path / "ddp")
+    double, stdout = _run(TORCHRUN, tmp_path / "ddp")
     assert stdout.count("test accuracy:") == 1, "only rank 0 reports and writes"
     assert single.keys() == double.keys()
     for key in single:  # SGD keeps the float-rounding differences of the gradient mean at their size
         torch.testing.assert_close(double[key], single[key], rtol=1e-5, atol=1e-6)
     assert single["head.weight"].abs().max() > 1e-3, "the zero-initialised head must have been trained"
+
+
+def test_ddp_resume_is_exact_with_a_random_stream_per_rank(tmp_path):
+    """Each rank draws its own dropout (seed + rank) and each rank's generator is checkpointed, so a
+    2-process run continued from its middle checkpoint ends with the uninterrupted run's weights."""
+    extra = ["--model-args", json.dumps({**MODEL, "dropout": 0.2}), "--steps", "6", "--checkpoint-every", "3"]
+    straight, _ = _run(TORCHRUN, tmp_path / "straight", *extra)
+    middle = tmp_path / "straight" / "checkpoints" / "step-00000003"
+    generators = torch.load(middle / "training_state.pt", weights_only=True)["rng_cpu"]
+    assert len(generators) == 2 and not torch.equal(*generators), "the ranks must not share dropout masks"
+
+    resumed_dir = tmp_path / "resumed"  # as if stopped right after the middle checkpoint
+    shutil.copytree(tmp_path / "straight", resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "step-00000006")
+    shutil.rmtree(resumed_dir / "model")
+    resumed, _ = _run(TORCHRUN, resumed_dir, *extra, "--resume")
+    assert all(torch.equal(resumed[key], straight[key]) for key in straight)

@@ -45,6 +45,14 @@ class Distributed:
         if self.enabled:
             dist.barrier()
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank (a one-item list on one process)."""
+        if not self.enabled:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         """Average a tensor over ranks (identity on one process)."""
         if self.enabled:

@@ -158,9 +158,11 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- state
     def training_state(self, optimizer: dict[str, Any]) -> dict[str, Any]:
-        state = {"step": self.step, "optimizer": optimizer, "best": self.best, "rng_cpu": torch.get_rng_state()}
+        # every rank draws its own dropout and masks, so every rank's generator is kept
+        state = {"step": self.step, "optimizer": optimizer, "best": self.best,
+                 "rng_cpu": self.env.gather(torch.get_rng_state())}
         if torch.cuda.is_available():
-            state["rng_cuda"] = torch.cuda.get_rng_state(self.env.device)
+            state["rng_cuda"] = self.env.gather(torch.cuda.get_rng_state(self.env.device))
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
         return state
@@ -172,9 +174,10 @@ class Trainer:
             return False
         state = load_checkpoint(found[-1], self.model, self.optimizer)
         self.step, self.best = state["step"], state["best"]
-        torch.set_rng_state(state["rng_cpu"])
+        mine = self.env.rank % len(state["rng_cpu"])  # a run resumed on fewer ranks is no longer exact
+        torch.set_rng_state(state["rng_cpu"][mine])
         if "rng_cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["rng_cuda"], self.env.device)
+            torch.cuda.set_rng_state(state["rng_cuda"][mine], self.env.device)
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         self.log.truncate_after(self.step)

@@ -95,6 +95,8 @@ def prepare(recipe: Recipe) -> Experiment:
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
                                       recipe.mpp_mask_prob, recipe.mpp_random_prob, tuple(mean), tuple(std))
     model = shard(model.to(env.device), env, recipe.parallel)
+    if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
+        torch.manual_seed(recipe.seed + env.rank)
     train_transform = build_transform(recipe.transform, config.image_size, config.in_chans, recipe.normalization,
                                       recipe.hflip, recipe.crop_scale, recipe.aug_level)
     eval_transform = build_transform("eval", config.image_size, config.in_chans, recipe.normalization)
