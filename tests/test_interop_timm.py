@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 import torch
-from interop_helpers import timm_model
+from interop_helpers import randomised, timm_model
 from safetensors.torch import save_file
 
 import vitkit
@@ -62,6 +62,25 @@ def test_head_count_of_a_nonstandard_width_must_be_passed(tmp_path):
     path = save(timm_model(), tmp_path / "peer.safetensors")
     with pytest.raises(vitkit.CheckpointError, match="pass the override num_heads="):
         vitkit.load(path)
+
+
+@pytest.mark.parametrize("safetensors", [True, False])
+def test_timm_hub_directories_carry_pooling_heads_and_normalisation(tmp_path, safetensors):
+    """What ``hf-hub:timm/...`` downloads, written by timm's own hub code: the config says the pooling
+    (avg over the patches despite a [class] token), the head count and the input statistics."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+    from timm.models._hub import save_for_hf
+
+    peer = randomised(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=64, depth=2,
+                                        num_heads=4, num_classes=5, global_pool="avg", fc_norm=False))
+    peer.pretrained_cfg = {**peer.pretrained_cfg, "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD}
+    save_for_hf(peer, str(tmp_path / "hub"), safe_serialization=safetensors)
+    model = vitkit.load(tmp_path / "hub")
+    assert (model.config.pool, model.config.num_heads) == ("gap", 4)
+    assert model.config.extra["normalization"] == "imagenet"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
 
 
 class Payload:

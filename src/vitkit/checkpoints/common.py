@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,15 @@ def normalization(family: str, channels: int) -> tuple[tuple[float, ...], tuple[
     if channels == 1:
         return (sum(mean) / 3,), (sum(std) / 3,)
     return mean, std
+
+
+def known_normalization(mean: Any, std: Any, source: Any) -> str:
+    """The family of a file's input statistics; Google's, with a warning, when they match none."""
+    family = normalization_family(mean, std)
+    if family is None:
+        warnings.warn(f"{source}: mean={mean}, std={std} match no known normalisation {sorted(NORMALIZATION)}; "
+                      f"evaluating with Google's [-1, 1]", stacklevel=3)
+    return family or "google"
 
 
 def normalization_family(mean: Any, std: Any) -> str | None:

@@ -11,7 +11,6 @@ normalisation comes from ``preprocessor_config.json`` when there is one (HF ViTs
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,8 @@ from safetensors.torch import save_file
 from ..atomic import atomic_directory
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from .common import (NORMALIZATION, CheckpointError, Names, fuse_qkv, kept_overrides, normalization,
-                     normalization_family, read_weights, rename, split_qkv)
+from .common import (NORMALIZATION, CheckpointError, Names, fuse_qkv, kept_overrides, known_normalization,
+                     normalization, read_weights, rename, split_qkv)
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -101,13 +100,8 @@ def read_normalization(directory: Path) -> str:
         processor = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: not JSON ({error})") from error
-    mean, std = (processor.get(key, default) for key, default in zip(("image_mean", "image_std"),
-                                                                      NORMALIZATION["google"]))
-    family = normalization_family(mean, std)
-    if family is None:
-        warnings.warn(f"{path}: image_mean={mean}, image_std={std} match no known family {sorted(NORMALIZATION)}; "
-                      f"evaluating with Google's [-1, 1]", stacklevel=2)
-    return family or "google"
+    google_mean, google_std = NORMALIZATION["google"]
+    return known_normalization(processor.get("image_mean", google_mean), processor.get("image_std", google_std), path)
 
 
 def write_hf(model: VisionTransformer, directory: str | Path) -> Path:

@@ -14,7 +14,7 @@ from . import hub
 from .common import CheckpointError, read_safetensors, read_weights
 from .google import read_npz
 from .hf import is_hf_directory, read_hf
-from .timm import from_timm, is_timm
+from .timm import from_timm, is_timm, is_timm_directory, read_timm_directory
 from .torchvision_ import from_torchvision, is_torchvision
 
 __all__ = ["CheckpointError", "load", "read_checkpoint", "build", "load_state_strict"]
@@ -48,15 +48,17 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     if path.is_dir():
-        if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists() and not is_hf_directory(path):
-            return *read_native(path), source
         if is_hf_directory(path):
             return *read_hf(path, overrides), source
+        if is_timm_directory(path):
+            return *read_timm_directory(path, overrides), source
+        if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists():
+            return *read_native(path), source
         npz = sorted(path.glob("*.npz"))
         if len(npz) == 1:  # a hub repository holding one Google file
             return *read_npz(npz[0], overrides), str(npz[0])
         raise CheckpointError(f"{path} is not a checkpoint vitkit can read: expected a vitkit directory "
-                              f"({CONFIG_FILE} + {WEIGHTS_FILE}), an HF transformers directory, or one .npz")
+                              f"({CONFIG_FILE} + {WEIGHTS_FILE}), an HF transformers or timm hub directory, or one .npz")
     if path.suffix == ".npz":
         return *read_npz(path, overrides), source
     state = read_weights(path)

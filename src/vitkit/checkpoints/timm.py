@@ -5,16 +5,25 @@ table for its widths, else the ``num_heads`` override) and, for a model with a [
 ``fc_norm``, whether it pooled the token or the patches (token unless ``pool='gap'`` is passed).
 Numerics are timm's: exact GELU, LayerNorm eps 1e-6, and for hybrids StdConv (w-m)/sqrt(var+1e-8)
 with GroupNorm eps 1e-5.
+
+A timm hub directory (what ``hf-hub:timm/...`` downloads: ``config.json`` with ``architecture`` and
+``pretrained_cfg`` beside the weights) tells the rest: ``global_pool``, ``model_args`` and the input
+``mean``/``std``.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..models.config import ViTConfig
-from .common import Names, infer_config, rename
+from .common import CheckpointError, Names, infer_config, known_normalization, read_weights, rename
+
+HUB_CONFIG = "config.json"
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp_antialias=True,
                      std_conv="sqrt(var+eps)", std_conv_eps=1e-8, gn_eps=1e-5)
@@ -40,3 +49,29 @@ def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
     else:
         numerics = TIMM_NUMERICS
     return infer_config(state, overrides, source, **numerics, extra={"format": "timm", "source": source})
+
+
+def _hub_config(directory: Path) -> dict[str, Any] | None:
+    try:
+        config = json.loads((directory / HUB_CONFIG).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return config if isinstance(config, dict) and "architecture" in config and "pretrained_cfg" in config else None
+
+
+def is_timm_directory(path: Path) -> bool:
+    return _hub_config(path) is not None
+
+
+def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    hub = _hub_config(directory) or {}
+    files = [directory / name for name in HUB_WEIGHTS if (directory / name).exists()]
+    if not files:
+        raise CheckpointError(f"{directory}: a timm directory without weights; expected one of {HUB_WEIGHTS}")
+    told = {"pool": "gap"} if hub.get("global_pool") == "avg" else {}
+    if "num_heads" in hub.get("model_args", {}):
+        told["num_heads"] = hub["model_args"]["num_heads"]
+    config, state = from_timm(read_weights(files[0]), {**told, **overrides}, str(files[0]))
+    pretrained = hub["pretrained_cfg"]
+    family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG)
+    return config.replace(extra={**config.extra, "source": str(directory), "normalization": family}), state
