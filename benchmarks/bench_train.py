@@ -97,7 +97,17 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="recipe change for every run")
     parser.add_argument("--tag", default="", help="name of the variant --set makes")
     args = parser.parse_args()
-    changes = {key: json.loads(value) for key, _, value in (item.partition("=") for item in args.set)}
+    if args.set and not args.tag:
+        parser.error("--set makes a variant: name it with --tag (the baseline's results stay as they are)")
+    changes = {}
+    for item in args.set:
+        key, equals, value = item.partition("=")
+        if not equals:
+            parser.error(f"--set {item}: expected KEY=JSON")
+        try:
+            changes[key] = json.loads(value)
+        except json.JSONDecodeError as error:
+            parser.error(f"--set {item}: the value is not JSON ({error})")
     bench = Bench(args.data_dir, changes, args.tag)
     for which in args.which:
         if which == "digits":

@@ -9,6 +9,7 @@ from PIL import Image
 
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
                          scan_folder)
+from vitkit.checkpoints.common import normalization
 from vitkit.data.transforms import ToChannels
 
 
@@ -149,3 +150,11 @@ def test_sampler_epochs_ranks_accumulation_and_resume():
     assert [a + b for a, b in zip(*ranks)] == single
     with pytest.raises(ValueError, match="multiple of world size 3"):
         StepSampler(20, 8, total_steps=1, world_size=3)
+
+
+def test_normalisation_statistics_fit_the_channel_count():
+    assert normalization("google", 4) == ((0.5,) * 4, (0.5,) * 4)  # the same for every channel
+    (mean,), (std,) = normalization("imagenet", 1)  # grey: the mean over RGB
+    assert mean == pytest.approx((0.485 + 0.456 + 0.406) / 3) and std == pytest.approx((0.229 + 0.224 + 0.225) / 3)
+    with pytest.raises(ValueError, match="'imagenet' normalisation has statistics for 1 or 3 channels, not 4"):
+        normalization("imagenet", 4)

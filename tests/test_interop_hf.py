@@ -147,3 +147,30 @@ def test_input_normalisation_travels_with_the_directory(tmp_path):
     theirs = processor(image.permute(1, 2, 0).numpy(), return_tensors="pt").pixel_values[0]
     ours = checkpoint_transform(vitkit.load(tmp_path / "out").config)(image)
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+
+
+def test_processor_statistics_are_read_whatever_their_form(tmp_path):
+    peer = hf_model()
+    peer.save_pretrained(tmp_path / "hf")
+    processor = tmp_path / "hf" / "preprocessor_config.json"
+    for stats, family in [({"image_mean": 0.5, "image_std": 0.5}, "google"), ({}, "google"),
+                          ({"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}, "imagenet")]:
+        processor.write_text(json.dumps(stats))
+        assert vitkit.load(tmp_path / "hf").config.extra["normalization"] == family
+    processor.write_text(json.dumps({"image_mean": [0.1, 0.2, 0.3], "image_std": [1, 1, 1]}))
+    with pytest.warns(UserWarning, match="match no known normalisation"):
+        assert vitkit.load(tmp_path / "hf").config.extra["normalization"] == "google"
+    processor.write_text(json.dumps({"image_mean": "half", "image_std": 0.5}))
+    with pytest.raises(vitkit.CheckpointError, match=r"preprocessor_config.json: mean='half'"):
+        vitkit.load(tmp_path / "hf")
+
+
+def test_export_names_labels_only_when_they_fit_the_head(tmp_path):
+    model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=1, num_classes=3)
+    model.config = model.config.replace(extra={"classes": ["cat", "dog", "fox"]})
+    vitkit.checkpoints.export(model, tmp_path / "named", "hf")
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "named").id2label == {0: "cat", 1: "dog", 2: "fox"}
+    model.reset_head(5)  # a new head: the old names no longer apply
+    vitkit.checkpoints.export(model, tmp_path / "renamed", "hf")
+    peer = transformers.ViTForImageClassification.from_pretrained(tmp_path / "renamed")
+    assert peer.config.num_labels == 5 and peer.config.id2label[4] == "LABEL_4"

@@ -83,6 +83,16 @@ def test_timm_hub_directories_carry_pooling_heads_and_normalisation(tmp_path, sa
         torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
 
 
+def test_timm_hub_pooling_vitkit_lacks_is_named(tmp_path):
+    from timm.models._hub import save_for_hf
+
+    peer = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5,
+                             global_pool="max")
+    save_for_hf(peer, str(tmp_path / "hub"), safe_serialization=True)
+    with pytest.raises(vitkit.CheckpointError, match=r"config.json: global_pool='max'"):
+        vitkit.load(tmp_path / "hub")
+
+
 class Payload:
     """Any class: unpickling it would run code from the file."""
 

@@ -53,3 +53,14 @@ def test_finetune_from_a_preset_made_for_another_architecture(tmp_path):
     assert main(["finetune", str(tmp_path / "pre"), "--preset", "digits", "--steps", "2", "--batch-size", "16",
                  "--image-size", "16", "--run-dir", str(tmp_path / "ft")]) == 0
     assert vitkit.load(tmp_path / "ft" / "model").config.dim == 16
+
+
+def test_finetuning_normalises_as_the_checkpoint_was_trained(tmp_path):
+    source = _pretrained(tmp_path / "pre")
+    source.config = source.config.replace(extra={"normalization": "imagenet"})  # e.g. torchvision's weights
+    source.save(tmp_path / "pre")
+    recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=16, dataset="digits"))
+    classes = [str(d) for d in range(10)]
+    assert build_model(recipe, classes).config.extra["normalization"] == "imagenet"
+    assert build_model(recipe.replace(normalization="google"), classes).config.extra["normalization"] == "google"
+    assert build_model(resolve("digits"), classes).config.extra["normalization"] == "google"  # a fresh model

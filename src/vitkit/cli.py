@@ -288,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", required=True, help="directory for figures, numbers and index.html")
     analyze.add_argument("--image-size", type=_image_size, help="input size (default: the checkpoint's)")
     analyze.add_argument("--mean", type=float, nargs="+",
-                         help="per-channel input mean (default: the checkpoint's normalisation)")
-    analyze.add_argument("--std", type=float, nargs="+", help="per-channel input std (default: the checkpoint's)")
+                         help="per-channel input mean (default: the checkpoint's normalisation's)")
+    analyze.add_argument("--std", type=float, nargs="+",
+                         help="per-channel input std (default: the checkpoint's; each flag falls back on its own)")
     analyze.add_argument("--batch-size", type=_positive, default=8)
     analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     analyze.add_argument("--discard-ratio", type=float, default=0.0,

@@ -33,21 +33,35 @@ NORMALIZATION = {
 
 
 def normalization(family: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """A family's (mean, std) for ``channels`` channels (grey: the mean over RGB)."""
+    """A family's (mean, std) for ``channels`` channels: grey takes the mean over RGB, and statistics
+    that are the same for every channel (Google's) fit any number of channels."""
     if family not in NORMALIZATION:
         raise ValueError(f"unknown normalisation {family!r}; expected one of {list(NORMALIZATION)}")
     mean, std = NORMALIZATION[family]
+    if channels == len(mean):
+        return mean, std
     if channels == 1:
         return (sum(mean) / 3,), (sum(std) / 3,)
-    return mean, std
+    if len(set(mean)) == len(set(std)) == 1:
+        return (mean[0],) * channels, (std[0],) * channels
+    raise ValueError(f"the {family!r} normalisation has statistics for 1 or 3 channels, not {channels}")
 
 
 def known_normalization(mean: Any, std: Any, source: Any) -> str:
-    """The family of a file's input statistics; Google's, with a warning, when they match none."""
-    family = normalization_family(mean, std)
+    """The family of a file's input statistics (a number, or one per channel; Google's when the file
+    gives none, and, with a warning, when they match no family)."""
+    if mean is None and std is None:
+        return "google"
+    given = []
+    for name, value in (("mean", mean), ("std", std)):
+        value = [value] * 3 if isinstance(value, (int, float)) else value
+        if not (isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value)):
+            raise CheckpointError(f"{source}: {name}={value!r}; expected a number, or one per channel")
+        given.append(value)
+    family = normalization_family(*given)
     if family is None:
         warnings.warn(f"{source}: mean={mean}, std={std} match no known normalisation {sorted(NORMALIZATION)}; "
-                      f"evaluating with Google's [-1, 1]", stacklevel=3)
+                      f"evaluating with Google's [-1, 1]", stacklevel=2)
     return family or "google"
 
 

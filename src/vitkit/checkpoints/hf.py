@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from ..atomic import atomic_directory
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from .common import (NORMALIZATION, CheckpointError, Names, fuse_qkv, kept_overrides, known_normalization,
+from .common import (CheckpointError, Names, fuse_qkv, kept_overrides, known_normalization,
                      normalization, read_weights, rename, split_qkv)
 
 CONFIG_FILE = "config.json"
@@ -100,8 +100,9 @@ def read_normalization(directory: Path) -> str:
         processor = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: not JSON ({error})") from error
-    google_mean, google_std = NORMALIZATION["google"]
-    return known_normalization(processor.get("image_mean", google_mean), processor.get("image_std", google_std), path)
+    if not isinstance(processor, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(processor).__name__}")
+    return known_normalization(processor.get("image_mean"), processor.get("image_std"), path)
 
 
 def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
@@ -117,7 +118,9 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
         raise CheckpointError(f"cannot write {directory}: HF's ViT has no {', '.join(unsupported)}")
     classify = config.num_classes > 0
     height, width = config.image_size
-    names = config.extra.get("classes") or [f"LABEL_{k}" for k in range(config.num_classes)]
+    names = config.extra.get("classes") or []
+    if len(names) != config.num_classes:  # no names, or those of a head since replaced
+        names = [f"LABEL_{k}" for k in range(config.num_classes)]
     labels = {str(k): name for k, name in enumerate(names)}
     hf = {
         "architectures": ["ViTForImageClassification" if classify else "ViTModel"], "model_type": "vit",

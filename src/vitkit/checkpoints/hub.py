@@ -20,7 +20,7 @@ from .common import CheckpointError
 HF_PREFIX = "hf-hub:"
 GS_PREFIX = "gs://"
 GS_PUBLIC_URL = "https://storage.googleapis.com"
-HF_FILES = ["config.json", "*.safetensors", "pytorch_model.bin", "*.npz"]
+HF_FILES = ["config.json", "preprocessor_config.json", "*.safetensors", "pytorch_model.bin", "*.npz"]
 
 
 def is_remote(name: str) -> bool:

@@ -26,7 +26,7 @@ _SURGERY = ("image_size", "num_classes")
 def load(path: str | Path, **overrides: Any) -> VisionTransformer:
     """Load a checkpoint of any supported format as a ready ``VisionTransformer`` (in eval mode).
 
-    ``path`` is a vitkit directory, an HF transformers directory, a Google ``.npz``, a timm or
+    ``path`` is a vitkit directory, an HF transformers or timm hub directory, a Google ``.npz``, a timm or
     torchvision state dict (``.safetensors``, or ``.pth``/``.bin`` read with ``weights_only``), or a
     remote name (``hf-hub:ORG/NAME``, ``gs://vit_models/...``). ``overrides`` change config fields:
     settings the file cannot tell (``num_heads`` of a packed qkv) and numerics are set before the

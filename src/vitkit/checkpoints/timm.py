@@ -64,11 +64,18 @@ def is_timm_directory(path: Path) -> bool:
 
 
 def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    hub = _hub_config(directory) or {}
+    hub = _hub_config(directory)
+    if hub is None:
+        raise CheckpointError(f"{directory / HUB_CONFIG}: not a timm hub config (no 'architecture' and "
+                              f"'pretrained_cfg')")
     files = [directory / name for name in HUB_WEIGHTS if (directory / name).exists()]
     if not files:
         raise CheckpointError(f"{directory}: a timm directory without weights; expected one of {HUB_WEIGHTS}")
-    told = {"pool": "gap"} if hub.get("global_pool") == "avg" else {}
+    pool = hub.get("global_pool", "token")
+    if pool not in ("token", "avg"):
+        raise CheckpointError(f"{directory / HUB_CONFIG}: global_pool={pool!r}; vitkit pools the [class] token "
+                              f"('token') or the mean of the patches ('avg')")
+    told = {"pool": "gap"} if pool == "avg" else {}
     if "num_heads" in hub.get("model_args", {}):
         told["num_heads"] = hub["model_args"]["num_heads"]
     config, state = from_timm(read_weights(files[0]), {**told, **overrides}, str(files[0]))

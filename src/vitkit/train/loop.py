@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,14 +175,28 @@ class Trainer:
             return False
         state = load_checkpoint(found[-1], self.model, self.optimizer)
         self.step, self.best = state["step"], state["best"]
-        mine = self.env.rank % len(state["rng_cpu"])  # a run resumed on fewer ranks is no longer exact
-        torch.set_rng_state(state["rng_cpu"][mine])
-        if "rng_cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["rng_cuda"][mine], self.env.device)
+        self.restore_generators(state)
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         self.log.truncate_after(self.step)
         return True
+
+    def restore_generators(self, state: dict[str, Any]) -> None:
+        """Each rank's random generators as they were saved. On another number of ranks the run goes on,
+        but no longer exactly: ranks beyond the saved ones get fresh seeds of their own."""
+        def per_rank(saved):  # a lone tensor: written by one rank, before the streams were per rank
+            return [saved] if isinstance(saved, torch.Tensor) else saved
+
+        cpu = per_rank(state["rng_cpu"])
+        if len(cpu) != self.env.world_size and self.env.is_main:
+            warnings.warn(f"resuming a run saved by {len(cpu)} rank(s) on {self.env.world_size}: the random "
+                          f"streams (dropout, masks) will not be those of an uninterrupted run", stacklevel=2)
+        if self.env.rank >= len(cpu):
+            torch.manual_seed(self.step * 1_000_003 + self.env.rank)
+            return
+        torch.set_rng_state(cpu[self.env.rank])
+        if "rng_cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(per_rank(state["rng_cuda"])[self.env.rank], self.env.device)
 
     def save(self) -> None:
         """Write a checkpoint on the main rank; every rank calls it (FSDP gathers the shards)."""

@@ -43,7 +43,7 @@ class Recipe:
     hflip: bool = True
     aug_level: str = "none"  # AugReg: none, light1, light2, medium1, medium2, strong1, strong2
     cutmix_alpha: float = 0.0
-    normalization: str = "google"
+    normalization: str = ""  # 'google' or 'imagenet'; '': the checkpoint's when fine-tuning, else 'google'
     # optimisation
     steps: int = 0  # 0: derived from epochs
     epochs: float = 1.0
@@ -154,7 +154,7 @@ def resolve(preset: str | None = None, config_file: str | Path | None = None,
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
     layers.append(overrides or {})
-    base = PRESETS[name]
-    if any(layer.get("init") for layer in layers):
-        base = {key: value for key, value in base.items() if key not in ARCHITECTURE}
-    return Recipe.from_dict(merge(base, *layers))
+    merged = merge(PRESETS[name], *layers)
+    if merged.get("init"):
+        merged = merge({key: value for key, value in PRESETS[name].items() if key not in ARCHITECTURE}, *layers)
+    return Recipe.from_dict(merged)

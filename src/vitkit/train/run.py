@@ -17,7 +17,8 @@ import torch
 from ..atomic import atomic_file
 from ..checkpoints import load
 from ..checkpoints.common import normalization
-from ..data import SplitSpec, StepSampler, Transformed, build_transform, eval_loader, load_dataset, step_loader
+from ..data import (SplitSpec, StepSampler, Transformed, build_transform, eval_loader, load_dataset, step_loader,
+                    trained_normalization)
 from ..data.transforms import augreg_level
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..models import ViTConfig, VisionTransformer, create_model
@@ -42,7 +43,8 @@ def build_model(recipe: Recipe, classes: list[str]) -> VisionTransformer:
         model = create_model(recipe.model, image_size=size, num_classes=len(classes), **recipe.model_args)
     else:
         model = VisionTransformer(ViTConfig(image_size=size, num_classes=len(classes), **recipe.model_args))
-    extra = {**model.config.extra, "classes": list(classes), "normalization": recipe.normalization}
+    family = recipe.normalization or (trained_normalization(model.config) if recipe.init else "google")
+    extra = {**model.config.extra, "classes": list(classes), "normalization": family}
     model.config = model.config.replace(extra=extra)
     model.grad_checkpointing = recipe.grad_checkpointing
     return model
@@ -90,16 +92,17 @@ def prepare(recipe: Recipe) -> Experiment:
     pretraining = recipe.objective == "mpp"
     model = build_model(recipe, [] if pretraining else classes)
     config = model.config
+    family = trained_normalization(config)
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
-        mean, std = normalization(recipe.normalization, config.in_chans)
+        mean, std = normalization(family, config.in_chans)
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
                                       recipe.mpp_mask_prob, recipe.mpp_random_prob, tuple(mean), tuple(std))
     model = shard(model.to(env.device), env, recipe.parallel)
     if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
         torch.manual_seed(recipe.seed + env.rank)
-    train_transform = build_transform(recipe.transform, config.image_size, config.in_chans, recipe.normalization,
+    train_transform = build_transform(recipe.transform, config.image_size, config.in_chans, family,
                                       recipe.hflip, recipe.crop_scale, recipe.aug_level)
-    eval_transform = build_transform("eval", config.image_size, config.in_chans, recipe.normalization)
+    eval_transform = build_transform("eval", config.image_size, config.in_chans, family)
     steps = total_steps(recipe, len(train_set))
     training_images = Transformed(train_set, train_transform, recipe.seed)
 
