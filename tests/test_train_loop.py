@@ -202,3 +202,16 @@ def test_label_smoothed_cross_entropy_closed_form():
     expected = (0.7 * -log_p[[0, 1], labels] + 0.3 * -log_p.mean(1)).mean()
     torch.testing.assert_close(loss, expected)
     assert metrics["accuracy"].item() == 0.5
+
+
+def test_generators_restore_per_rank_and_from_one_rank_files(tmp_path):
+    trainer = prepare(tiny_recipe(tmp_path)).trainer
+    torch.manual_seed(7)
+    saved = torch.get_rng_state()
+    expected = torch.rand(3)
+    torch.manual_seed(8)
+    trainer.restore_generators({"rng_cpu": saved})  # one tensor: a file written before per-rank streams
+    assert torch.equal(torch.rand(3), expected)
+    with pytest.warns(UserWarning, match="saved by 2 rank"):
+        trainer.restore_generators({"rng_cpu": [saved, torch.get_rng_state()]})
+    assert torch.equal(torch.rand(3), expected), "rank 0 takes rank 0's generator"
