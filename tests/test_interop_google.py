@@ -133,6 +133,7 @@ def test_cli_convert_and_info_on_any_format(tmp_path, capsys):
     assert main(["info", str(tmp_path / "m.npz")]) == 0
     out = capsys.readouterr().out
     assert "(google-npz)" in out and "GELU tanh, LayerNorm eps 1e-06" in out and "10 classes" in out
+    assert "normalised 'google': mean [0.5, 0.5, 0.5], std [0.5, 0.5, 0.5]" in out
     assert main(["convert", str(tmp_path / "m.npz"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     capsys.readouterr()
     x = torch.randn(2, 3, 32, 32)

@@ -61,7 +61,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
           + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
              if config.backbone is not None else ""))
-    print(f"input        {config.in_chans}x{height}x{width} (grid {config.grid_size[0]}x{config.grid_size[1]})")
+    family = trained_normalization(config)
+    mean, std = normalization(family, config.in_chans)
+    print(f"input        {config.in_chans}x{height}x{width} (grid {config.grid_size[0]}x{config.grid_size[1]}), "
+          f"normalised '{family}': mean {[round(m, 3) for m in mean]}, "
+          f"std {[round(v, 3) for v in std]}")
     print(f"output       {config.num_classes} classes, pooling '{config.pool}'"
           + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
     print(f"parameters   {count_parameters(model):,}")
