@@ -45,7 +45,8 @@ def main() -> None:
         load_before, started = os.getloadavg(), time.perf_counter()
         summary = run(recipe)
         rows.append({"pos_embed": kind, "test_accuracy": summary["test/accuracy"],
-                     "val_accuracy": summary.get("val/accuracy"), "wall_seconds": round(time.perf_counter() - started, 1),
+                     "val_accuracy": summary.get("val/accuracy"),
+                     "wall_seconds": round(time.perf_counter() - started, 1),
                      "loadavg_before": load_before, "loadavg_after": os.getloadavg()})
         print(f"== {kind}: {100 * summary['test/accuracy']:.2f}%", flush=True)
     with atomic_file(RESULTS / "posembed.json") as handle:

@@ -13,18 +13,16 @@ from safetensors.torch import load_file
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 MODEL = {"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1}
-ARGS = ["train", "--dataset", "digits", "--model-args", json.dumps(MODEL), "--steps", "4", "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.3", "--warmup-steps", "1",
-        "--transform", "pretrain", "--crop-scale", "0.5", "1.0", "--aug-level", "light1", "--threads", "1",
-        "--log-every", "1"]
-
-
+ARGS = ["train", "--dataset", "digits", "--model-args", json.dumps(MODEL), "--steps", "4", "--batch-size", "32",
+        "--optimizer", "sgd", "--lr", "0.3", "--warmup-steps", "1", "--transform", "pretrain", "--crop-scale", "0.5",
+        "1.0", "--aug-level", "light1", "--threads", "1", "--log-every", "1"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitkit"]
 
 
 def _run(command, run_dir, *extra):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*command, *ARGS, "--run-dir", str(run_dir), *extra], env=env, capture_output=True, text=True,
-                            timeout=240)
+    result = subprocess.run([*command, *ARGS, "--run-dir", str(run_dir), *extra], env=env, capture_output=True,
+                            text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     return load_file(run_dir / "model" / "model.safetensors"), result.stdout
 

@@ -58,7 +58,8 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
         if len(npz) == 1:  # a hub repository holding one Google file
             return *read_npz(npz[0], overrides), str(npz[0])
         raise CheckpointError(f"{path} is not a checkpoint vitkit can read: expected a vitkit directory "
-                              f"({CONFIG_FILE} + {WEIGHTS_FILE}), an HF transformers or timm hub directory, or one .npz")
+                              f"({CONFIG_FILE} + {WEIGHTS_FILE}), an HF transformers or timm hub directory, "
+                              f"or one .npz")
     if path.suffix == ".npz":
         return *read_npz(path, overrides), source
     state = read_weights(path)

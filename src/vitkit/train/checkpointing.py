@@ -4,9 +4,10 @@
 ``training_state.pt`` (optimiser, RNG, EMA, counters: tensors and plain values only, read back with
 ``weights_only=True``). When the trained module wraps a ViT as ``.encoder`` (masked patch prediction),
 the directory is still a plain ViT checkpoint, and the wrapper's own weights (its [mask] embedding and
-prediction head) go beside it in ``objective.safetensors``. Each is written atomically, so the previous one survives a crash at any
-moment; only the last ``keep_last`` are kept. The files hold whole tensors whether the run was one
-process, DDP or FSDP (``distributed.full_state`` gathers the shards).
+prediction head) go beside it in ``objective.safetensors``. Each is written atomically, so the
+previous one survives a crash at any moment; only the last ``keep_last`` are kept. The files hold
+whole tensors whether the run was one process, DDP or FSDP (``distributed.full_state`` gathers the
+shards), and every rank's random generator.
 """
 
 from __future__ import annotations
