@@ -3,6 +3,7 @@ weights once they carry vitkit's names."""
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 import re
@@ -76,6 +77,15 @@ def normalization_family(mean: Any, std: Any) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ files
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when the file is absent or holds something else (format sniffing)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)

@@ -21,7 +21,7 @@ from ..atomic import atomic_directory
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .common import (CheckpointError, Names, fuse_qkv, kept_overrides, known_normalization,
-                     normalization, read_weights, rename, split_qkv)
+                     normalization, read_json_object, read_weights, rename, split_qkv)
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -50,12 +50,7 @@ NAMES = Names([  # the 4.x name of each pair comes first: it is the one written
 
 
 def is_hf_directory(path: Path) -> bool:
-    if not (path / CONFIG_FILE).exists():
-        return False
-    try:
-        return "model_type" in json.loads((path / CONFIG_FILE).read_text())
-    except json.JSONDecodeError:
-        return False
+    return "model_type" in (read_json_object(path / CONFIG_FILE) or {})
 
 
 def read_hf(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:

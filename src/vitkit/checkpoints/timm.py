@@ -13,14 +13,14 @@ A timm hub directory (what ``hf-hub:timm/...`` downloads: ``config.json`` with `
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..models.config import ViTConfig
-from .common import CheckpointError, Names, infer_config, known_normalization, read_weights, rename
+from .common import (CheckpointError, Names, infer_config, known_normalization, read_json_object,
+                     read_weights, rename)
 
 HUB_CONFIG = "config.json"
 HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -52,11 +52,8 @@ def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
 
 
 def _hub_config(directory: Path) -> dict[str, Any] | None:
-    try:
-        config = json.loads((directory / HUB_CONFIG).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return config if isinstance(config, dict) and "architecture" in config and "pretrained_cfg" in config else None
+    config = read_json_object(directory / HUB_CONFIG) or {}
+    return config if "architecture" in config and "pretrained_cfg" in config else None
 
 
 def is_timm_directory(path: Path) -> bool:
