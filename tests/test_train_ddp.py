@@ -52,3 +52,28 @@ def test_ddp_resume_is_exact_with_a_random_stream_per_rank(tmp_path):
     shutil.rmtree(resumed_dir / "model")
     resumed, _ = _run(TORCHRUN, resumed_dir, *extra, "--resume")
     assert all(torch.equal(resumed[key], straight[key]) for key in straight)
+
+
+LEAVES_GROUP = """
+import os
+import sys
+from pathlib import Path
+import torch.distributed as dist
+from vitkit.train.recipes import resolve
+from vitkit.train.run import run
+
+run(resolve("digits", overrides={"model_args": %r, "steps": 1, "batch_size": 8, "threads": 1, "run_dir": sys.argv[1]}))
+Path(sys.argv[1], "rank-" + os.environ["RANK"]).write_text(str(dist.is_initialized()))
+"""
+
+
+def test_a_finished_run_leaves_the_process_group(tmp_path):
+    """Left to the interpreter's exit, gloo's threads can abort the process (SIGABRT) after a run that
+    succeeded; a finished run leaves the group it joined."""
+    script = tmp_path / "train_once.py"
+    script.write_text(LEAVES_GROUP % MODEL)
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*TORCHRUN[:-2], str(script), str(tmp_path / "run")], env=env, capture_output=True,
+                            text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [(tmp_path / "run" / f"rank-{rank}").read_text() for rank in (0, 1)] == ["False", "False"]

@@ -32,6 +32,7 @@ class Distributed:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # setup joined the process group, so close leaves it
 
     @property
     def is_main(self) -> bool:
@@ -53,6 +54,14 @@ class Distributed:
         dist.all_gather_object(values, value)
         return values
 
+    def close(self) -> None:
+        """Leave the process group ``setup`` joined, once the run has ended normally. Left to the
+        interpreter's exit, gloo's worker threads can outlive Python and abort the process
+        ("terminate called without an active exception"). Not called after an error: leaving while
+        other ranks wait in a collective can hang them. A group the caller made is the caller's."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         """Average a tensor over ranks (identity on one process)."""
         if self.enabled:
@@ -70,9 +79,10 @@ def setup(device: str | None = None) -> Distributed:
     target = torch.device("cuda", local_rank) if use_cuda else torch.device(device or "cpu")
     if use_cuda:
         torch.cuda.set_device(target)
-    if world_size > 1 and not dist.is_initialized():
+    joins = world_size > 1 and not dist.is_initialized()
+    if joins:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return Distributed(rank, world_size, local_rank, target)
+    return Distributed(rank, world_size, local_rank, target, owns_group=joins)
 
 
 def shard(model: nn.Module, env: Distributed, parallel: str) -> nn.Module:
