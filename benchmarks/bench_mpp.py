@@ -20,14 +20,15 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import vitkit
 from vitkit.atomic import atomic_file
 from vitkit.data import SplitSpec, Transformed, checkpoint_transform, eval_loader, load_dataset
 from vitkit.evaluate.fewshot import extract_features, fewshot_evaluate
-from vitkit.train import Recipe, run
+from vitkit.train import Recipe
+
+from timing import timed_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = Path("runs/bench-mpp")
@@ -38,10 +39,8 @@ COMMON = dict(dataset="fashion-mnist", image_size=28, transform="pretrain", crop
 
 
 def timed(name: str, recipe: Recipe) -> dict:
-    load_before, started = os.getloadavg(), time.perf_counter()
-    summary = run(recipe)
-    record = {"name": name, "summary": summary, "wall_seconds": round(time.perf_counter() - started, 1),
-              "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    summary, timing = timed_run(recipe)
+    record = {"name": name, "summary": summary, **timing}
     print(f"== {name}: {json.dumps({k: v for k, v in summary.items() if 'accuracy' in k})} "
           f"in {record['wall_seconds']} s", flush=True)
     return record

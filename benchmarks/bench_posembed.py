@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 
 import torch
 
 from vitkit.atomic import atomic_file
-from vitkit.train import Recipe, run
+from vitkit.train import Recipe
+
+from timing import timed_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("none", "learned", "learned-2d", "sincos-2d", "relative")
@@ -42,12 +42,9 @@ def main() -> None:
                         transform="pretrain", crop_scale=(0.85, 1.0), hflip=args.dataset != "mnist",
                         batch_size=128, lr=2e-3, weight_decay=0.05, warmup_steps=100, label_smoothing=0.1,
                         val_fraction=0.02, log_every=100, threads=args.threads, run_dir=f"runs/bench-posembed/{kind}")
-        load_before, started = os.getloadavg(), time.perf_counter()
-        summary = run(recipe)
+        summary, timing = timed_run(recipe)
         rows.append({"pos_embed": kind, "test_accuracy": summary["test/accuracy"],
-                     "val_accuracy": summary.get("val/accuracy"),
-                     "wall_seconds": round(time.perf_counter() - started, 1),
-                     "loadavg_before": load_before, "loadavg_after": os.getloadavg()})
+                     "val_accuracy": summary.get("val/accuracy"), **timing})
         print(f"== {kind}: {100 * summary['test/accuracy']:.2f}%", flush=True)
     with atomic_file(RESULTS / "posembed.json") as handle:
         json.dump({"dataset": args.dataset, "steps": args.steps, "rows": rows,

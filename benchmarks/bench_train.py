@@ -22,15 +22,16 @@ import argparse
 import json
 import os
 import platform
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from vitkit.atomic import atomic_file
-from vitkit.train import resolve, run
+from vitkit.train import resolve
 from vitkit.train.recipes import merge
+
+from timing import timed_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = Path("runs/bench")
@@ -52,12 +53,9 @@ class Bench:
         name = self.named(name)
         recipe = resolve(preset, overrides=merge({"run_dir": str(RUNS / name), "log_every": 100},
                                                  recipe_overrides, self.changes))
-        load_before = os.getloadavg()
-        started = time.perf_counter()
-        summary = run(recipe)
-        wall = time.perf_counter() - started
-        record = {"name": name, "recipe": recipe.to_dict(), "summary": summary, "wall_seconds": round(wall, 1),
-                  "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "cpu_count": os.cpu_count(),
+        summary, timing = timed_run(recipe)
+        wall = timing["wall_seconds"]
+        record = {"name": name, "recipe": recipe.to_dict(), "summary": summary, **timing, "cpu_count": os.cpu_count(),
                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                   "machine": platform.machine(), "target_accuracy": target, "budget_seconds": budget_s,
                   "accuracy_met": None if target is None else summary["test/accuracy"] >= target,
@@ -65,7 +63,7 @@ class Bench:
         with atomic_file(RESULTS / f"train_{name}.json") as handle:
             json.dump(record, handle, indent=1)
         print(f"== {name}: test accuracy {100 * summary['test/accuracy']:.2f}% in {wall:.0f} s "
-              f"(load {load_before[0]:.1f} -> {record['loadavg_after'][0]:.1f})", flush=True)
+              f"(load {timing['loadavg_before'][0]:.1f} -> {timing['loadavg_after'][0]:.1f})", flush=True)
         return record
 
     def finetune(self) -> None:
