@@ -54,26 +54,35 @@ def test_ddp_resume_is_exact_with_a_random_stream_per_rank(tmp_path):
     assert all(torch.equal(resumed[key], straight[key]) for key in straight)
 
 
-LEAVES_GROUP = """
+TRAINS_THREE_TIMES = """
+import json
 import os
 import sys
 from pathlib import Path
 import torch.distributed as dist
+from vitkit.cli import main
 from vitkit.train.recipes import resolve
 from vitkit.train.run import run
 
-run(resolve("digits", overrides={"model_args": %r, "steps": 1, "batch_size": 8, "threads": 1, "run_dir": sys.argv[1]}))
-Path(sys.argv[1], "rank-" + os.environ["RANK"]).write_text(str(dist.is_initialized()))
+model_args, out = %r, Path(sys.argv[1])
+recipe = resolve("digits", overrides={"model_args": model_args, "steps": 1, "batch_size": 8, "threads": 1,
+                                      "run_dir": str(out / "first")})
+run(recipe)
+kept = dist.is_initialized()
+run(recipe)
+code = main(["train", "--model-args", json.dumps(model_args), "--steps", "1", "--batch-size", "8", "--threads", "1",
+             "--run-dir", str(out / "cli")])
+(out / ("rank-" + os.environ["RANK"])).write_text(f"kept {kept}, cli {code}, left {not dist.is_initialized()}")
 """
 
 
-def test_a_finished_run_leaves_the_process_group(tmp_path):
-    """Left to the interpreter's exit, gloo's threads can abort the process (SIGABRT) after a run that
-    succeeded; a finished run leaves the group it joined."""
-    script = tmp_path / "train_once.py"
-    script.write_text(LEAVES_GROUP % MODEL)
+def test_runs_share_the_process_group_and_the_command_leaves_it(tmp_path):
+    """A script may call ``run`` several times in one group; the command line leaves it when done, as
+    gloo's threads, left to the interpreter's exit, can abort a process that succeeded (SIGABRT)."""
+    script = tmp_path / "train_three_times.py"
+    script.write_text(TRAINS_THREE_TIMES % MODEL)
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*TORCHRUN[:-2], str(script), str(tmp_path / "run")], env=env, capture_output=True,
+    result = subprocess.run([*TORCHRUN[:-2], str(script), str(tmp_path)], env=env, capture_output=True,
                             text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [(tmp_path / "run" / f"rank-{rank}").read_text() for rank in (0, 1)] == ["False", "False"]
+    assert [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)] == ["kept True, cli 0, left True"] * 2

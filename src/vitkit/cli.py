@@ -178,8 +178,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train a ViT (default: a small one on the embedded digits, about two minutes on 2 CPU cores);
     ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: new resolution, new zero head, SGD)."""
     from .train import run
+    from .train.distributed import leave
 
     summary = run(recipe_from_args(args), resume=args.resume)
+    leave()
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
         return 0
     rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]

@@ -32,7 +32,6 @@ class Distributed:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
-    owns_group: bool = False  # setup joined the process group, so close leaves it
 
     @property
     def is_main(self) -> bool:
@@ -54,14 +53,6 @@ class Distributed:
         dist.all_gather_object(values, value)
         return values
 
-    def close(self) -> None:
-        """Leave the process group ``setup`` joined, once the run has ended normally. Left to the
-        interpreter's exit, gloo's worker threads can outlive Python and abort the process
-        ("terminate called without an active exception"). Not called after an error: leaving while
-        other ranks wait in a collective can hang them. A group the caller made is the caller's."""
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         """Average a tensor over ranks (identity on one process)."""
         if self.enabled:
@@ -79,10 +70,19 @@ def setup(device: str | None = None) -> Distributed:
     target = torch.device("cuda", local_rank) if use_cuda else torch.device(device or "cpu")
     if use_cuda:
         torch.cuda.set_device(target)
-    joins = world_size > 1 and not dist.is_initialized()
-    if joins:
+    if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return Distributed(rank, world_size, local_rank, target, owns_group=joins)
+    return Distributed(rank, world_size, local_rank, target)
+
+
+def leave() -> None:
+    """Leave the process group when a process has trained normally. Left to the interpreter's exit,
+    gloo's worker threads can outlive Python and abort the process ("terminate called without an
+    active exception"). The entry point calls this, not ``run``: a script may train several times in
+    one group, and re-joining a group left in the same process races on its stale rendezvous keys.
+    Not called after an error: leaving while other ranks wait in a collective can hang them."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def shard(model: nn.Module, env: Distributed, parallel: str) -> nn.Module:

@@ -156,5 +156,4 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
             with atomic_file(run_dir / "summary.json") as handle:
                 json.dump(summary, handle, indent=1)
     trainer.env.barrier()
-    trainer.env.close()
     return summary
