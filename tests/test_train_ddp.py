@@ -2,34 +2,26 @@
 with the same global batch."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
+from launch import TORCHRUN, VITKIT, VITKIT_TORCHRUN, launch
 from safetensors.torch import load_file
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 MODEL = {"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1}
 ARGS = ["train", "--dataset", "digits", "--model-args", json.dumps(MODEL), "--steps", "4", "--batch-size", "32",
         "--optimizer", "sgd", "--lr", "0.3", "--warmup-steps", "1", "--transform", "pretrain", "--crop-scale", "0.5",
         "1.0", "--aug-level", "light1", "--threads", "1", "--log-every", "1"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitkit"]
 
 
 def _run(command, run_dir, *extra):
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*command, *ARGS, "--run-dir", str(run_dir), *extra], env=env, capture_output=True,
-                            text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return load_file(run_dir / "model" / "model.safetensors"), result.stdout
+    stdout = launch(command, *ARGS, "--run-dir", run_dir, *extra)
+    return load_file(run_dir / "model" / "model.safetensors"), stdout
 
 
 def test_two_gloo_processes_equal_one(tmp_path):
-    single, _ = _run([sys.executable, "-m", "vitkit"], tmp_path / "single")
-    double, stdout = _run(TORCHRUN, tmp_path / "ddp")
+    single, _ = _run(VITKIT, tmp_path / "single")
+    double, stdout = _run(VITKIT_TORCHRUN, tmp_path / "ddp")
     assert stdout.count("test accuracy:") == 1, "only rank 0 reports and writes"
     assert single.keys() == double.keys()
     for key in single:  # SGD keeps the float-rounding differences of the gradient mean at their size
@@ -41,7 +33,7 @@ def test_ddp_resume_is_exact_with_a_random_stream_per_rank(tmp_path):
     """Each rank draws its own dropout (seed + rank) and each rank's generator is checkpointed, so a
     2-process run continued from its middle checkpoint ends with the uninterrupted run's weights."""
     extra = ["--model-args", json.dumps({**MODEL, "dropout": 0.2}), "--steps", "6", "--checkpoint-every", "3"]
-    straight, _ = _run(TORCHRUN, tmp_path / "straight", *extra)
+    straight, _ = _run(VITKIT_TORCHRUN, tmp_path / "straight", *extra)
     middle = tmp_path / "straight" / "checkpoints" / "step-00000003"
     generators = torch.load(middle / "training_state.pt", weights_only=True)["rng_cpu"]
     assert len(generators) == 2 and not torch.equal(*generators), "the ranks must not share dropout masks"
@@ -50,7 +42,7 @@ def test_ddp_resume_is_exact_with_a_random_stream_per_rank(tmp_path):
     shutil.copytree(tmp_path / "straight", resumed_dir)
     shutil.rmtree(resumed_dir / "checkpoints" / "step-00000006")
     shutil.rmtree(resumed_dir / "model")
-    resumed, _ = _run(TORCHRUN, resumed_dir, *extra, "--resume")
+    resumed, _ = _run(VITKIT_TORCHRUN, resumed_dir, *extra, "--resume")
     assert all(torch.equal(resumed[key], straight[key]) for key in straight)
 
 
@@ -81,8 +73,5 @@ def test_runs_share_the_process_group_and_the_command_leaves_it(tmp_path):
     gloo's threads, left to the interpreter's exit, can abort a process that succeeded (SIGABRT)."""
     script = tmp_path / "train_three_times.py"
     script.write_text(TRAINS_THREE_TIMES % MODEL)
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*TORCHRUN[:-2], str(script), str(tmp_path)], env=env, capture_output=True,
-                            text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch(TORCHRUN, script, tmp_path)
     assert [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)] == ["kept True, cli 0, left True"] * 2

@@ -3,31 +3,20 @@ gloo, CPU) equals one process with the same global batch, and resumes after an i
 same weights. Accumulation, EMA and clipping at a global norm are on, so their sharded forms count."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from launch import VITKIT, VITKIT_TORCHRUN, launch
 from safetensors.torch import load_file
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 CLIP = 0.25
 ARGS = ["train", "--dataset", "digits", "--model-args",
         '{"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1}',
         "--steps", "4", "--batch-size", "32", "--accum-steps", "2", "--optimizer", "sgd", "--lr", "0.3",
         "--warmup-steps", "1", "--clip-norm", str(CLIP), "--ema-decay", "0.5", "--checkpoint-every", "2",
         "--transform", "pretrain", "--crop-scale", "0.5", "1.0", "--threads", "1", "--log-every", "1"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitkit"]
 FINAL = Path("checkpoints") / "step-00000004"
-
-
-def _vitkit(command, *args):
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*command, *map(str, args)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 def _outputs(run_dir):
@@ -51,8 +40,8 @@ def _assert_all_close(ours, theirs, **tolerance):
 
 def test_fsdp_on_two_gloo_processes_equals_one_and_resumes(tmp_path):
     single_dir, sharded_dir = tmp_path / "single", tmp_path / "fsdp"
-    _vitkit([sys.executable, "-m", "vitkit"], *ARGS, "--run-dir", single_dir)
-    stdout = _vitkit(TORCHRUN, *ARGS, "--run-dir", sharded_dir, "--parallel", "fsdp")
+    launch(VITKIT, *ARGS, "--run-dir", single_dir)
+    stdout = launch(VITKIT_TORCHRUN, *ARGS, "--run-dir", sharded_dir, "--parallel", "fsdp")
     assert stdout.count("test accuracy:") == 1, "only rank 0 evaluates and writes"
 
     single_model, single_weights, single_state = _outputs(single_dir)
@@ -77,7 +66,7 @@ def test_fsdp_on_two_gloo_processes_equals_one_and_resumes(tmp_path):
     for finished in (FINAL, "model", "best"):
         shutil.rmtree(sharded_dir / finished)
     (sharded_dir / "summary.json").unlink()
-    _vitkit(TORCHRUN, "train", "--run-dir", sharded_dir, "--resume")  # recipe.json says fsdp
+    launch(VITKIT_TORCHRUN, "train", "--run-dir", sharded_dir, "--resume")  # recipe.json says fsdp
     resumed_model, resumed_weights, resumed_state = _outputs(sharded_dir)
     exact = dict(rtol=0, atol=0)  # the same processes redo the same steps in the same order
     _assert_all_close(resumed_model, sharded_model, **exact)

@@ -14,8 +14,7 @@ from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import CheckpointError, convert, load
-from .checkpoints.common import normalization
-from .data import trained_normalization
+from .data import trained_normalization, trained_statistics
 from .evaluate.fewshot import DEFAULT_L2_REGS
 from .models import list_models, model_config
 from .models.config import pair
@@ -61,10 +60,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
           + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
              if config.backbone is not None else ""))
-    family = trained_normalization(config)
-    mean, std = normalization(family, config.in_chans)
+    mean, std = trained_statistics(config)
     print(f"input        {config.in_chans}x{height}x{width} (grid {config.grid_size[0]}x{config.grid_size[1]}), "
-          f"normalised '{family}': mean {[round(m, 3) for m in mean]}, "
+          f"normalised '{trained_normalization(config)}': mean {[round(m, 3) for m in mean]}, "
           f"std {[round(v, 3) for v in std]}")
     print(f"output       {config.num_classes} classes, pooling '{config.pool}'"
           + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
@@ -103,7 +101,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         pictures = inputs.sample_photos()
     config = model.config
     size = args.image_size or config.image_size
-    trained_mean, trained_std = normalization(trained_normalization(config), config.in_chans)
+    trained_mean, trained_std = trained_statistics(config)
     mean = _per_channel(args.mean, config.in_chans) if args.mean else trained_mean
     std = _per_channel(args.std, config.in_chans) if args.std else trained_std
     images, shown = inputs.prepare(pictures, size, config.in_chans, mean, std)

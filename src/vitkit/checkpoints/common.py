@@ -86,6 +86,18 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+# The weights an HF or timm hub directory holds, in order of preference (safetensors before a pickle).
+HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def hub_weights_file(directory: Path, kind: str) -> Path:
+    """The weights file of an HF or timm hub ``directory`` (``kind`` names it in the error)."""
+    for name in HUB_WEIGHT_FILES:
+        if (directory / name).exists():
+            return directory / name
+    raise CheckpointError(f"{directory}: {kind} directory without weights; expected one of {HUB_WEIGHT_FILES}")
+
+
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)

@@ -20,12 +20,11 @@ from safetensors.torch import save_file
 from ..atomic import atomic_directory
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from .common import (CheckpointError, Names, fuse_qkv, kept_overrides, known_normalization,
-                     normalization, read_json_object, read_weights, rename, split_qkv)
+from .common import (HUB_WEIGHT_FILES, CheckpointError, Names, fuse_qkv, hub_weights_file, kept_overrides,
+                     known_normalization, normalization, read_json_object, read_weights, rename, split_qkv)
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
 _V4, _V5 = "encoder.layer.{i}.", "layers.{i}."
@@ -62,11 +61,9 @@ def read_hf(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict
         raise CheckpointError(f"{directory / CONFIG_FILE}: hidden_act={hf.get('hidden_act')!r}, "
                               f"pooler_act={hf.get('pooler_act')!r}; expected hidden_act in {sorted(GELUS)} "
                               f"and pooler_act 'tanh'")
-    files = [directory / name for name in WEIGHT_FILES if (directory / name).exists()]
-    if not files:
-        raise CheckpointError(f"{directory}: an HF directory without weights; expected one of {WEIGHT_FILES}")
-    state = {key.removeprefix("vit."): value for key, value in read_weights(files[0]).items()}
-    state = fuse_qkv(rename(state, NAMES, str(files[0])))
+    weights = hub_weights_file(directory, "an HF")
+    state = {key.removeprefix("vit."): value for key, value in read_weights(weights).items()}
+    state = fuse_qkv(rename(state, NAMES, str(weights)))
     head = state.get("head.weight")
     pooler = state.get("pre_logits.0.weight")
     config = dict(
@@ -140,5 +137,5 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
     with atomic_directory(directory) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True))
         (staging / PREPROCESSOR_FILE).write_text(json.dumps(processor, indent=2, sort_keys=True))
-        save_file(state, staging / WEIGHT_FILES[0], metadata={"format": "pt"})
+        save_file(state, staging / HUB_WEIGHT_FILES[0], metadata={"format": "pt"})
     return Path(directory)

@@ -19,11 +19,10 @@ from typing import Any
 import torch
 
 from ..models.config import ViTConfig
-from .common import (CheckpointError, Names, infer_config, known_normalization, read_json_object,
-                     read_weights, rename)
+from .common import (CheckpointError, Names, hub_weights_file, infer_config, known_normalization,
+                     read_json_object, read_weights, rename)
 
 HUB_CONFIG = "config.json"
-HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp_antialias=True,
                      std_conv="sqrt(var+eps)", std_conv_eps=1e-8, gn_eps=1e-5)
@@ -65,9 +64,7 @@ def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViT
     if hub is None:
         raise CheckpointError(f"{directory / HUB_CONFIG}: not a timm hub config (no 'architecture' and "
                               f"'pretrained_cfg')")
-    files = [directory / name for name in HUB_WEIGHTS if (directory / name).exists()]
-    if not files:
-        raise CheckpointError(f"{directory}: a timm directory without weights; expected one of {HUB_WEIGHTS}")
+    weights = hub_weights_file(directory, "a timm")
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg"):
         raise CheckpointError(f"{directory / HUB_CONFIG}: global_pool={pool!r}; vitkit pools the [class] token "
@@ -75,7 +72,7 @@ def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViT
     told = {"pool": "gap"} if pool == "avg" else {}
     if "num_heads" in hub.get("model_args", {}):
         told["num_heads"] = hub["model_args"]["num_heads"]
-    config, state = from_timm(read_weights(files[0]), {**told, **overrides}, str(files[0]))
+    config, state = from_timm(read_weights(weights), {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
     family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG)
     return config.replace(extra={**config.extra, "source": str(directory), "normalization": family}), state

@@ -2,8 +2,9 @@
 
 from .datasets import DatasetError, SplitSpec, load_dataset, scan_folder
 from .loading import StepSampler, Transformed, eval_loader, step_loader
-from .transforms import AUGREG_LEVELS, augreg_level, build_transform, checkpoint_transform, trained_normalization
+from .transforms import (AUGREG_LEVELS, augreg_level, build_transform, checkpoint_transform, trained_normalization,
+                         trained_statistics)
 
 __all__ = ["AUGREG_LEVELS", "DatasetError", "SplitSpec", "StepSampler", "Transformed", "augreg_level",
            "build_transform", "checkpoint_transform", "eval_loader", "load_dataset", "scan_folder", "step_loader",
-           "trained_normalization"]
+           "trained_normalization", "trained_statistics"]

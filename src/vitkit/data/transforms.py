@@ -94,6 +94,11 @@ def trained_normalization(config: ViTConfig) -> str:
     return config.extra.get("normalization", "google")
 
 
+def trained_statistics(config: ViTConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The (mean, std) a checkpoint's inputs are normalised with, one per channel."""
+    return normalization(trained_normalization(config), config.in_chans)
+
+
 def checkpoint_transform(config: ViTConfig) -> Preset:
     """How a checkpoint wants its test images: its size, channels and normalisation."""
     return build_transform("eval", config.image_size, config.in_chans, trained_normalization(config))

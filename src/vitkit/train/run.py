@@ -16,9 +16,8 @@ import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
-from ..checkpoints.common import normalization
-from ..data import (SplitSpec, StepSampler, Transformed, build_transform, eval_loader, load_dataset, step_loader,
-                    trained_normalization)
+from ..data import (SplitSpec, StepSampler, Transformed, build_transform, checkpoint_transform, eval_loader,
+                    load_dataset, step_loader, trained_normalization, trained_statistics)
 from ..data.transforms import augreg_level
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..models import ViTConfig, VisionTransformer, create_model
@@ -92,17 +91,15 @@ def prepare(recipe: Recipe) -> Experiment:
     pretraining = recipe.objective == "mpp"
     model = build_model(recipe, [] if pretraining else classes)
     config = model.config
-    family = trained_normalization(config)
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
-        mean, std = normalization(family, config.in_chans)
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
-                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, tuple(mean), tuple(std))
+                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, *trained_statistics(config))
     model = shard(model.to(env.device), env, recipe.parallel)
     if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
         torch.manual_seed(recipe.seed + env.rank)
-    train_transform = build_transform(recipe.transform, config.image_size, config.in_chans, family,
-                                      recipe.hflip, recipe.crop_scale, recipe.aug_level)
-    eval_transform = build_transform("eval", config.image_size, config.in_chans, family)
+    train_transform = build_transform(recipe.transform, config.image_size, config.in_chans,
+                                      trained_normalization(config), recipe.hflip, recipe.crop_scale, recipe.aug_level)
+    eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
     training_images = Transformed(train_set, train_transform, recipe.seed)
 
