@@ -15,14 +15,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from ..errors import CheckpointError
 from ..models.config import ViTConfig, backbone_stride, pair
 from ..models.registry import SIZES
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, corrupt, or does not fit the model it describes."""
 
 
 # Input (mean, std) per checkpoint family, kept in ``config.extra["normalization"]``: Google scales

@@ -22,14 +22,12 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
 
+from ..errors import DatasetError
+
 SPLITS = ("train", "val", "test")
 TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
                "cifar100": tvd.CIFAR100}
 DIGITS_TEST_FRACTION = 0.2
-
-
-class DatasetError(ValueError):
-    """A dataset is missing, empty or holds files that are not images."""
 
 
 class ArrayDataset(Dataset):

@@ -24,16 +24,13 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
+from ..errors import TrainingDiverged
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
                           sharded_like, wrap)
 from .objectives import Objective
 
 PRECISIONS = ("fp32", "bf16", "auto")
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradient became NaN or infinite; the last good checkpoint is left as it was."""
 
 
 @dataclass

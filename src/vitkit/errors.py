@@ -1,0 +1,26 @@
+"""The errors vitkit explains: one family, so that callers catch ``VitkitError`` and the command line
+prints the message as one line. Each subclasses the built-in error a caller would otherwise expect."""
+
+
+class VitkitError(Exception):
+    """An error whose message alone tells the user what was wrong and what was expected."""
+
+
+class ConfigError(VitkitError, ValueError):
+    """A configuration or recipe field has a value of the wrong type or out of range."""
+
+
+class CheckpointError(VitkitError, ValueError):
+    """A checkpoint is missing, corrupt, of an unsupported family, or does not fit the model it describes."""
+
+
+class DatasetError(VitkitError, ValueError):
+    """A dataset is missing, empty, or holds files that are not what its format promises."""
+
+
+class DeviceError(VitkitError, RuntimeError):
+    """The requested device or precision is not available on this machine."""
+
+
+class TrainingDiverged(VitkitError, RuntimeError):
+    """The loss or the gradient became NaN or infinite; the last good checkpoint is left as it was."""
