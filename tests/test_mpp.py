@@ -83,3 +83,16 @@ def test_objective_trains_the_encoder(target, bits):
     else:
         chance = 1 / 2 ** (bits * 3) if target == "mean-colour" else 1 / 2 ** bits
         assert sum(h["accuracy"] for h in history[-10:]) / 10 > max(0.6, 2 * chance)
+
+
+def test_hybrid_targets_cover_each_tokens_pixels():
+    """A hybrid's token stands for backbone stride x patch_size pixels: one target per token, from its own
+    pixels (here a 32 px image, stem-only ResNet of stride 4, patch 2 -> 8 px squares in a 4x4 grid)."""
+    mpp = MaskedPatchPrediction(encoder(image_size=32, patch_size=2, backbone=(), backbone_width=32, gn_groups=8))
+    assert mpp.encoder.config.grid_size == (4, 4)
+    image = torch.zeros(1, 3, 32, 32)
+    image[0, :, :8, 8:16] = 1.0  # the second token's 8x8 square is white, all else black
+    classes = mpp.targets((image - 0.5) / 0.5)
+    assert classes.shape == (1, 16) and classes[0, 1] == 511 and (classes[0, [0, *range(2, 16)]] == 0).all()
+    loss, _ = mpp((image - 0.5) / 0.5, torch.Generator().manual_seed(0))
+    assert torch.isfinite(loss)

@@ -113,7 +113,7 @@ class MaskedPatchPrediction(nn.Module):
         self.encoder, self.target, self.bits = encoder, target, bits
         self.ratio, self.mask_prob, self.random_prob = ratio, mask_prob, random_prob
         self.downsized_size = downsized_size
-        channels, patch = config.in_chans, config.patch_size
+        channels, patch = config.in_chans, config.effective_patch_size  # a hybrid token covers more pixels
         self.register_buffer("pixel_mean", torch.as_tensor(pixel_mean, dtype=torch.float32).reshape(-1, 1, 1))
         self.register_buffer("pixel_std", torch.as_tensor(pixel_std, dtype=torch.float32).reshape(-1, 1, 1))
         self.mask_token = nn.Parameter(torch.empty(1, 1, config.dim))
@@ -125,7 +125,7 @@ class MaskedPatchPrediction(nn.Module):
 
     def targets(self, images: torch.Tensor) -> torch.Tensor:
         pixels = (images.float() * self.pixel_std + self.pixel_mean).clamp(0, 1)
-        patch = self.encoder.config.patch_size
+        patch = self.encoder.config.effective_patch_size
         if self.target == "mean-colour":
             return mean_colour_classes(pixels, patch, self.bits)
         if self.target == "downsized":
