@@ -201,6 +201,26 @@ def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return split
 
 
+# Families vitkit does not read, and the keys that give them away: such a checkpoint is refused rather than
+# loaded with those weights ignored.
+UNSUPPORTED_FAMILIES = (
+    ("EVA / EVA-02 (rotary position embeddings, SwiGLU with separate gates)",
+     re.compile(r"(^|\.)(rope|freqs_cos|freqs_sin)(\.|$)|\.attn\.q_bias$|\.mlp\.fc1_g\.|\.attn\.q_proj\.")),
+    ("BEiT / relative position bias tables", re.compile(r"relative_position_bias_table|rel_pos_bias|\.gamma_1$")),
+    ("Swin (windowed attention)", re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.")),
+)
+
+
+def refuse_unsupported(state: dict[str, Any], source: str) -> None:
+    """Refuse a state dict of a family vitkit cannot compute exactly, naming the family and the keys."""
+    for family, pattern in UNSUPPORTED_FAMILIES:
+        telling = sorted(key for key in state if pattern.search(key))
+        if telling:
+            raise CheckpointError(f"{source}: a checkpoint of the {family} family, which vitkit does not read; "
+                                  f"these keys give it away: " + ", ".join(telling[:6])
+                                  + (" ..." if len(telling) > 6 else ""))
+
+
 # ------------------------------------------------------------------------------ reading a config
 def count_indices(state: dict[str, Any], prefix: str) -> int:
     """How many ``prefix{n}.`` entries there are (e.g. blocks), checking they run 0..n-1."""
@@ -222,21 +242,29 @@ def standard_heads(dim: int, overrides: dict[str, Any], source: str) -> int:
 def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], source: str,
                  **settings: Any) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """The config that vitkit-named ``state`` implies (shapes, layout, grid); ``settings`` give what the
-    format knows beyond the weights (numerics, head count, pooling). A position table without a class
-    slot (big_vision, timm's ``no_embed_class``) gets a zero row, which is exactly equivalent."""
+    format knows beyond the weights (numerics, head count, pooling). A position table without rows for
+    the prefix tokens (big_vision, timm's ``no_embed_class``) sets ``no_embed_class``."""
     def need(key: str) -> torch.Tensor:
         if key not in state:
             raise CheckpointError(f"{source}: missing {key!r}, which every ViT has; found {sorted(state)[:8]} ...")
         return state[key]
 
     proj = need("patch_embed.proj.weight")
+    fc1, fc2 = need("blocks.0.mlp.fc1.weight"), need("blocks.0.mlp.fc2.weight")
     dim, patch = proj.shape[0], proj.shape[-1]
+    swiglu = fc1.shape[0] == 2 * fc2.shape[-1]  # fc1 yields a gate and a value
     config: dict[str, Any] = dict(dim=dim, patch_size=patch, in_chans=proj.shape[1],
-                                  depth=count_indices(state, "blocks."),
-                                  mlp_dim=need("blocks.0.mlp.fc1.weight").shape[0],
+                                  depth=count_indices(state, "blocks."), mlp="swiglu" if swiglu else "gelu",
+                                  mlp_dim=fc2.shape[-1] if swiglu else fc1.shape[0],
                                   qkv_bias="blocks.0.attn.qkv.bias" in state,
                                   class_token="cls_token" in state, fc_norm="fc_norm.weight" in state,
+                                  dist_token="dist_token" in state,
+                                  reg_tokens=state["reg_token"].shape[1] if "reg_token" in state else 0,
+                                  pre_norm="norm_pre.weight" in state, patch_bias="patch_embed.proj.bias" in state,
+                                  qk_norm="blocks.0.attn.q_norm.weight" in state,
                                   num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0)
+    if "blocks.0.ls1.gamma" in state:  # the init a trained gamma came from is not recorded; DINOv2's
+        config["layer_scale"] = 1e-5
     if "pre_logits.0.weight" in state:
         config["representation_size"] = state["pre_logits.0.weight"].shape[0]
     stem = "patch_embed.backbone.stem.conv.weight"
@@ -245,7 +273,10 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         config.update(in_chans=state[stem].shape[1], backbone_width=state[stem].shape[0],
                       backbone=tuple(count_indices(state, f"patch_embed.backbone.stages.{s}.")
                                      for s in range(stages)))
-    config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"
+    if "attn_pool.probe" in state:
+        config["pool"] = "map"
+    else:
+        config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"
     config.update(settings)
     if "num_heads" not in config:
         config["num_heads"] = standard_heads(dim, overrides, source)
@@ -254,10 +285,10 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         table = state["pos_embed.weight"]
         if table.ndim == 2:
             table = table.unsqueeze(0)
-        prefix = int(config["class_token"])
+        prefix = int(config["class_token"]) + int(config["dist_token"]) + config["reg_tokens"]
         tokens = table.shape[1] - prefix
         if prefix and math.isqrt(table.shape[1]) ** 2 == table.shape[1] and math.isqrt(tokens) ** 2 != tokens:
-            table, tokens = torch.cat([table.new_zeros(1, 1, dim), table], dim=1), table.shape[1]
+            config["no_embed_class"], tokens = True, table.shape[1]
         state = {**state, "pos_embed.weight": table}
         config["image_size"] = _native_size(tokens, config, overrides, source)
     else:
@@ -267,6 +298,16 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         return ViTConfig(**{**config, **kept_overrides(overrides)}), state
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{source}: the weights describe an invalid model ({error})") from error
+
+
+def with_prefix_positions(config: ViTConfig, state: dict[str, torch.Tensor]
+                          ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """For formats without ``no_embed_class``: zero position rows for the prefix tokens, exactly equivalent."""
+    if not config.no_embed_class or "pos_embed.weight" not in state:
+        return config, state
+    table = state["pos_embed.weight"]
+    rows = table.new_zeros(1, config.num_prefix_tokens, table.shape[-1])
+    return config.replace(no_embed_class=False), {**state, "pos_embed.weight": torch.cat([rows, table], dim=1)}
 
 
 def kept_overrides(overrides: dict[str, Any]) -> dict[str, Any]:

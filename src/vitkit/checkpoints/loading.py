@@ -11,7 +11,7 @@ import torch
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from . import hub
-from .common import CheckpointError, read_safetensors, read_weights
+from .common import CheckpointError, read_safetensors, read_weights, refuse_unsupported
 from .google import read_npz
 from .hf import is_hf_directory, read_hf
 from .timm import from_timm, is_timm, is_timm_directory, read_timm_directory
@@ -63,6 +63,7 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
     if path.suffix == ".npz":
         return *read_npz(path, overrides), source
     state = read_weights(path)
+    refuse_unsupported(state, source)
     for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision)):
         if recognises(state):
             return *convert(state, overrides, source), source
