@@ -63,3 +63,24 @@ def test_timm_families_give_timms_logits(tmp_path, family):
                                    peer.forward_head(peer.forward_features(x), pre_logits=True), atol=1e-5, rtol=0)
         x = torch.randn(1, 3, 48, 40)  # another grid: the position table resampled as timm does
         torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
+
+
+def test_writers_refuse_what_their_format_cannot_hold(tmp_path):
+    """Google's npz and HF's ViT have no LayerScale or registers: refused, naming the fields; a position
+    table without prefix rows is written with zero rows there, which is exactly equivalent."""
+    from vitkit.checkpoints.google import write_npz
+    from vitkit.checkpoints.hf import write_hf
+
+    config = dict(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    dinov2 = vitkit.create_model(vitkit.ViTConfig(**config, layer_scale=1e-5, reg_tokens=4, no_embed_class=True))
+    for write in (write_npz, write_hf):
+        with pytest.raises(vitkit.CheckpointError, match="has no reg_tokens=4, layer_scale=1e-05"):
+            write(dinov2, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    deit3 = randomised(vitkit.create_model(vitkit.ViTConfig(**config, no_embed_class=True)))
+    x = torch.randn(2, 3, 16, 16)
+    for write, name in ((write_npz, "m.npz"), (write_hf, "hf")):
+        again = vitkit.load(write(deit3, tmp_path / name), gelu="exact")  # npz files do not record it
+        assert again.config.pos_embed == "learned"
+        with torch.no_grad():
+            torch.testing.assert_close(again(x), deit3(x), atol=1e-5, rtol=0)

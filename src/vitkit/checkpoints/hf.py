@@ -21,7 +21,8 @@ from ..atomic import atomic_directory
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .common import (HUB_WEIGHT_FILES, CheckpointError, Names, fuse_qkv, hub_weights_file, kept_overrides,
-                     known_normalization, normalization, read_json_object, read_weights, rename, split_qkv)
+                     known_normalization, normalization, options_in_use, read_json_object, read_weights, rename,
+                     split_qkv, with_prefix_positions)
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -105,7 +106,7 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
         (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
         ("hybrid backbone", config.backbone is not None),
         ("pre-logits layer together with a head", config.representation_size and config.num_classes),
-    ] if bad]
+    ] if bad] + options_in_use(config)
     if unsupported:
         raise CheckpointError(f"cannot write {directory}: HF's ViT has no {', '.join(unsupported)}")
     classify = config.num_classes > 0
@@ -131,7 +132,7 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
                  "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
     prefix = "vit." if classify else ""
     state = {}
-    for name, tensor in split_qkv(model.state_dict()).items():
+    for name, tensor in split_qkv(with_prefix_positions(config, model.state_dict())[1]).items():
         theirs = NAMES.to_theirs(name)
         state[theirs if theirs.startswith("classifier.") else prefix + theirs] = tensor.detach().cpu().contiguous()
     with atomic_directory(directory) as staging:

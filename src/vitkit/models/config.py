@@ -38,6 +38,11 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_real(value: Any) -> bool:
+    """A finite int or float (not a bool, not NaN)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     """An image or grid size as (height, width)."""
     if is_int(value):
@@ -121,8 +126,7 @@ class ViTConfig:
 
         def real(name: str, low: float, high: float | None = None) -> None:
             value = getattr(self, name)
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            ok = ok and value >= low and (high is None or value < high)
+            ok = is_real(value) and value >= low and (high is None or value < high)
             need(ok, f"{name}={value!r}, expected a finite number in [{low}, {high if high is not None else 'inf'})")
 
         def one_of(name: str, choices: tuple[str, ...]) -> None:
@@ -140,14 +144,14 @@ class ViTConfig:
         for name in ("ln_eps", "std_conv_eps", "gn_eps"):
             real(name, 0.0)
             need(getattr(self, name) > 0, f"{name}={getattr(self, name)!r}, expected a positive number")
-        need(self.layer_scale is None or (isinstance(self.layer_scale, int | float) and not isinstance(
-            self.layer_scale, bool) and math.isfinite(self.layer_scale)),
+        need(self.layer_scale is None or is_real(self.layer_scale),
              f"layer_scale={self.layer_scale!r}, expected null or a finite number")
         for name, choices in (("pool", POOLINGS), ("pos_embed", POS_EMBEDS), ("gelu", GELUS), ("mlp", MLPS),
                               ("pos_interp", POS_INTERPS), ("std_conv", STD_CONVS)):
             one_of(name, choices)
         size = self.representation_size
-        need(size is None or (is_int(size) and size >= 1), f"representation_size={size!r}, expected null or an int >= 1")
+        need(size is None or (is_int(size) and size >= 1),
+             f"representation_size={size!r}, expected null or an int >= 1")
         need(self.backbone is None or all(is_int(blocks) and blocks > 0 for blocks in self.backbone),
              f"backbone={self.backbone!r}, expected null or a list of positive block counts")
         need(isinstance(self.extra, dict), f"extra={self.extra!r}, expected a dict")
