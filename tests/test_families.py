@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import vitkit
+from vitkit.models.stats import config_parameters
 from vitkit.errors import ConfigError
 
 TINY = dict(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
@@ -70,3 +71,35 @@ def test_family_options_default_off():
 def test_bad_inputs_name_the_shape(images, expected):
     with pytest.raises(ValueError, match=expected):
         vitkit.create_model(vitkit.ViTConfig(**TINY))(images)
+
+
+# Each named family variant and timm's model of it, built with timm's defaults (head, image size).
+TIMM_NAMES = {
+    "DeiT-Ti/16": "deit_tiny_patch16_224", "DeiT-S/16": "deit_small_patch16_224", "DeiT-B/16": "deit_base_patch16_224",
+    "DeiT-Ti/16-distilled": "deit_tiny_distilled_patch16_224",
+    "DeiT-S/16-distilled": "deit_small_distilled_patch16_224",
+    "DeiT-B/16-distilled": "deit_base_distilled_patch16_224",
+    "DeiT3-S/16": "deit3_small_patch16_224", "DeiT3-M/16": "deit3_medium_patch16_224",
+    "DeiT3-B/16": "deit3_base_patch16_224", "DeiT3-L/16": "deit3_large_patch16_224",
+    "DeiT3-H/14": "deit3_huge_patch14_224",
+    **{f"DINOv2-{size}/14{reg}": f"vit_{name}_patch14{reg.replace('-', '_')}_dinov2"
+       for size, name in (("S", "small"), ("B", "base"), ("L", "large"), ("g", "giant")) for reg in ("", "-reg4")},
+    "CLIP-B/32": "vit_base_patch32_clip_224", "CLIP-B/16": "vit_base_patch16_clip_224",
+    "CLIP-L/14": "vit_large_patch14_clip_224", "CLIP-H/14": "vit_huge_patch14_clip_224",
+    "SigLIP-B/16": "vit_base_patch16_siglip_224", "SigLIP-So400m/14": "vit_so400m_patch14_siglip_224",
+}
+
+
+def test_every_family_variant_has_a_timm_twin():
+    assert sorted(TIMM_NAMES) == sorted(vitkit.models.registry.FAMILY_VARIANTS)
+
+
+@pytest.mark.parametrize("name", list(TIMM_NAMES))
+def test_family_parameter_counts_match_timm(name):
+    """Golden counts: timm's own model of the variant, built on the meta device, has exactly as many."""
+    timm = pytest.importorskip("timm")
+    with torch.device("meta"):
+        peer = timm.create_model(TIMM_NAMES[name])
+    config = vitkit.models.model_config(name)
+    assert config_parameters(config) == sum(p.numel() for p in peer.parameters())
+    assert (config.image_size, config.num_classes) == (tuple(peer.patch_embed.img_size), peer.num_classes)

@@ -23,10 +23,12 @@ TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
 
 # Input (mean, std) per checkpoint family, kept in ``config.extra["normalization"]``: Google scales
-# inputs to [-1, 1]; torchvision's weights (and DeiT's) use ImageNet's statistics.
+# inputs to [-1, 1] (so do SigLIP's); torchvision's weights (and DeiT's, DINOv2's) use ImageNet's statistics;
+# OpenAI's CLIP has its own.
 NORMALIZATION = {
     "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
 }
 
 
