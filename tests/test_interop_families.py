@@ -84,3 +84,85 @@ def test_writers_refuse_what_their_format_cannot_hold(tmp_path):
         assert again.config.pos_embed == "learned"
         with torch.no_grad():
             torch.testing.assert_close(again(x), deit3(x), atol=1e-5, rtol=0)
+
+
+HF_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+                patch_size=8)
+TEXT_SMALL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+
+
+def hf_family(family):
+    """A small transformers model of ``family`` with random weights everywhere, and how to read its output:
+    (model, inputs -> the peer's logits or pooled features, vitkit model -> the same)."""
+    transformers = pytest.importorskip("transformers")
+    vitkit_logits = lambda m, x: m(x)  # noqa: E731
+    vitkit_pooled = lambda m, x: m.forward_head(m.forward_features(x), pre_logits=True)  # noqa: E731
+    dinov2 = dict(HF_SMALL, mlp_ratio=2)
+    del dinov2["intermediate_size"]
+    if family == "deit-teacher":
+        peer = transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**HF_SMALL, num_labels=5))
+        return peer, lambda x: peer(pixel_values=x).logits, vitkit_logits
+    if family == "deit-model":
+        peer = transformers.DeiTModel(transformers.DeiTConfig(**HF_SMALL), add_pooling_layer=False)
+        return peer, lambda x: peer(pixel_values=x).last_hidden_state, lambda m, x: m.forward_features(x)
+    if family in ("dinov2", "dinov2-swiglu"):
+        peer = transformers.Dinov2Model(transformers.Dinov2Config(**dinov2, use_swiglu_ffn=family.endswith("swiglu")))
+        return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
+    if family == "dinov2-reg":
+        peer = transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(**dinov2,
+                                                                                           num_register_tokens=4))
+        return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
+    if family == "clip":
+        peer = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**HF_SMALL))
+        return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
+    if family == "clip-projection":
+        peer = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**HF_SMALL, projection_dim=16))
+        return peer, lambda x: peer(pixel_values=x).image_embeds, vitkit_logits
+    if family == "clip-whole":
+        peer = transformers.CLIPModel(transformers.CLIPConfig(vision_config=HF_SMALL, text_config=TEXT_SMALL,
+                                                              projection_dim=16))
+        return peer, lambda x: peer.get_image_features(pixel_values=x).pooler_output, vitkit_logits
+    if family == "siglip":
+        peer = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**HF_SMALL))
+        return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
+    if family == "siglip-whole":
+        peer = transformers.SiglipModel(transformers.SiglipConfig(vision_config=HF_SMALL, text_config=TEXT_SMALL))
+        return peer, lambda x: peer.get_image_features(pixel_values=x).pooler_output, vitkit_pooled
+    raise AssertionError(family)
+
+
+HF_FAMILIES = ["deit-teacher", "deit-model", "dinov2", "dinov2-swiglu", "dinov2-reg", "clip", "clip-projection",
+               "clip-whole", "siglip", "siglip-whole"]
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_hf_families_give_transformers_outputs(tmp_path, family):
+    peer, theirs, ours = hf_family(family)
+    randomised(peer)
+    peer.save_pretrained(tmp_path / "hf")
+    if family.endswith("whole"):
+        with pytest.warns(UserWarning, match="its text tower .* is left out"):
+            model = vitkit.load(tmp_path / "hf")
+    else:
+        model = vitkit.load(tmp_path / "hf")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(model, x), theirs(x), atol=1e-5, rtol=0)
+
+
+def test_unsupported_families_are_refused_naming_the_keys(tmp_path):
+    """EVA's rotary embeddings would be silently dropped if its weights were loaded: refused instead."""
+    from timm.models.eva import Eva
+
+    peer = Eva(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, use_rot_pos_emb=True, num_classes=3)
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, tmp_path / "eva.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match=r"EVA / EVA-02 .* give it away: blocks.0.attn.q_bias, "
+                                                     r"blocks.0.attn.v_bias"):
+        vitkit.load(tmp_path / "eva.safetensors", num_heads=4)
+
+
+def test_hf_heads_without_a_counterpart_are_refused(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.DeiTModel(transformers.DeiTConfig(**HF_SMALL)).save_pretrained(tmp_path / "deit")
+    with pytest.raises(vitkit.CheckpointError, match="pooler.dense.bias, pooler.dense.weight: this HF head"):
+        vitkit.load(tmp_path / "deit")

@@ -207,7 +207,7 @@ def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 # loaded with those weights ignored.
 UNSUPPORTED_FAMILIES = (
     ("EVA / EVA-02 (rotary position embeddings, SwiGLU with separate gates)",
-     re.compile(r"(^|\.)(rope|freqs_cos|freqs_sin)(\.|$)|\.attn\.q_bias$|\.mlp\.fc1_g\.|\.attn\.q_proj\.")),
+     re.compile(r"(^|\.)(rope|freqs_cos|freqs_sin)(\.|$)|\.attn\.[qv]_bias$|\.mlp\.fc1_g\.|\.attn\.q_proj\.")),
     ("BEiT / relative position bias tables", re.compile(r"relative_position_bias_table|rel_pos_bias|\.gamma_1$")),
     ("Swin (windowed attention)", re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.")),
 )
@@ -289,7 +289,8 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
             table = table.unsqueeze(0)
         prefix = int(config["class_token"]) + int(config["dist_token"]) + config["reg_tokens"]
         tokens = table.shape[1] - prefix
-        if prefix and math.isqrt(table.shape[1]) ** 2 == table.shape[1] and math.isqrt(tokens) ** 2 != tokens:
+        if config.get("no_embed_class") or (prefix and math.isqrt(table.shape[1]) ** 2 == table.shape[1]
+                                            and math.isqrt(tokens) ** 2 != tokens):
             config["no_embed_class"], tokens = True, table.shape[1]
         state = {**state, "pos_embed.weight": table}
         config["image_size"] = _native_size(tokens, config, overrides, source)

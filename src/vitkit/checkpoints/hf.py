@@ -26,10 +26,10 @@ from .common import (HUB_WEIGHT_FILES, CheckpointError, Names, fuse_qkv, hub_wei
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
-GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
+GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "quick_gelu": "quick"}
 
 _V4, _V5 = "encoder.layer.{i}.", "layers.{i}."
-NAMES = Names([  # the 4.x name of each pair comes first: it is the one written
+VIT_NAMES = [  # the 4.x name of each pair comes first: it is the one written
     ("embeddings.cls_token", "cls_token"),
     ("embeddings.position_embeddings", "pos_embed.weight"),
     ("embeddings.patch_embeddings.projection.{rest}", "patch_embed.proj.{rest}"),
@@ -46,7 +46,8 @@ NAMES = Names([  # the 4.x name of each pair comes first: it is the one written
         ("intermediate.dense", "mlp.fc1", _V4), ("mlp.fc1", "mlp.fc1", _V5),
         ("output.dense", "mlp.fc2", _V4), ("mlp.fc2", "mlp.fc2", _V5),
     ]],
-])
+]
+NAMES = Names(VIT_NAMES)
 
 
 def is_hf_directory(path: Path) -> bool:

@@ -14,6 +14,7 @@ from . import hub
 from .common import CheckpointError, read_safetensors, read_weights, refuse_unsupported
 from .google import read_npz
 from .hf import is_hf_directory, read_hf
+from .hf_families import is_hf_family, read_hf_family
 from .timm import from_timm, is_timm, is_timm_directory, read_timm_directory
 from .torchvision_ import from_torchvision, is_torchvision
 
@@ -49,7 +50,8 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
         raise CheckpointError(f"no checkpoint at {path}")
     if path.is_dir():
         if is_hf_directory(path):
-            return *read_hf(path, overrides), source
+            family = is_hf_family(json.loads((path / CONFIG_FILE).read_text()))
+            return *(read_hf_family if family else read_hf)(path, overrides), source
         if is_timm_directory(path):
             return *read_timm_directory(path, overrides), source
         if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists():
