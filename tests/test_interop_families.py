@@ -166,3 +166,27 @@ def test_hf_heads_without_a_counterpart_are_refused(tmp_path):
     transformers.DeiTModel(transformers.DeiTConfig(**HF_SMALL)).save_pretrained(tmp_path / "deit")
     with pytest.raises(vitkit.CheckpointError, match="pooler.dense.bias, pooler.dense.weight: this HF head"):
         vitkit.load(tmp_path / "deit")
+
+
+@pytest.mark.parametrize("whole", [False, True])
+@pytest.mark.parametrize("quickgelu,layer_scale", [(False, None), (True, 0.1)])
+def test_open_clip_image_towers_give_open_clips_embeddings(tmp_path, whole, quickgelu, layer_scale):
+    """open_clip's own model (its visual tower, or the whole CLIP as it saves it), read with its image embeddings."""
+    open_clip = pytest.importorskip("open_clip")
+    from open_clip.transformer import QuickGELU
+
+    vision = dict(image_size=32, layers=2, width=64, patch_size=8, head_width=16, mlp_ratio=2, ls_init_value=layer_scale)
+    text = dict(context_length=8, vocab_size=50, width=32, heads=2, layers=1)
+    peer = randomised(open_clip.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=text, quick_gelu=quickgelu))
+    state = peer.state_dict() if whole else peer.visual.state_dict()
+    torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in state.items()}}, tmp_path / "epoch_3.pt")
+    overrides = dict(num_heads=4, gelu="quick") if quickgelu else dict(num_heads=4)
+    if whole:
+        with pytest.warns(UserWarning, match="its text tower .* is left out"):
+            model = vitkit.load(tmp_path / "epoch_3.pt", **overrides)
+    else:
+        model = vitkit.load(tmp_path / "epoch_3.pt", **overrides)
+    assert (model.config.pre_norm, model.config.patch_bias, model.config.ln_eps) == (True, False, 1e-5)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer.encode_image(x), atol=1e-5, rtol=0)

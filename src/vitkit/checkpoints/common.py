@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from ..errors import CheckpointError
 from ..models.config import ViTConfig, backbone_stride, pair
-from ..models.registry import SIZES
+from ..models.registry import FAMILY_SIZES, SIZES
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
@@ -234,7 +234,7 @@ def standard_heads(dim: int, overrides: dict[str, Any], source: str) -> int:
     """The head count the weights cannot tell (packed qkv): the override, or the paper's for its widths."""
     if "num_heads" in overrides:
         return int(overrides["num_heads"])
-    by_width = {width: heads for _, width, _, heads in SIZES.values()}
+    by_width = {width: heads for _, width, _, heads in [*SIZES.values(), *FAMILY_SIZES.values()]}
     if dim in by_width:
         return by_width[dim]
     raise CheckpointError(f"{source}: the head count of a packed qkv matrix of width {dim} cannot be read "

@@ -15,6 +15,7 @@ from .common import CheckpointError, read_safetensors, read_weights, refuse_unsu
 from .google import read_npz
 from .hf import is_hf_directory, read_hf
 from .hf_families import is_hf_family, read_hf_family
+from .open_clip import from_open_clip, is_open_clip
 from .timm import from_timm, is_timm, is_timm_directory, read_timm_directory
 from .torchvision_ import from_torchvision, is_torchvision
 
@@ -66,11 +67,13 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
         return *read_npz(path, overrides), source
     state = read_weights(path)
     refuse_unsupported(state, source)
-    for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision)):
+    for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision),
+                                (is_open_clip, from_open_clip)):
         if recognises(state):
             return *convert(state, overrides, source), source
     raise CheckpointError(f"{path}: a state dict of no known ViT layout (timm's 'patch_embed.proj.weight' + "
-                          f"'pos_embed', or torchvision's 'conv_proj.weight' + 'encoder.pos_embedding'); "
+                          f"'pos_embed', torchvision's 'conv_proj.weight' + 'encoder.pos_embedding', or "
+                          f"open_clip's 'visual.conv1.weight'); "
                           f"found {sorted(state)[:6]} ...")
 
 
