@@ -190,3 +190,23 @@ def test_open_clip_image_towers_give_open_clips_embeddings(tmp_path, whole, quic
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), peer.encode_image(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("architecture,numerics", [
+    ("deit_tiny_distilled_patch16_224", ("exact", 1e-6)), ("deit3_small_patch16_224", ("exact", 1e-6)),
+    ("vit_small_patch14_reg4_dinov2", ("exact", 1e-6)), ("vit_base_patch16_clip_quickgelu_224", ("quick", 1e-5)),
+    ("vit_base_patch32_siglip_256", ("tanh", 1e-6)),
+])
+def test_timm_hub_directories_of_the_families(tmp_path, architecture, numerics):
+    """What ``hf-hub:timm/...`` holds: config.json names the architecture, whose family tells the numerics
+    (CLIP's eps 1e-5 and QuickGELU, this SigLIP's tanh GELU) that the weights cannot."""
+    from timm.models._hub import save_for_hf
+
+    peer = randomised(timm.create_model(architecture, img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                        num_classes=5))
+    save_for_hf(peer, str(tmp_path / "hub"))
+    model = vitkit.load(tmp_path / "hub")
+    assert (model.config.gelu, model.config.ln_eps) == numerics
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
