@@ -97,14 +97,15 @@ def hf_family(family):
     transformers = pytest.importorskip("transformers")
     vitkit_logits = lambda m, x: m(x)  # noqa: E731
     vitkit_pooled = lambda m, x: m.forward_head(m.forward_features(x), pre_logits=True)  # noqa: E731
+    resample = dict(interpolate_pos_encoding=True)  # DeiT, CLIP and SigLIP resample positions only when asked
     dinov2 = dict(HF_SMALL, mlp_ratio=2)
     del dinov2["intermediate_size"]
     if family == "deit-teacher":
         peer = transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**HF_SMALL, num_labels=5))
-        return peer, lambda x: peer(pixel_values=x).logits, vitkit_logits
+        return peer, lambda x: peer(pixel_values=x, **resample).logits, vitkit_logits
     if family == "deit-model":
         peer = transformers.DeiTModel(transformers.DeiTConfig(**HF_SMALL), add_pooling_layer=False)
-        return peer, lambda x: peer(pixel_values=x).last_hidden_state, lambda m, x: m.forward_features(x)
+        return peer, lambda x: peer(pixel_values=x, **resample).last_hidden_state, lambda m, x: m.forward_features(x)
     if family in ("dinov2", "dinov2-swiglu"):
         peer = transformers.Dinov2Model(transformers.Dinov2Config(**dinov2, use_swiglu_ffn=family.endswith("swiglu")))
         return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
@@ -114,20 +115,20 @@ def hf_family(family):
         return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
     if family == "clip":
         peer = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**HF_SMALL))
-        return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
+        return peer, lambda x: peer(pixel_values=x, **resample).pooler_output, vitkit_pooled
     if family == "clip-projection":
         peer = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**HF_SMALL, projection_dim=16))
-        return peer, lambda x: peer(pixel_values=x).image_embeds, vitkit_logits
+        return peer, lambda x: peer(pixel_values=x, **resample).image_embeds, vitkit_logits
     if family == "clip-whole":
         peer = transformers.CLIPModel(transformers.CLIPConfig(vision_config=HF_SMALL, text_config=TEXT_SMALL,
                                                               projection_dim=16))
-        return peer, lambda x: peer.get_image_features(pixel_values=x).pooler_output, vitkit_logits
+        return peer, lambda x: peer.get_image_features(pixel_values=x, **resample).pooler_output, vitkit_logits
     if family == "siglip":
         peer = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**HF_SMALL))
-        return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
+        return peer, lambda x: peer(pixel_values=x, **resample).pooler_output, vitkit_pooled
     if family == "siglip-whole":
         peer = transformers.SiglipModel(transformers.SiglipConfig(vision_config=HF_SMALL, text_config=TEXT_SMALL))
-        return peer, lambda x: peer.get_image_features(pixel_values=x).pooler_output, vitkit_pooled
+        return peer, lambda x: peer.get_image_features(pixel_values=x, **resample).pooler_output, vitkit_pooled
     raise AssertionError(family)
 
 
@@ -145,9 +146,9 @@ def test_hf_families_give_transformers_outputs(tmp_path, family):
             model = vitkit.load(tmp_path / "hf")
     else:
         model = vitkit.load(tmp_path / "hf")
-    x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(ours(model, x), theirs(x), atol=1e-5, rtol=0)
+        for x in (torch.randn(2, 3, 32, 32), torch.randn(1, 3, 48, 40)):  # native, then resampled positions
+            torch.testing.assert_close(ours(model, x), theirs(x), atol=1e-5, rtol=0)
 
 
 def test_unsupported_families_are_refused_naming_the_keys(tmp_path):

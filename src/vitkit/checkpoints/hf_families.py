@@ -28,15 +28,16 @@ from ..models.config import ViTConfig
 from .common import CheckpointError, Names, fuse_qkv, hub_weights_file, infer_config, read_weights, rename
 from .hf import CONFIG_FILE, GELUS, VIT_NAMES, read_normalization
 
-# model_type -> (family, HF's default layer_norm_eps, default hidden_act).
+# model_type -> (family, HF's default layer_norm_eps, default hidden_act, whether its position tables are
+# resampled (bicubic) with antialias).
 MODEL_TYPES = {
-    "deit": ("deit", 1e-12, "gelu"),
-    "dinov2": ("dinov2", 1e-6, "gelu"),
-    "dinov2_with_registers": ("dinov2", 1e-6, "gelu"),
-    "clip_vision_model": ("clip", 1e-5, "quick_gelu"),
-    "clip": ("clip", 1e-5, "quick_gelu"),
-    "siglip_vision_model": ("siglip", 1e-6, "gelu_pytorch_tanh"),
-    "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh"),
+    "deit": ("deit", 1e-12, "gelu", False),
+    "dinov2": ("dinov2", 1e-6, "gelu", False),
+    "dinov2_with_registers": ("dinov2", 1e-6, "gelu", True),
+    "clip_vision_model": ("clip", 1e-5, "quick_gelu", False),
+    "clip": ("clip", 1e-5, "quick_gelu", False),
+    "siglip_vision_model": ("siglip", 1e-6, "gelu_pytorch_tanh", False),
+    "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh", False),
 }
 TEXT_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 
@@ -100,7 +101,7 @@ def is_hf_family(hf: dict[str, Any]) -> bool:
 
 def read_hf_family(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     hf = json.loads((directory / CONFIG_FILE).read_text())
-    family, default_eps, default_act = MODEL_TYPES[hf["model_type"]]
+    family, default_eps, default_act, antialias = MODEL_TYPES[hf["model_type"]]
     tower = hf.get("vision_config", hf) if hf["model_type"] in ("clip", "siglip") else hf
     act = tower.get("hidden_act", default_act)
     if act not in GELUS and not (family == "dinov2" and tower.get("use_swiglu_ffn")):
@@ -109,7 +110,7 @@ def read_hf_family(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfi
     state = _vision_tower(read_weights(weights), family, weights)
     state = _to_vitkit(fuse_qkv(rename(state, NAMES[family], str(weights))), family)
     settings = dict(num_heads=tower["num_attention_heads"], ln_eps=tower.get("layer_norm_eps", default_eps),
-                    gelu=GELUS.get(act, "exact"), pos_interp="bicubic", pos_interp_antialias=False,
+                    gelu=GELUS.get(act, "exact"), pos_interp="bicubic", pos_interp_antialias=antialias,
                     no_embed_class="reg_token" in state,
                     extra={"format": f"hf-{family}", "source": str(directory),
                            "normalization": read_normalization(directory)})
