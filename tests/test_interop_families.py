@@ -211,3 +211,31 @@ def test_timm_hub_directories_of_the_families(tmp_path, architecture, numerics):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["deit-distilled", "deit3", "dinov2-reg4", "clip-quickgelu", "siglip", "swiglu"])
+def test_timm_writer_gives_timm_its_own_model_back(tmp_path, family):
+    """Read a timm state dict, write it back with vitkit's timm writer: timm loads it strictly into a fresh
+    model of the same family, which gives the original logits."""
+    from safetensors.torch import load_file
+    from vitkit.checkpoints import export
+
+    peer, overrides = timm_family(family)
+    path = tmp_path / "peer.safetensors"
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, path)
+    written = export(vitkit.load(path, **overrides), tmp_path / "out.safetensors", "timm")
+    fresh, _ = timm_family(family)
+    fresh.load_state_dict(load_file(written), strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), peer(x), atol=0, rtol=0)
+
+
+def test_timm_writer_refuses_what_timm_cannot_hold(tmp_path):
+    from vitkit.checkpoints import export
+
+    model = vitkit.create_model(vitkit.ViTConfig(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32,
+                                                 num_classes=3, pos_embed="relative", representation_size=8))
+    with pytest.raises(vitkit.CheckpointError, match="has no pos_embed='relative' .*, pre-logits layer"):
+        export(model, tmp_path / "out.safetensors", "timm")
+    assert not (tmp_path / "out.safetensors").exists()

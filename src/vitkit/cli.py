@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="convert a checkpoint between formats")
     conv.add_argument("src", help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
     conv.add_argument("dst")
-    conv.add_argument("--to", choices=["native", "npz", "hf"], default="native")
+    conv.add_argument("--to", choices=["native", "npz", "hf", "timm"], default="native")
     conv.set_defaults(run=cmd_convert)
     for command in (info, conv):
         command.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",

@@ -23,7 +23,11 @@ from typing import Any
 
 import torch
 
+from safetensors.torch import save
+
+from ..atomic import atomic_file
 from ..models.config import ViTConfig
+from ..models.vit import VisionTransformer
 from .common import (CheckpointError, Names, hub_weights_file, infer_config, known_normalization,
                      read_json_object, read_weights, refuse_unsupported, rename)
 
@@ -104,3 +108,24 @@ def architecture_numerics(architecture: str) -> dict[str, Any]:
     if architecture.split(".")[0] in TANH_GELU_SIGLIPS:
         numerics["gelu"] = "tanh"
     return numerics
+
+
+def write_timm(model: VisionTransformer, path: str | Path) -> Path:
+    """Export as a timm ``VisionTransformer`` state dict (``.safetensors``), atomically. timm holds every
+    family option; like any bare state dict it does not record numerics, so CLIP's ``ln_eps=1e-5`` and
+    ``gelu='quick'`` are passed again when it is read (and to timm's constructor)."""
+    config, path = model.config, Path(path)
+    unsupported = [reason for reason, bad in [
+        (f"pos_embed={config.pos_embed!r} (only 'learned' or 'none')", config.pos_embed not in ("learned", "none")),
+        ("pre-logits layer (representation_size)", config.representation_size),
+        ("hybrid backbone (vitkit writes plain ViTs to timm)", config.backbone is not None),
+    ] if bad]
+    if unsupported:
+        raise CheckpointError(f"cannot write {path}: timm's VisionTransformer state dict has no "
+                              f"{', '.join(unsupported)}")
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"cannot write {path}: timm state dicts are written as .safetensors")
+    state = {NAMES.to_theirs(name): tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    with atomic_file(path, "wb") as handle:
+        handle.write(save(state, metadata={"format": "pt"}))
+    return path
