@@ -58,6 +58,7 @@ def test_family_options_default_off():
     plain = vitkit.ViTConfig(**TINY)
     assert not (plain.dist_token or plain.reg_tokens or plain.no_embed_class or plain.pre_norm or plain.qk_norm)
     assert (plain.patch_bias, plain.layer_scale, plain.mlp, plain.num_prefix_tokens) == (True, None, "gelu", 1)
+    assert plain.family_options() == {} and (plain.pool, plain.gelu) == ("token", "exact")
     assert vitkit.ViTConfig.from_json(plain.to_json()) == plain
 
 

@@ -60,6 +60,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"model        {config.extra.get('name', 'custom')}: {config.depth} layers, D={config.dim}, "
           f"MLP={config.mlp_dim}, {config.num_heads} heads, patch {config.patch_size}"
           + (f" on a ResNet {list(config.backbone)}" if config.backbone is not None else ""))
+    options = config.family_options()
+    if options:
+        print("options      " + ", ".join(f"{name}={value!r}" for name, value in options.items()))
     print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
           + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
              if config.backbone is not None else ""))

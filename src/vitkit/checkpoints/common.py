@@ -303,19 +303,12 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         raise CheckpointError(f"{source}: the weights describe an invalid model ({error})") from error
 
 
-# The family options and their off values: a writer whose format lacks one refuses a model that uses it.
-FAMILY_OPTIONS = dict(dist_token=False, reg_tokens=0, pre_norm=False, patch_bias=True, layer_scale=None,
-                      qk_norm=False, mlp="gelu")
-
-
-def options_in_use(config: ViTConfig, held: tuple[str, ...] = ()) -> list[str]:
-    """The family options ``config`` turns on that are not in ``held``, as ``field=value`` (for refusals)."""
-    used = [f"{name}={getattr(config, name)!r}" for name, off in FAMILY_OPTIONS.items()
-            if getattr(config, name) != off and name not in held]
-    for name, value in (("pool", "map"), ("gelu", "quick")):
-        if getattr(config, name) == value and name not in held:
-            used.append(f"{name}={value!r}")
-    return used
+def options_in_use(config: ViTConfig) -> list[str]:
+    """The family options ``config`` turns on, as ``field=value``, for the refusals of writers whose format
+    lacks them all (``no_embed_class`` aside: see :func:`with_prefix_positions`)."""
+    used = [f"{name}={value!r}" for name, value in config.family_options().items() if name != "no_embed_class"]
+    return used + [f"{name}={value!r}" for name, value in (("pool", "map"), ("gelu", "quick"))
+                   if getattr(config, name) == value]
 
 
 def with_prefix_positions(config: ViTConfig, state: dict[str, torch.Tensor]

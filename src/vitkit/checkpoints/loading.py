@@ -28,9 +28,10 @@ _SURGERY = ("image_size", "num_classes")
 def load(path: str | Path, **overrides: Any) -> VisionTransformer:
     """Load a checkpoint of any supported format as a ready ``VisionTransformer`` (in eval mode).
 
-    ``path`` is a vitkit directory, an HF transformers or timm hub directory, a Google ``.npz``, a timm or
-    torchvision state dict (``.safetensors``, or ``.pth``/``.bin`` read with ``weights_only``), or a
-    remote name (``hf-hub:ORG/NAME``, ``gs://vit_models/...``). ``overrides`` change config fields:
+    ``path`` is a vitkit directory, an HF transformers or timm hub directory (ViT, DeiT, DINOv2, CLIP,
+    SigLIP), a Google ``.npz``, a timm, torchvision or open_clip state dict (``.safetensors``, or
+    ``.pth``/``.bin``/``.pt`` read with ``weights_only``), or a remote name (``hf-hub:ORG/NAME``,
+    ``gs://vit_models/...``). ``overrides`` change config fields:
     settings the file cannot tell (``num_heads`` of a packed qkv) and numerics are set before the
     weights are loaded; ``image_size`` resamples the position table and ``num_classes`` puts a new
     zero-initialised head on, after loading.

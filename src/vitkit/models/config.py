@@ -22,6 +22,9 @@ GELUS = ("exact", "tanh", "quick")
 # "swiglu": fc1 yields a gate and a value of mlp_dim each, SiLU(gate) * value goes into fc2 (DINOv2-g).
 MLPS = ("gelu", "swiglu")
 POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
+# The options of the families built on the skeleton (DeiT, DeiT-III, DINOv2, CLIP, SigLIP) and their off values.
+FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
+                                       patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu")
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -173,6 +176,10 @@ class ViTConfig:
                     else f"the hybrid's token stride {stride} (backbone stride x patch_size)"))
         if self.pos_embed in ("learned-2d", "sincos-2d"):
             need(self.dim % 4 == 0, f"pos_embed={self.pos_embed!r} needs dim divisible by 4, got {self.dim}")
+
+    def family_options(self) -> dict[str, Any]:
+        """The family options this config turns on (fields of FAMILY_DEFAULTS away from their off value)."""
+        return {name: getattr(self, name) for name, off in FAMILY_DEFAULTS.items() if getattr(self, name) != off}
 
     @property
     def num_prefix_tokens(self) -> int:
