@@ -68,6 +68,7 @@ def test_timm_families_give_timms_logits(tmp_path, family):
 def test_writers_refuse_what_their_format_cannot_hold(tmp_path):
     """Google's npz and HF's ViT have no LayerScale or registers: refused, naming the fields; a position
     table without prefix rows is written with zero rows there, which is exactly equivalent."""
+    from vitkit.checkpoints import export
     from vitkit.checkpoints.google import write_npz
     from vitkit.checkpoints.hf import write_hf
 
@@ -77,6 +78,8 @@ def test_writers_refuse_what_their_format_cannot_hold(tmp_path):
         with pytest.raises(vitkit.CheckpointError, match="has no reg_tokens=4, layer_scale=1e-05"):
             write(dinov2, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    with pytest.raises(vitkit.CheckpointError, match="HF's dinov2 model cannot hold qk_norm=True, a head"):
+        export(vitkit.create_model(vitkit.ViTConfig(**config, layer_scale=1.0, qk_norm=True)), tmp_path / "out", "hf")
     deit3 = randomised(vitkit.create_model(vitkit.ViTConfig(**config, no_embed_class=True)))
     x = torch.randn(2, 3, 16, 16)
     for write, name in ((write_npz, "m.npz"), (write_hf, "hf")):
@@ -239,3 +242,31 @@ def test_timm_writer_refuses_what_timm_cannot_hold(tmp_path):
     with pytest.raises(vitkit.CheckpointError, match="has no pos_embed='relative' .*, pre-logits layer"):
         export(model, tmp_path / "out.safetensors", "timm")
     assert not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize("name,peer_class,output", [
+    ("DeiT-S/16-distilled", "DeiTForImageClassificationWithTeacher", "logits"),
+    ("DINOv2-S/14", "Dinov2Model", "pooler_output"),
+    ("DINOv2-S/14-reg4", "Dinov2WithRegistersModel", "pooler_output"),
+    ("DeiT3-S/16", "Dinov2Model", "pooler_output"),  # LayerScale and no [class] position: DINOv2's format holds it
+    ("CLIP-B/16", "CLIPVisionModel", "pooler_output"),
+    ("SigLIP-B/16", "SiglipVisionModel", "pooler_output"),
+])
+def test_hf_writer_gives_transformers_the_family_model(tmp_path, name, peer_class, output):
+    """vitkit's export to HF, read by transformers' own class for the family: same pooled features or logits."""
+    transformers = pytest.importorskip("transformers")
+    from vitkit.checkpoints import export
+
+    classes = 5 if "DeiT-" in name else 0
+    model = randomised(vitkit.create_model(name, image_size=32, patch_size=8, dim=64, depth=2, num_heads=4,
+                                           mlp_dim=128, num_classes=classes))
+    export(model, tmp_path / "hf", "hf")
+    peer, info = getattr(transformers, peer_class).from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = model(x) if output == "logits" else model.forward_head(model.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(getattr(peer.eval()(pixel_values=x), output), ours, atol=1e-5, rtol=0)
+    again = vitkit.load(tmp_path / "hf")
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x), atol=1e-5, rtol=0)

@@ -10,13 +10,14 @@ from ..models.vit import VisionTransformer
 from .common import CheckpointError
 from .google import write_npz
 from .hf import write_hf
+from .hf_families import hf_family_of, write_hf_family
 from .timm import write_timm
 from .loading import load
 
 WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "native": lambda model, path: model.save(path),
     "npz": write_npz,
-    "hf": write_hf,
+    "hf": lambda model, path: (write_hf_family if hf_family_of(model.config) else write_hf)(model, path),
     "timm": write_timm,
 }
 

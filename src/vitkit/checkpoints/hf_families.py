@@ -25,8 +25,10 @@ from typing import Any
 import torch
 
 from ..models.config import ViTConfig
-from .common import CheckpointError, Names, fuse_qkv, hub_weights_file, infer_config, read_weights, rename
-from .hf import CONFIG_FILE, GELUS, VIT_NAMES, read_normalization
+from ..models.vit import VisionTransformer
+from .common import (CheckpointError, Names, fuse_qkv, hub_weights_file, infer_config, read_weights, rename,
+                     split_qkv, with_prefix_positions)
+from .hf import CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_normalization, write_hf_directory
 
 # model_type -> (family, HF's default layer_norm_eps, default hidden_act, whether its position tables are
 # resampled (bicubic) with antialias).
@@ -154,3 +156,94 @@ def _to_vitkit(state: dict[str, torch.Tensor], family: str) -> dict[str, torch.T
             dim = packed.shape[0] // 3
             state[f"attn_pool.q.{leaf}"], state[f"attn_pool.kv.{leaf}"] = packed[:dim], packed[dim:]
     return state
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def hf_family_of(config: ViTConfig) -> str | None:
+    """The HF family whose format holds ``config``'s options (None: HF's plain ViT, or nothing)."""
+    if config.dist_token:
+        return "deit"
+    if config.pre_norm:
+        return "clip"
+    if config.pool == "map":
+        return "siglip"
+    if config.layer_scale is not None or config.reg_tokens:
+        return "dinov2"
+    return None
+
+
+def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
+    """Export as the HF model of the config's family: ``DeiTForImageClassificationWithTeacher`` (or
+    ``DeiTModel``), ``Dinov2Model`` / ``Dinov2WithRegistersModel``, ``CLIPVisionModel`` (with projection
+    for a bias-free head), ``SiglipVisionModel``; what that model cannot hold is refused, naming it."""
+    config, family = model.config, hf_family_of(model.config)
+    state = model.state_dict()
+    height, width = config.image_size
+    options = config.family_options()
+    allowed = {"deit": {"dist_token", "no_embed_class"}, "dinov2": {"layer_scale", "reg_tokens", "no_embed_class"},
+               "clip": {"pre_norm", "patch_bias"}, "siglip": set()}[family]
+    head = state.get("head.bias")
+    unsupported = [f"{name}={value!r}" for name, value in options.items() if name not in allowed] + [
+        reason for reason, bad in [
+            ("non-square images", height != width), ("fc_norm", config.fc_norm),
+            (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
+            ("hybrid backbone", config.backbone is not None), ("representation_size", config.representation_size),
+            ("a bias-free qkv", not config.qkv_bias), ("gelu='quick'", config.gelu == "quick" and family != "clip"),
+            ("pool other than 'token'", family != "siglip" and config.pool != "token"),
+            ("a [class] token", family == "siglip" and config.class_token),
+            ("position rows for the registers (no_embed_class=False)", config.reg_tokens and not config.no_embed_class),
+            ("patch bias", family == "clip" and config.patch_bias),
+            ("a head (HF's classifiers pool differently)", family in ("dinov2", "siglip") and config.num_classes),
+            ("a head bias (CLIP's projection has none)", family == "clip" and head is not None and head.any()),
+        ] if bad]
+    if unsupported:
+        raise CheckpointError(f"cannot write {directory}: HF's {family} model cannot hold {', '.join(unsupported)}")
+    hf = dict(model_type=family, hidden_size=config.dim, num_hidden_layers=config.depth,
+              num_attention_heads=config.num_heads, hidden_act=HF_ACTIVATIONS[config.gelu],
+              layer_norm_eps=config.ln_eps, image_size=height, patch_size=config.patch_size,
+              num_channels=config.in_chans, intermediate_size=config.mlp_dim)
+    classify = config.num_classes > 0
+    if family == "deit":
+        hf.update(architectures=["DeiTForImageClassificationWithTeacher" if classify else "DeiTModel"],
+                  qkv_bias=config.qkv_bias, **hf_labels(config))
+    elif family == "dinov2":
+        ratio = config.mlp_dim / config.dim
+        hf.update(mlp_ratio=int(ratio) if ratio.is_integer() else ratio, layerscale_value=config.layer_scale or 1.0,
+                  use_swiglu_ffn=config.mlp == "swiglu", qkv_bias=config.qkv_bias,
+                  architectures=["Dinov2WithRegistersModel" if config.reg_tokens else "Dinov2Model"])
+        if config.reg_tokens:
+            hf.update(model_type="dinov2_with_registers", num_register_tokens=config.reg_tokens)
+        if int(config.dim * hf["mlp_ratio"]) != config.mlp_dim or config.mlp == "swiglu":
+            raise CheckpointError(f"cannot write {directory}: HF's dinov2 model derives its MLP width from "
+                                  f"mlp_ratio and has its own SwiGLU width rule; mlp_dim={config.mlp_dim}, "
+                                  f"mlp={config.mlp!r} do not follow them")
+        if config.layer_scale is None:  # HF's DINOv2 always scales: by ones it is the plain block
+            state = {**state, **{f"blocks.{i}.ls{j}.gamma": torch.ones(config.dim)
+                                 for i in range(config.depth) for j in (1, 2)}}
+    elif family == "clip":
+        hf.update(model_type="clip_vision_model", projection_dim=config.num_classes or config.dim,
+                  architectures=["CLIPVisionModelWithProjection" if classify else "CLIPVisionModel"])
+        state = {key: value for key, value in state.items() if key != "head.bias"}
+        state["cls_token"] = state["cls_token"].reshape(-1)
+    else:
+        hf.update(model_type="siglip_vision_model", architectures=["SiglipVisionModel"], vision_use_head=True)
+        state = {key: value for key, value in state.items() if not key.startswith(("attn_pool.q.", "attn_pool.kv."))}
+        for leaf in ("weight", "bias"):
+            state[f"attn_pool.in_proj.{leaf}"] = torch.cat([model.state_dict()[f"attn_pool.q.{leaf}"],
+                                                            model.state_dict()[f"attn_pool.kv.{leaf}"]])
+    if config.reg_tokens:  # HF adds a position row to [class]: a zero one keeps vitkit's sum
+        table = state["pos_embed.weight"]
+        state["pos_embed.weight"] = torch.cat([table.new_zeros(1, 1, table.shape[-1]), table], dim=1)
+    else:
+        state = with_prefix_positions(config, state)[1]
+    if family in ("clip", "siglip"):  # an nn.Embedding's (tokens, D) table
+        state["pos_embed.weight"] = state["pos_embed.weight"][0]
+    prefix = {"deit": "deit." if classify else "", "clip": "vision_model.", "siglip": "vision_model."}.get(family, "")
+    written = {}
+    for name, tensor in split_qkv(state).items():
+        theirs = NAMES[family].to_theirs(name)
+        top_level = theirs.startswith(("cls_classifier.", "distillation_classifier.", "visual_projection."))
+        written[theirs if top_level else prefix + theirs] = tensor
+    if family == "dinov2":  # used only on masked patches at pre-training; zero as HF initialises it
+        written["embeddings.mask_token"] = torch.zeros(1, config.dim)
+    return write_hf_directory(directory, config, hf, written)
