@@ -177,9 +177,9 @@ def test_hf_heads_without_a_counterpart_are_refused(tmp_path):
 def test_open_clip_image_towers_give_open_clips_embeddings(tmp_path, whole, quickgelu, layer_scale):
     """open_clip's own model (its visual tower, or the whole CLIP as it saves it), read with its image embeddings."""
     open_clip = pytest.importorskip("open_clip")
-    from open_clip.transformer import QuickGELU
 
-    vision = dict(image_size=32, layers=2, width=64, patch_size=8, head_width=16, mlp_ratio=2, ls_init_value=layer_scale)
+    vision = dict(image_size=32, layers=2, width=64, patch_size=8, head_width=16, mlp_ratio=2,
+                  ls_init_value=layer_scale)
     text = dict(context_length=8, vocab_size=50, width=32, heads=2, layers=1)
     peer = randomised(open_clip.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=text, quick_gelu=quickgelu))
     state = peer.state_dict() if whole else peer.visual.state_dict()

@@ -64,6 +64,7 @@ def is_timm(state: dict[str, torch.Tensor]) -> bool:
 
 def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
               source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    refuse_unsupported(state, source)  # also for hub directories, which do not pass through vitkit.load's check
     state = rename(state, NAMES, source)
     if "patch_embed.backbone.stem.conv.weight" not in state:
         numerics = {k: TIMM_NUMERICS[k] for k in ("gelu", "ln_eps", "pos_interp", "pos_interp_antialias")}
