@@ -109,6 +109,9 @@ def hf_family(family):
     if family == "deit-model":
         peer = transformers.DeiTModel(transformers.DeiTConfig(**HF_SMALL), add_pooling_layer=False)
         return peer, lambda x: peer(pixel_values=x, **resample).last_hidden_state, lambda m, x: m.forward_features(x)
+    if family == "deit-model-pooler":  # the pooler (Linear + tanh on [class]) is vitkit's pre-logits layer
+        peer = transformers.DeiTModel(transformers.DeiTConfig(**HF_SMALL))
+        return peer, lambda x: peer(pixel_values=x, **resample).pooler_output, vitkit_logits
     if family in ("dinov2", "dinov2-swiglu"):
         peer = transformers.Dinov2Model(transformers.Dinov2Config(**dinov2, use_swiglu_ffn=family.endswith("swiglu")))
         return peer, lambda x: peer(pixel_values=x).pooler_output, vitkit_pooled
@@ -135,7 +138,7 @@ def hf_family(family):
     raise AssertionError(family)
 
 
-HF_FAMILIES = ["deit-teacher", "deit-model", "dinov2", "dinov2-swiglu", "dinov2-reg", "clip", "clip-projection",
+HF_FAMILIES = ["deit-teacher", "deit-model", "deit-model-pooler", "dinov2", "dinov2-swiglu", "dinov2-reg", "clip", "clip-projection",
                "clip-whole", "siglip", "siglip-whole"]
 
 
@@ -167,9 +170,11 @@ def test_unsupported_families_are_refused_naming_the_keys(tmp_path):
 
 def test_hf_heads_without_a_counterpart_are_refused(tmp_path):
     transformers = pytest.importorskip("transformers")
-    transformers.DeiTModel(transformers.DeiTConfig(**HF_SMALL)).save_pretrained(tmp_path / "deit")
-    with pytest.raises(vitkit.CheckpointError, match="pooler.dense.bias, pooler.dense.weight: this HF head"):
-        vitkit.load(tmp_path / "deit")
+    dinov2 = dict(HF_SMALL, num_labels=3)
+    del dinov2["intermediate_size"]
+    transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**dinov2)).save_pretrained(tmp_path / "d")
+    with pytest.raises(vitkit.CheckpointError, match="classifier.bias, classifier.weight: this HF head"):
+        vitkit.load(tmp_path / "d")
 
 
 @pytest.mark.parametrize("whole", [False, True])

@@ -12,6 +12,7 @@ What HF computes differently from timm, and how the reader makes it the same:
 - SigLIP's attention-pool head is a ``torch.nn.MultiheadAttention`` whose packed input projection is split
   into the probe's query and the tokens' keys and values.
 - DINOv2's ``mask_token`` only replaces masked patches at pre-training (``bool_masked_pos``) and is dropped.
+- ``DeiTModel``'s pooler (Linear + tanh on [class]) is vitkit's pre-logits layer, as for HF's ViT.
 Numerics (LayerNorm eps, activation) come from ``config.json``, with each family's HF defaults.
 """
 
@@ -129,7 +130,7 @@ def _vision_tower(state: dict[str, torch.Tensor], family: str, source: Path) -> 
     prefixes = {"deit": "deit.", "clip": "vision_model.", "siglip": "vision_model.", "dinov2": "dinov2."}
     tower = {key.removeprefix(prefixes[family]): value for key, value in state.items() if key not in text}
     refused = {
-        "deit": ("pooler.", "classifier."),  # DeiTModel's pooler; DeiTForImageClassification's class-token head
+        "deit": ("classifier.",),  # DeiTForImageClassification: a head on [class] alone beside the dist token
         "dinov2": ("classifier.",),  # Dinov2ForImageClassification: a head on [class] and the patches' mean
     }.get(family, ())
     unsupported = sorted(key for key in tower if key.startswith(refused))

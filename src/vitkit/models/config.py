@@ -162,9 +162,9 @@ class ViTConfig:
         need(self.dim % self.num_heads == 0, f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
         need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
         need(not self.dist_token or (self.class_token and self.pool == "token" and not self.fc_norm
-                                     and not self.representation_size),
-             "dist_token=True needs class_token=True, pool='token', fc_norm=False and no representation_size")
-        need(self.pool != "map" or not self.representation_size, "pool='map' has no representation_size")
+                                     and not (self.representation_size and self.num_classes)),
+             "dist_token=True needs class_token=True, pool='token', fc_norm=False, and no representation_size "
+             "beside a head")
         if self.backbone is not None:
             need(self.backbone_width % self.gn_groups == 0,
                  f"backbone_width={self.backbone_width} is not divisible by gn_groups={self.gn_groups}")

@@ -163,9 +163,11 @@ class VisionTransformer(nn.Module):
 
     def pool(self, features: torch.Tensor) -> torch.Tensor:
         """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
-        'map') the attention pool over them; with a distillation token, the mean of it and [class]."""
+        'map') the attention pool over them; with a distillation token, the mean of it and [class] (but [class]
+        alone under a pre-logits layer, as HF's DeiTModel pools)."""
         if self.config.pool == "token":
-            pooled = features[:, :2].mean(dim=1) if self.head_dist is not None else features[:, 0]
+            distilled = self.head_dist is not None and not self.config.representation_size
+            pooled = features[:, :2].mean(dim=1) if distilled else features[:, 0]
         elif self.config.pool == "gap":
             pooled = features[:, self.num_prefix_tokens:].mean(dim=1)
         else:
@@ -173,7 +175,7 @@ class VisionTransformer(nn.Module):
         return self.fc_norm(pooled)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.head_dist is not None and not pre_logits:  # Option dist_token: the two heads averaged
+        if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
             return (self.head(features[:, 0]) + self.head_dist(features[:, 1])) / 2
         representation = self.pre_logits(self.pool(features))
         return representation if pre_logits else self.head(representation)
