@@ -138,8 +138,8 @@ def hf_family(family):
     raise AssertionError(family)
 
 
-HF_FAMILIES = ["deit-teacher", "deit-model", "deit-model-pooler", "dinov2", "dinov2-swiglu", "dinov2-reg", "clip", "clip-projection",
-               "clip-whole", "siglip", "siglip-whole"]
+HF_FAMILIES = ["deit-teacher", "deit-model", "deit-model-pooler", "dinov2", "dinov2-swiglu", "dinov2-reg", "clip",
+               "clip-projection", "clip-whole", "siglip", "siglip-whole"]
 
 
 @pytest.mark.parametrize("family", HF_FAMILIES)
