@@ -275,3 +275,30 @@ def test_hf_writer_gives_transformers_the_family_model(tmp_path, name, peer_clas
     again = vitkit.load(tmp_path / "hf")
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x), atol=1e-5, rtol=0)
+
+
+def test_open_clip_hub_directories_tell_heads_activation_and_statistics(tmp_path):
+    """What open_clip's push_to_hf_hub writes (its own config writer; the weights as save_for_hf saves them)."""
+    open_clip = pytest.importorskip("open_clip")
+    from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    from open_clip.push_to_hf_hub import save_config_for_hf
+
+    config = dict(embed_dim=16, quick_gelu=True,
+                  vision_cfg=dict(image_size=32, layers=2, width=64, patch_size=8, head_width=16, mlp_ratio=2),
+                  text_cfg=dict(context_length=8, vocab_size=50, width=32, heads=2, layers=1))
+    peer = randomised(open_clip.CLIP(**config))
+    peer.visual.image_mean, peer.visual.image_std = OPENAI_DATASET_MEAN, OPENAI_DATASET_STD  # as create_model sets
+    (tmp_path / "hub").mkdir()
+    weights = {k: v.contiguous() for k, v in peer.state_dict().items()}
+    save_file(weights, tmp_path / "hub" / "open_clip_model.safetensors")
+    save_config_for_hf(peer, tmp_path / "hub" / "open_clip_config.json", model_config=config)
+    with pytest.warns(UserWarning, match="text tower"):
+        model = vitkit.load(tmp_path / "hub")
+    assert (model.config.num_heads, model.config.gelu, model.config.extra["normalization"]) == (4, "quick", "clip")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer.encode_image(x), atol=1e-5, rtol=0)
+    config["vision_cfg"]["attentional_pool"] = True
+    save_config_for_hf(peer, tmp_path / "hub" / "open_clip_config.json", model_config=config)
+    with pytest.raises(vitkit.CheckpointError, match="vision_cfg.attentional_pool=True: not the CLIP ViT tower"):
+        vitkit.load(tmp_path / "hub")

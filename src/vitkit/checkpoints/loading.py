@@ -15,7 +15,7 @@ from .common import CheckpointError, read_safetensors, read_weights, refuse_unsu
 from .google import read_npz
 from .hf import is_hf_directory, read_hf
 from .hf_families import is_hf_family, read_hf_family
-from .open_clip import from_open_clip, is_open_clip
+from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .timm import from_timm, is_timm, is_timm_directory, read_timm_directory
 from .torchvision_ import from_torchvision, is_torchvision
 
@@ -51,6 +51,8 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     if path.is_dir():
+        if is_open_clip_directory(path):  # before HF: LAION's repositories hold an HF CLIPModel beside it
+            return *read_open_clip_directory(path, overrides), source
         if is_hf_directory(path):
             family = is_hf_family(json.loads((path / CONFIG_FILE).read_text()))
             return *(read_hf_family if family else read_hf)(path, overrides), source
