@@ -302,3 +302,17 @@ def test_open_clip_hub_directories_tell_heads_activation_and_statistics(tmp_path
     save_config_for_hf(peer, tmp_path / "hub" / "open_clip_config.json", model_config=config)
     with pytest.raises(vitkit.CheckpointError, match="vision_cfg.attentional_pool=True: not the CLIP ViT tower"):
         vitkit.load(tmp_path / "hub")
+
+
+@pytest.mark.parametrize("size", [16, 24])
+def test_register_tables_of_tiny_grids_are_told_apart(tmp_path, size):
+    """A 3x3 table is also 5 prefix rows + 2x2, and a 2x2 one is shorter than the prefix: timm's register models
+    have no prefix rows, which the reader assumes (``no_embed_class=False`` overrides it)."""
+    peer, overrides = timm_family("dinov2-reg4")
+    peer = randomised(type(peer)(**{**BASE, "img_size": size, "init_values": 1e-5, "reg_tokens": 4,
+                                    "no_embed_class": True}))
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, tmp_path / "reg.safetensors")
+    model = vitkit.load(tmp_path / "reg.safetensors", **overrides)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)

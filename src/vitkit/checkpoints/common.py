@@ -245,7 +245,9 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
                  **settings: Any) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """The config that vitkit-named ``state`` implies (shapes, layout, grid); ``settings`` give what the
     format knows beyond the weights (numerics, head count, pooling). A position table without rows for
-    the prefix tokens (big_vision, timm's ``no_embed_class``) sets ``no_embed_class``."""
+    the prefix tokens (big_vision, timm's ``no_embed_class``) sets ``no_embed_class``: told by the format
+    or the override, else read off the table's length (square without prefix rows; with registers, timm's
+    layout, also when both readings are square)."""
     def need(key: str) -> torch.Tensor:
         if key not in state:
             raise CheckpointError(f"{source}: missing {key!r}, which every ViT has; found {sorted(state)[:8]} ...")
@@ -287,11 +289,13 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         table = state["pos_embed.weight"]
         if table.ndim == 2:
             table = table.unsqueeze(0)
-        prefix = int(config["class_token"]) + int(config["dist_token"]) + config["reg_tokens"]
-        tokens = table.shape[1] - prefix
-        if config.get("no_embed_class") or (prefix and math.isqrt(table.shape[1]) ** 2 == table.shape[1]
-                                            and math.isqrt(tokens) ** 2 != tokens):
-            config["no_embed_class"], tokens = True, table.shape[1]
+        prefix, rows = int(config["class_token"]) + int(config["dist_token"]) + config["reg_tokens"], table.shape[1]
+        without_prefix_rows = overrides.get("no_embed_class", config.get("no_embed_class"))
+        if without_prefix_rows is None:  # a square table; with registers, timm's never has prefix rows
+            without_prefix_rows = bool(prefix) and _is_square(rows) and (
+                config["reg_tokens"] > 0 or not _is_square(rows - prefix))
+        config["no_embed_class"] = bool(without_prefix_rows)
+        tokens = rows if without_prefix_rows else rows - prefix
         state = {**state, "pos_embed.weight": table}
         config["image_size"] = _native_size(tokens, config, overrides, source)
     else:
@@ -326,10 +330,14 @@ def kept_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in overrides.items() if k not in ("image_size", "num_classes")}
 
 
+def _is_square(count: int) -> bool:
+    return count >= 0 and math.isqrt(count) ** 2 == count
+
+
 def _native_size(tokens: int, config: dict[str, Any], overrides: dict[str, Any], source: str) -> tuple[int, int]:
     stride = config["patch_size"] * backbone_stride(config.get("backbone"))
-    side = math.isqrt(tokens)
-    if side * side == tokens:
+    if _is_square(tokens):
+        side = math.isqrt(tokens)
         return (side * stride, side * stride)
     if "image_size" in overrides:  # a non-square native grid can only come from the caller
         height, width = pair(overrides["image_size"])
