@@ -251,6 +251,7 @@ def test_timm_writer_refuses_what_timm_cannot_hold(tmp_path):
 
 @pytest.mark.parametrize("name,peer_class,output", [
     ("DeiT-S/16-distilled", "DeiTForImageClassificationWithTeacher", "logits"),
+    ("DeiT-S/16-distilled", "DeiTModel", "pooler_output"),
     ("DINOv2-S/14", "Dinov2Model", "pooler_output"),
     ("DINOv2-S/14-reg4", "Dinov2WithRegistersModel", "pooler_output"),
     ("DeiT3-S/16", "Dinov2Model", "pooler_output"),  # LayerScale and no [class] position: DINOv2's format holds it
@@ -262,15 +263,16 @@ def test_hf_writer_gives_transformers_the_family_model(tmp_path, name, peer_clas
     transformers = pytest.importorskip("transformers")
     from vitkit.checkpoints import export
 
-    classes = 5 if "DeiT-" in name else 0
+    classes = 5 if peer_class.endswith("WithTeacher") else 0
+    pooler = dict(representation_size=64) if peer_class == "DeiTModel" else {}  # HF's pooler on [class]
     model = randomised(vitkit.create_model(name, image_size=32, patch_size=8, dim=64, depth=2, num_heads=4,
-                                           mlp_dim=128, num_classes=classes))
+                                           mlp_dim=128, num_classes=classes, **pooler))
     export(model, tmp_path / "hf", "hf")
     peer, info = getattr(transformers, peer_class).from_pretrained(tmp_path / "hf", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        ours = model(x) if output == "logits" else model.forward_head(model.forward_features(x), pre_logits=True)
+        ours = model(x) if output == "logits" or pooler else model.forward_head(model.forward_features(x), True)
         torch.testing.assert_close(getattr(peer.eval()(pixel_values=x), output), ours, atol=1e-5, rtol=0)
     again = vitkit.load(tmp_path / "hf")
     with torch.no_grad():

@@ -188,7 +188,8 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
         reason for reason, bad in [
             ("non-square images", height != width), ("fc_norm", config.fc_norm),
             (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
-            ("hybrid backbone", config.backbone is not None), ("representation_size", config.representation_size),
+            ("hybrid backbone", config.backbone is not None),
+            ("representation_size", config.representation_size and (family != "deit" or config.num_classes)),
             ("a bias-free qkv", not config.qkv_bias), ("gelu='quick'", config.gelu == "quick" and family != "clip"),
             ("pool other than 'token'", family != "siglip" and config.pool != "token"),
             ("a [class] token", family == "siglip" and config.class_token),
@@ -206,7 +207,8 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
     classify = config.num_classes > 0
     if family == "deit":
         hf.update(architectures=["DeiTForImageClassificationWithTeacher" if classify else "DeiTModel"],
-                  qkv_bias=config.qkv_bias, **hf_labels(config))
+                  qkv_bias=config.qkv_bias, pooler_act="tanh",
+                  pooler_output_size=config.representation_size or config.dim, **hf_labels(config))
     elif family == "dinov2":
         ratio = config.mlp_dim / config.dim
         hf.update(mlp_ratio=int(ratio) if ratio.is_integer() else ratio, layerscale_value=config.layer_scale or 1.0,
@@ -214,10 +216,9 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
                   architectures=["Dinov2WithRegistersModel" if config.reg_tokens else "Dinov2Model"])
         if config.reg_tokens:
             hf.update(model_type="dinov2_with_registers", num_register_tokens=config.reg_tokens)
-        if int(config.dim * hf["mlp_ratio"]) != config.mlp_dim or config.mlp == "swiglu":
+        if int(config.dim * hf["mlp_ratio"]) != config.mlp_dim:
             raise CheckpointError(f"cannot write {directory}: HF's dinov2 model derives its MLP width from "
-                                  f"mlp_ratio and has its own SwiGLU width rule; mlp_dim={config.mlp_dim}, "
-                                  f"mlp={config.mlp!r} do not follow them")
+                                  f"mlp_ratio; mlp_dim={config.mlp_dim} with dim={config.dim} does not follow")
         if config.layer_scale is None:  # HF's DINOv2 always scales: by ones it is the plain block
             state = {**state, **{f"blocks.{i}.ls{j}.gamma": torch.ones(config.dim)
                                  for i in range(config.depth) for j in (1, 2)}}
