@@ -77,7 +77,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz or an HF directory."""
+    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory or a
+    timm state dict."""
     model = convert(args.src, args.dst, args.to, **dict(args.set))
     print(f"wrote {args.dst} ({args.to}): {model.config.extra.get('format', 'vitkit')} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
