@@ -124,9 +124,9 @@ def test_google_bucket_names_download_once_into_the_cache(tmp_path, monkeypatch)
 def test_hf_config_of_another_model_type_is_a_clear_error(tmp_path):
     hf_model().save_pretrained(tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    config["model_type"] = "deit"
+    config["model_type"] = "swin"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(vitkit.CheckpointError, match="model_type='deit'"):
+    with pytest.raises(vitkit.CheckpointError, match="model_type='swin'"):
         vitkit.load(tmp_path / "hf")
 
 

@@ -109,7 +109,8 @@ def test_pickle_bearing_files_are_refused(tmp_path):
 
 
 def test_unknown_keys_are_listed(tmp_path):
-    state = {k: v.contiguous() for k, v in timm_model(init_values=0.1).state_dict().items()}
-    save_file(state, tmp_path / "layerscale.safetensors")
-    with pytest.raises(vitkit.CheckpointError, match=r"unexpected keys \(4\): blocks.0.ls1.gamma"):
-        vitkit.load(tmp_path / "layerscale.safetensors", num_heads=4)
+    state = {k: v.contiguous() for k, v in timm_model().state_dict().items()}
+    state.update({f"blocks.{i}.adapter.weight": torch.zeros(4) for i in range(2)})  # LayerScale is read since #13
+    save_file(state, tmp_path / "adapter.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match=r"unexpected keys \(2\): blocks.0.adapter.weight"):
+        vitkit.load(tmp_path / "adapter.safetensors", num_heads=4)

@@ -34,14 +34,17 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None
 def cmd_models(args: argparse.Namespace) -> int:
     """Table of the named variants with their size and cost at a given resolution."""
     rows = []
+    given = {key: value for key, value in (("image_size", args.image_size), ("num_classes", args.num_classes))
+             if value is not None}
     for name in args.names or list_models():
-        config = model_config(name, image_size=args.image_size, num_classes=args.num_classes)
+        config = model_config(name, **given)
         params = config_parameters(config)
+        height, width = config.image_size
         rows.append([config.extra["name"], config.depth, config.dim, config.mlp_dim, config.num_heads,
-                     f"{params:,}", f"{forward_flops(config) / 1e9:.2f}"])
-    height, width = args.image_size
-    print(f"at {height}x{width} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds per image")
-    print_table(["model", "layers", "D", "MLP", "heads", "params", "GFLOPs"], rows)
+                     f"{height}x{width}", config.num_classes, f"{params:,}", f"{forward_flops(config) / 1e9:.2f}"])
+    print("each variant at its own default size and head unless --image-size/--num-classes are given "
+          "(224 px and 1000 classes for the paper's); GFLOPs = 2 x multiply-adds per image")
+    print_table(["model", "layers", "D", "MLP", "heads", "px", "classes", "params", "GFLOPs"], rows)
     return 0
 
 
@@ -57,6 +60,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"model        {config.extra.get('name', 'custom')}: {config.depth} layers, D={config.dim}, "
           f"MLP={config.mlp_dim}, {config.num_heads} heads, patch {config.patch_size}"
           + (f" on a ResNet {list(config.backbone)}" if config.backbone is not None else ""))
+    options = config.family_options()
+    if options:
+        print("options      " + ", ".join(f"{name}={value!r}" for name, value in options.items()))
     print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
           + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
              if config.backbone is not None else ""))
@@ -71,7 +77,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz or an HF directory."""
+    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory or a
+    timm state dict."""
     model = convert(args.src, args.dst, args.to, **dict(args.set))
     print(f"wrote {args.dst} ({args.to}): {model.config.extra.get('format', 'vitkit')} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
@@ -263,9 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     models = sub.add_parser("models", help="list the named ViT variants")
-    models.add_argument("names", nargs="*", help="variants to show (default: the paper's)")
-    models.add_argument("--image-size", type=_image_size, default=(224, 224), help="e.g. 224 or 384x512")
-    models.add_argument("--num-classes", type=int, default=1000)
+    models.add_argument("names", nargs="*", help="variants to show (default: all named ones)")
+    models.add_argument("--image-size", type=_image_size, help="e.g. 224 or 384x512 (default: the variant's)")
+    models.add_argument("--num-classes", type=int, help="default: the variant's (1000, or 0 for a bare tower)")
     models.set_defaults(run=cmd_models)
 
     info = sub.add_parser("info", help="describe a checkpoint")
@@ -276,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="convert a checkpoint between formats")
     conv.add_argument("src", help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
     conv.add_argument("dst")
-    conv.add_argument("--to", choices=["native", "npz", "hf"], default="native")
+    conv.add_argument("--to", choices=["native", "npz", "hf", "timm"], default="native")
     conv.set_defaults(run=cmd_convert)
     for command in (info, conv):
         command.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",

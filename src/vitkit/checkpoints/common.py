@@ -17,16 +17,18 @@ from safetensors.torch import load_file
 
 from ..errors import CheckpointError
 from ..models.config import ViTConfig, backbone_stride, pair
-from ..models.registry import SIZES
+from ..models.registry import FAMILY_SIZES, SIZES
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
 
 # Input (mean, std) per checkpoint family, kept in ``config.extra["normalization"]``: Google scales
-# inputs to [-1, 1]; torchvision's weights (and DeiT's) use ImageNet's statistics.
+# inputs to [-1, 1] (so do SigLIP's); torchvision's weights (and DeiT's, DINOv2's) use ImageNet's statistics;
+# OpenAI's CLIP has its own.
 NORMALIZATION = {
     "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
 }
 
 
@@ -201,6 +203,26 @@ def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return split
 
 
+# Families vitkit does not read, and the keys that give them away: such a checkpoint is refused rather than
+# loaded with those weights ignored.
+UNSUPPORTED_FAMILIES = (
+    ("EVA / EVA-02 (rotary position embeddings, SwiGLU with separate gates)",
+     re.compile(r"(^|\.)(rope|freqs_cos|freqs_sin)(\.|$)|\.attn\.[qv]_bias$|\.mlp\.fc1_g\.|\.attn\.q_proj\.")),
+    ("BEiT / relative position bias tables", re.compile(r"relative_position_bias_table|rel_pos_bias|\.gamma_1$")),
+    ("Swin (windowed attention)", re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.")),
+)
+
+
+def refuse_unsupported(state: dict[str, Any], source: str) -> None:
+    """Refuse a state dict of a family vitkit cannot compute exactly, naming the family and the keys."""
+    for family, pattern in UNSUPPORTED_FAMILIES:
+        telling = sorted(key for key in state if pattern.search(key))
+        if telling:
+            raise CheckpointError(f"{source}: a checkpoint of the {family} family, which vitkit does not read; "
+                                  f"these keys give it away: " + ", ".join(telling[:6])
+                                  + (" ..." if len(telling) > 6 else ""))
+
+
 # ------------------------------------------------------------------------------ reading a config
 def count_indices(state: dict[str, Any], prefix: str) -> int:
     """How many ``prefix{n}.`` entries there are (e.g. blocks), checking they run 0..n-1."""
@@ -212,7 +234,7 @@ def standard_heads(dim: int, overrides: dict[str, Any], source: str) -> int:
     """The head count the weights cannot tell (packed qkv): the override, or the paper's for its widths."""
     if "num_heads" in overrides:
         return int(overrides["num_heads"])
-    by_width = {width: heads for _, width, _, heads in SIZES.values()}
+    by_width = {width: heads for _, width, _, heads in [*SIZES.values(), *FAMILY_SIZES.values()]}
     if dim in by_width:
         return by_width[dim]
     raise CheckpointError(f"{source}: the head count of a packed qkv matrix of width {dim} cannot be read "
@@ -222,21 +244,31 @@ def standard_heads(dim: int, overrides: dict[str, Any], source: str) -> int:
 def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], source: str,
                  **settings: Any) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """The config that vitkit-named ``state`` implies (shapes, layout, grid); ``settings`` give what the
-    format knows beyond the weights (numerics, head count, pooling). A position table without a class
-    slot (big_vision, timm's ``no_embed_class``) gets a zero row, which is exactly equivalent."""
+    format knows beyond the weights (numerics, head count, pooling). A position table without rows for
+    the prefix tokens (big_vision, timm's ``no_embed_class``) sets ``no_embed_class``: told by the format
+    or the override, else read off the table's length (square without prefix rows; with registers, timm's
+    layout, also when both readings are square)."""
     def need(key: str) -> torch.Tensor:
         if key not in state:
             raise CheckpointError(f"{source}: missing {key!r}, which every ViT has; found {sorted(state)[:8]} ...")
         return state[key]
 
     proj = need("patch_embed.proj.weight")
+    fc1, fc2 = need("blocks.0.mlp.fc1.weight"), need("blocks.0.mlp.fc2.weight")
     dim, patch = proj.shape[0], proj.shape[-1]
+    swiglu = fc1.shape[0] == 2 * fc2.shape[-1]  # fc1 yields a gate and a value
     config: dict[str, Any] = dict(dim=dim, patch_size=patch, in_chans=proj.shape[1],
-                                  depth=count_indices(state, "blocks."),
-                                  mlp_dim=need("blocks.0.mlp.fc1.weight").shape[0],
+                                  depth=count_indices(state, "blocks."), mlp="swiglu" if swiglu else "gelu",
+                                  mlp_dim=fc2.shape[-1] if swiglu else fc1.shape[0],
                                   qkv_bias="blocks.0.attn.qkv.bias" in state,
                                   class_token="cls_token" in state, fc_norm="fc_norm.weight" in state,
+                                  dist_token="dist_token" in state,
+                                  reg_tokens=state["reg_token"].shape[1] if "reg_token" in state else 0,
+                                  pre_norm="norm_pre.weight" in state, patch_bias="patch_embed.proj.bias" in state,
+                                  qk_norm="blocks.0.attn.q_norm.weight" in state,
                                   num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0)
+    if "blocks.0.ls1.gamma" in state:  # the init a trained gamma came from is not recorded; DINOv2's
+        config["layer_scale"] = 1e-5
     if "pre_logits.0.weight" in state:
         config["representation_size"] = state["pre_logits.0.weight"].shape[0]
     stem = "patch_embed.backbone.stem.conv.weight"
@@ -245,7 +277,10 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         config.update(in_chans=state[stem].shape[1], backbone_width=state[stem].shape[0],
                       backbone=tuple(count_indices(state, f"patch_embed.backbone.stages.{s}.")
                                      for s in range(stages)))
-    config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"
+    if "attn_pool.probe" in state:
+        config["pool"] = "map"
+    else:
+        config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"
     config.update(settings)
     if "num_heads" not in config:
         config["num_heads"] = standard_heads(dim, overrides, source)
@@ -254,10 +289,13 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         table = state["pos_embed.weight"]
         if table.ndim == 2:
             table = table.unsqueeze(0)
-        prefix = int(config["class_token"])
-        tokens = table.shape[1] - prefix
-        if prefix and math.isqrt(table.shape[1]) ** 2 == table.shape[1] and math.isqrt(tokens) ** 2 != tokens:
-            table, tokens = torch.cat([table.new_zeros(1, 1, dim), table], dim=1), table.shape[1]
+        prefix, rows = int(config["class_token"]) + int(config["dist_token"]) + config["reg_tokens"], table.shape[1]
+        without_prefix_rows = overrides.get("no_embed_class", config.get("no_embed_class"))
+        if without_prefix_rows is None:  # a square table; with registers, timm's never has prefix rows
+            without_prefix_rows = bool(prefix) and _is_square(rows) and (
+                config["reg_tokens"] > 0 or not _is_square(rows - prefix))
+        config["no_embed_class"] = bool(without_prefix_rows)
+        tokens = rows if without_prefix_rows else rows - prefix
         state = {**state, "pos_embed.weight": table}
         config["image_size"] = _native_size(tokens, config, overrides, source)
     else:
@@ -269,15 +307,37 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         raise CheckpointError(f"{source}: the weights describe an invalid model ({error})") from error
 
 
+def options_in_use(config: ViTConfig) -> list[str]:
+    """The family options ``config`` turns on, as ``field=value``, for the refusals of writers whose format
+    lacks them all (``no_embed_class`` aside: see :func:`with_prefix_positions`)."""
+    used = [f"{name}={value!r}" for name, value in config.family_options().items() if name != "no_embed_class"]
+    return used + [f"{name}={value!r}" for name, value in (("pool", "map"), ("gelu", "quick"))
+                   if getattr(config, name) == value]
+
+
+def with_prefix_positions(config: ViTConfig, state: dict[str, torch.Tensor]
+                          ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """For formats without ``no_embed_class``: zero position rows for the prefix tokens, exactly equivalent."""
+    if not config.no_embed_class or "pos_embed.weight" not in state:
+        return config, state
+    table = state["pos_embed.weight"]
+    rows = table.new_zeros(1, config.num_prefix_tokens, table.shape[-1])
+    return config.replace(no_embed_class=False), {**state, "pos_embed.weight": torch.cat([rows, table], dim=1)}
+
+
 def kept_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     """Overrides that win over what the file says (image_size and num_classes are surgery, after)."""
     return {k: v for k, v in overrides.items() if k not in ("image_size", "num_classes")}
 
 
+def _is_square(count: int) -> bool:
+    return count >= 0 and math.isqrt(count) ** 2 == count
+
+
 def _native_size(tokens: int, config: dict[str, Any], overrides: dict[str, Any], source: str) -> tuple[int, int]:
     stride = config["patch_size"] * backbone_stride(config.get("backbone"))
-    side = math.isqrt(tokens)
-    if side * side == tokens:
+    if _is_square(tokens):
+        side = math.isqrt(tokens)
         return (side * stride, side * stride)
     if "image_size" in overrides:  # a non-square native grid can only come from the caller
         height, width = pair(overrides["image_size"])

@@ -10,17 +10,20 @@ from ..models.vit import VisionTransformer
 from .common import CheckpointError
 from .google import write_npz
 from .hf import write_hf
+from .hf_families import hf_family_of, write_hf_family
+from .timm import write_timm
 from .loading import load
 
 WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "native": lambda model, path: model.save(path),
     "npz": write_npz,
-    "hf": write_hf,
+    "hf": lambda model, path: (write_hf_family if hf_family_of(model.config) else write_hf)(model, path),
+    "timm": write_timm,
 }
 
 
 def export(model: VisionTransformer, path: str | Path, to: str) -> Path:
-    """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz`` or an HF directory."""
+    """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory or a timm state dict."""
     if to not in WRITERS:
         raise CheckpointError(f"unknown export format {to!r}; expected one of {sorted(WRITERS)}")
     return WRITERS[to](model, Path(path))

@@ -22,7 +22,7 @@ import torch
 from ..atomic import atomic_file
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from .common import CheckpointError, Names, fuse_qkv, infer_config, split_qkv
+from .common import CheckpointError, Names, fuse_qkv, infer_config, options_in_use, split_qkv, with_prefix_positions
 
 PREFIXES = ("opt/target/", "params/", "")
 GOOGLE_NUMERICS = dict(gelu="tanh", ln_eps=1e-6, std_conv="std+eps", std_conv_eps=1e-5, gn_eps=1e-6,
@@ -161,11 +161,12 @@ def write_npz(model: VisionTransformer, path: str | Path) -> Path:
         (f"pos_embed={config.pos_embed!r} (only 'learned')", config.pos_embed != "learned"),
         ("pool='gap' with a [class] token", config.pool == "gap" and config.class_token),
         ("a bias-free qkv", not config.qkv_bias),
-    ] if bad]
+    ] if bad] + options_in_use(config)
     if unsupported:
         raise CheckpointError(f"cannot write {path}: Google's layout has no {', '.join(unsupported)}")
     arrays = {}
-    for name, tensor in split_qkv(model.state_dict()).items():
+    config, state = with_prefix_positions(config, model.state_dict())
+    for name, tensor in split_qkv(state).items():
         flax = NAMES.to_theirs(name)
         if flax is None:
             module, leaf = name.rsplit(".", 1)

@@ -21,14 +21,16 @@ from ..atomic import atomic_directory
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .common import (HUB_WEIGHT_FILES, CheckpointError, Names, fuse_qkv, hub_weights_file, kept_overrides,
-                     known_normalization, normalization, read_json_object, read_weights, rename, split_qkv)
+                     known_normalization, normalization, options_in_use, read_json_object, read_weights, rename,
+                     split_qkv, with_prefix_positions)
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
-GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
+GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "quick_gelu": "quick"}
+HF_ACTIVATIONS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}  # what the writers name
 
 _V4, _V5 = "encoder.layer.{i}.", "layers.{i}."
-NAMES = Names([  # the 4.x name of each pair comes first: it is the one written
+VIT_NAMES = [  # the 4.x name of each pair comes first: it is the one written
     ("embeddings.cls_token", "cls_token"),
     ("embeddings.position_embeddings", "pos_embed.weight"),
     ("embeddings.patch_embeddings.projection.{rest}", "patch_embed.proj.{rest}"),
@@ -45,7 +47,8 @@ NAMES = Names([  # the 4.x name of each pair comes first: it is the one written
         ("intermediate.dense", "mlp.fc1", _V4), ("mlp.fc1", "mlp.fc1", _V5),
         ("output.dense", "mlp.fc2", _V4), ("mlp.fc2", "mlp.fc2", _V5),
     ]],
-])
+]
+NAMES = Names(VIT_NAMES)
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -105,37 +108,50 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
         (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
         ("hybrid backbone", config.backbone is not None),
         ("pre-logits layer together with a head", config.representation_size and config.num_classes),
-    ] if bad]
+    ] if bad] + options_in_use(config)
     if unsupported:
         raise CheckpointError(f"cannot write {directory}: HF's ViT has no {', '.join(unsupported)}")
     classify = config.num_classes > 0
     height, width = config.image_size
-    names = config.extra.get("classes") or []
-    if len(names) != config.num_classes:  # no names, or those of a head since replaced
-        names = [f"LABEL_{k}" for k in range(config.num_classes)]
-    labels = {str(k): name for k, name in enumerate(names)}
     hf = {
         "architectures": ["ViTForImageClassification" if classify else "ViTModel"], "model_type": "vit",
         "hidden_size": config.dim, "num_hidden_layers": config.depth, "num_attention_heads": config.num_heads,
-        "intermediate_size": config.mlp_dim, "hidden_act": "gelu" if config.gelu == "exact" else "gelu_pytorch_tanh",
+        "intermediate_size": config.mlp_dim, "hidden_act": HF_ACTIVATIONS[config.gelu],
         "hidden_dropout_prob": config.dropout, "attention_probs_dropout_prob": config.attn_dropout,
         "layer_norm_eps": config.ln_eps, "image_size": height if height == width else [height, width],
         "patch_size": config.patch_size, "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
         "encoder_stride": config.patch_size, "pooler_act": "tanh",
-        "pooler_output_size": config.representation_size or config.dim,
-        "id2label": labels, "label2id": {v: int(k) for k, v in labels.items()},
+        "pooler_output_size": config.representation_size or config.dim, **hf_labels(config),
     }
+    prefix = "vit." if classify else ""
+    state = {}
+    for name, tensor in split_qkv(with_prefix_positions(config, model.state_dict())[1]).items():
+        theirs = NAMES.to_theirs(name)
+        state[theirs if theirs.startswith("classifier.") else prefix + theirs] = tensor
+    return write_hf_directory(directory, config, hf, state)
+
+
+def hf_labels(config: ViTConfig) -> dict[str, Any]:
+    """``id2label``/``label2id`` from the class names a run recorded (``LABEL_k`` without them)."""
+    names = config.extra.get("classes") or []
+    if len(names) != config.num_classes:  # no names, or those of a head since replaced
+        names = [f"LABEL_{k}" for k in range(config.num_classes)]
+    labels = {str(k): name for k, name in enumerate(names)}
+    return {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}
+
+
+def write_hf_directory(directory: str | Path, config: ViTConfig, hf: dict[str, Any],
+                       state: dict[str, torch.Tensor]) -> Path:
+    """An HF directory, atomically: ``config.json`` (``hf``), the weights (``state`` in HF's names) and a
+    ``preprocessor_config.json`` with the checkpoint's size and input statistics."""
+    height, width = config.image_size
     mean, std = normalization(config.extra.get("normalization", "google"), config.in_chans)
     processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": 2,
                  "size": {"height": height, "width": width}, "do_rescale": True, "rescale_factor": 1 / 255,
                  "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
-    prefix = "vit." if classify else ""
-    state = {}
-    for name, tensor in split_qkv(model.state_dict()).items():
-        theirs = NAMES.to_theirs(name)
-        state[theirs if theirs.startswith("classifier.") else prefix + theirs] = tensor.detach().cpu().contiguous()
+    weights = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
     with atomic_directory(directory) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True))
         (staging / PREPROCESSOR_FILE).write_text(json.dumps(processor, indent=2, sort_keys=True))
-        save_file(state, staging / HUB_WEIGHT_FILES[0], metadata={"format": "pt"})
+        save_file(weights, staging / HUB_WEIGHT_FILES[0], metadata={"format": "pt"})
     return Path(directory)

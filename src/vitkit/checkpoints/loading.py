@@ -11,9 +11,11 @@ import torch
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from . import hub
-from .common import CheckpointError, read_safetensors, read_weights
+from .common import CheckpointError, read_safetensors, read_weights, refuse_unsupported
 from .google import read_npz
 from .hf import is_hf_directory, read_hf
+from .hf_families import is_hf_family, read_hf_family
+from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .timm import from_timm, is_timm, is_timm_directory, read_timm_directory
 from .torchvision_ import from_torchvision, is_torchvision
 
@@ -26,9 +28,10 @@ _SURGERY = ("image_size", "num_classes")
 def load(path: str | Path, **overrides: Any) -> VisionTransformer:
     """Load a checkpoint of any supported format as a ready ``VisionTransformer`` (in eval mode).
 
-    ``path`` is a vitkit directory, an HF transformers or timm hub directory, a Google ``.npz``, a timm or
-    torchvision state dict (``.safetensors``, or ``.pth``/``.bin`` read with ``weights_only``), or a
-    remote name (``hf-hub:ORG/NAME``, ``gs://vit_models/...``). ``overrides`` change config fields:
+    ``path`` is a vitkit directory, an HF transformers or timm hub directory (ViT, DeiT, DINOv2, CLIP,
+    SigLIP), a Google ``.npz``, a timm, torchvision or open_clip state dict (``.safetensors``, or
+    ``.pth``/``.bin``/``.pt`` read with ``weights_only``), or a remote name (``hf-hub:ORG/NAME``,
+    ``gs://vit_models/...``). ``overrides`` change config fields:
     settings the file cannot tell (``num_heads`` of a packed qkv) and numerics are set before the
     weights are loaded; ``image_size`` resamples the position table and ``num_classes`` puts a new
     zero-initialised head on, after loading.
@@ -48,8 +51,11 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     if path.is_dir():
+        if is_open_clip_directory(path):  # before HF: LAION's repositories hold an HF CLIPModel beside it
+            return *read_open_clip_directory(path, overrides), source
         if is_hf_directory(path):
-            return *read_hf(path, overrides), source
+            family = is_hf_family(json.loads((path / CONFIG_FILE).read_text()))
+            return *(read_hf_family if family else read_hf)(path, overrides), source
         if is_timm_directory(path):
             return *read_timm_directory(path, overrides), source
         if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists():
@@ -63,11 +69,14 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
     if path.suffix == ".npz":
         return *read_npz(path, overrides), source
     state = read_weights(path)
-    for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision)):
+    refuse_unsupported(state, source)
+    for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision),
+                                (is_open_clip, from_open_clip)):
         if recognises(state):
             return *convert(state, overrides, source), source
     raise CheckpointError(f"{path}: a state dict of no known ViT layout (timm's 'patch_embed.proj.weight' + "
-                          f"'pos_embed', or torchvision's 'conv_proj.weight' + 'encoder.pos_embedding'); "
+                          f"'pos_embed', torchvision's 'conv_proj.weight' + 'encoder.pos_embedding', or "
+                          f"open_clip's 'visual.conv1.weight'); "
                           f"found {sorted(state)[:6]} ...")
 
 

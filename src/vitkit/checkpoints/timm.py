@@ -6,9 +6,14 @@ table for its widths, else the ``num_heads`` override) and, for a model with a [
 Numerics are timm's: exact GELU, LayerNorm eps 1e-6, and for hybrids StdConv (w-m)/sqrt(var+1e-8)
 with GroupNorm eps 1e-5.
 
+The families on timm's ``VisionTransformer`` (DeiT with its distillation token, DeiT-III, DINOv2 with or
+without registers, CLIP, SigLIP) show themselves in the weights (``dist_token``, ``reg_token``, ``ls1.gamma``,
+``norm_pre``, ``attn_pool.latent``...), except for numerics: CLIP's LayerNorm eps 1e-5 and OpenAI's
+QuickGELU need the overrides ``ln_eps=1e-5``, ``gelu='quick'`` on a bare state dict.
+
 A timm hub directory (what ``hf-hub:timm/...`` downloads: ``config.json`` with ``architecture`` and
-``pretrained_cfg`` beside the weights) tells the rest: ``global_pool``, ``model_args`` and the input
-``mean``/``std``.
+``pretrained_cfg`` beside the weights) tells the rest: ``global_pool``, ``model_args``, the input
+``mean``/``std``, and, through the architecture's name, the numerics of its family.
 """
 
 from __future__ import annotations
@@ -18,17 +23,34 @@ from typing import Any
 
 import torch
 
+from safetensors.torch import save
+
+from ..atomic import atomic_file
 from ..models.config import ViTConfig
+from ..models.vit import VisionTransformer
 from .common import (CheckpointError, Names, hub_weights_file, infer_config, known_normalization,
-                     read_json_object, read_weights, rename)
+                     read_json_object, read_weights, refuse_unsupported, rename)
 
 HUB_CONFIG = "config.json"
 
 TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp_antialias=True,
                      std_conv="sqrt(var+eps)", std_conv_eps=1e-8, gn_eps=1e-5)
 
+# Architectures whose numerics differ from timm's defaults: every CLIP tower has LayerNorm eps 1e-5 (and the
+# QuickGELU ones OpenAI's activation); these SigLIP towers use the tanh GELU (timm's own definitions).
+ARCHITECTURE_NUMERICS = (("_clip_quickgelu_", dict(ln_eps=1e-5, gelu="quick")), ("_clip_", dict(ln_eps=1e-5)))
+TANH_GELU_SIGLIPS = frozenset(
+    f"vit_{name}" for name in ("base_patch32_siglip_256", "large_patch16_siglip_512", "so400m_patch16_siglip_256",
+                               "so400m_patch16_siglip_384", "so400m_patch16_siglip_512",
+                               "giantopt_patch16_siglip_256", "giantopt_patch16_siglip_384",
+                               "base_patch32_siglip_gap_256", "large_patch16_siglip_gap_512",
+                               "so400m_patch16_siglip_gap_256", "so400m_patch16_siglip_gap_384",
+                               "so400m_patch16_siglip_gap_512", "giantopt_patch16_siglip_gap_256",
+                               "giantopt_patch16_siglip_gap_384"))
+
 NAMES = Names([
     ("pos_embed", "pos_embed.weight"),
+    ("attn_pool.latent", "attn_pool.probe"),
     ("patch_embed.backbone.conv.{rest}", "patch_embed.backbone.stem.conv.{rest}"),  # stem-only hybrid
     ("patch_embed.backbone.norm.{rest}", "patch_embed.backbone.stem.norm.{rest}"),
     ("patch_embed.backbone.stages.{i}.blocks.{j}.{rest}", "patch_embed.backbone.stages.{i}.{j}.{rest}"),
@@ -42,6 +64,7 @@ def is_timm(state: dict[str, torch.Tensor]) -> bool:
 
 def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
               source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    refuse_unsupported(state, source)  # also for hub directories, which do not pass through vitkit.load's check
     state = rename(state, NAMES, source)
     if "patch_embed.backbone.stem.conv.weight" not in state:
         numerics = {k: TIMM_NUMERICS[k] for k in ("gelu", "ln_eps", "pos_interp", "pos_interp_antialias")}
@@ -66,13 +89,44 @@ def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViT
                               f"'pretrained_cfg')")
     weights = hub_weights_file(directory, "a timm")
     pool = hub.get("global_pool", "token")
-    if pool not in ("token", "avg"):
+    if pool not in ("token", "avg", "map"):
         raise CheckpointError(f"{directory / HUB_CONFIG}: global_pool={pool!r}; vitkit pools the [class] token "
-                              f"('token') or the mean of the patches ('avg')")
-    told = {"pool": "gap"} if pool == "avg" else {}
+                              f"('token'), the mean of the patches ('avg') or by attention ('map')")
+    told = architecture_numerics(str(hub["architecture"]))
+    if pool == "avg":
+        told["pool"] = "gap"
     if "num_heads" in hub.get("model_args", {}):
         told["num_heads"] = hub["model_args"]["num_heads"]
     config, state = from_timm(read_weights(weights), {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
     family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG)
     return config.replace(extra={**config.extra, "source": str(directory), "normalization": family}), state
+
+
+def architecture_numerics(architecture: str) -> dict[str, Any]:
+    """The LayerNorm eps and GELU that timm's definition of ``architecture`` uses, where not its defaults."""
+    numerics = next((dict(told) for part, told in ARCHITECTURE_NUMERICS if part in architecture), {})
+    if architecture.split(".")[0] in TANH_GELU_SIGLIPS:
+        numerics["gelu"] = "tanh"
+    return numerics
+
+
+def write_timm(model: VisionTransformer, path: str | Path) -> Path:
+    """Export as a timm ``VisionTransformer`` state dict (``.safetensors``), atomically. timm holds every
+    family option; like any bare state dict it does not record numerics, so CLIP's ``ln_eps=1e-5`` and
+    ``gelu='quick'`` are passed again when it is read (and to timm's constructor)."""
+    config, path = model.config, Path(path)
+    unsupported = [reason for reason, bad in [
+        (f"pos_embed={config.pos_embed!r} (only 'learned' or 'none')", config.pos_embed not in ("learned", "none")),
+        ("pre-logits layer (representation_size)", config.representation_size),
+        ("hybrid backbone (vitkit writes plain ViTs to timm)", config.backbone is not None),
+    ] if bad]
+    if unsupported:
+        raise CheckpointError(f"cannot write {path}: timm's VisionTransformer state dict has no "
+                              f"{', '.join(unsupported)}")
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"cannot write {path}: timm state dicts are written as .safetensors")
+    state = {NAMES.to_theirs(name): tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    with atomic_file(path, "wb") as handle:
+        handle.write(save(state, metadata={"format": "pt"}))
+    return path

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-POOLINGS = ("token", "gap")
+from ..errors import ConfigError
+
+# "map": multi-head attention pooling with a learned probe (SigLIP's head).
+POOLINGS = ("token", "gap", "map")
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none")
-GELUS = ("exact", "tanh")
+# "quick": x * sigmoid(1.702 x), the approximation OpenAI's CLIP was trained with.
+GELUS = ("exact", "tanh", "quick")
+# "swiglu": fc1 yields a gate and a value of mlp_dim each, SiLU(gate) * value goes into fc2 (DINOv2-g).
+MLPS = ("gelu", "swiglu")
+POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
+# The options of the families built on the skeleton (DeiT, DeiT-III, DINOv2, CLIP, SigLIP) and their off values.
+FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
+                                       patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu")
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -26,12 +37,22 @@ def backbone_stride(backbone: tuple[int, ...] | None) -> int:
     return 4 * 2 ** max(len(backbone) - 1, 0)
 
 
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A finite int or float (not a bool, not NaN)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     """An image or grid size as (height, width)."""
-    if isinstance(value, int):
+    if is_int(value):
         return (value, value)
-    height, width = value
-    return (int(height), int(width))
+    if isinstance(value, tuple | list) and len(value) == 2 and all(is_int(side) for side in value):
+        return (value[0], value[1])
+    raise ConfigError(f"invalid ViTConfig: image_size={value!r}, expected an int or a (height, width) pair of ints")
 
 
 def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
@@ -39,7 +60,7 @@ def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"unknown {what} keys {unknown}; expected a subset of {sorted(known)}")
+        raise ConfigError(f"unknown {what} keys {unknown}; expected a subset of {sorted(known)}")
 
 
 @dataclass
@@ -56,6 +77,15 @@ class ViTConfig:
     mlp_dim: int = 3072
     qkv_bias: bool = True
     class_token: bool = True
+    # Options of the families built on this skeleton, each off by default (DESIGN.md section 5).
+    dist_token: bool = False  # DeiT: a distillation token after [class], its own head, both heads averaged
+    reg_tokens: int = 0  # register tokens after the [class] token (DINOv2-reg), dropped at the output
+    no_embed_class: bool = False  # the position table covers the patches only; prefix tokens get none
+    pre_norm: bool = False  # a LayerNorm on the embedded tokens before the first block (CLIP)
+    patch_bias: bool = True  # bias of the patch projection (CLIP has none)
+    layer_scale: float | None = None  # LayerScale: residual branches scaled per channel, from this init
+    qk_norm: bool = False  # LayerNorm on each head's queries and keys
+    mlp: str = "gelu"
     pool: str = "token"
     fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
     pos_embed: str = "learned"
@@ -83,34 +113,83 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         self.image_size = pair(self.image_size)
-        if self.backbone is not None:
-            self.backbone = tuple(int(blocks) for blocks in self.backbone)
+        if isinstance(self.backbone, list | tuple):
+            self.backbone = tuple(self.backbone)
         self._check()
 
     def _check(self) -> None:
+        """Every field's type and range, then the rules between fields; a ConfigError names the field."""
         def need(ok: bool, message: str) -> None:
             if not ok:
-                raise ValueError(f"invalid ViTConfig: {message}")
+                raise ConfigError(f"invalid ViTConfig: {message}")
 
-        need(self.pool in POOLINGS, f"pool={self.pool!r}, expected one of {POOLINGS}")
-        need(self.pos_embed in POS_EMBEDS, f"pos_embed={self.pos_embed!r}, expected one of {POS_EMBEDS}")
-        need(self.gelu in GELUS, f"gelu={self.gelu!r}, expected one of {GELUS}")
+        def count(name: str, low: int) -> None:
+            value = getattr(self, name)
+            need(is_int(value) and value >= low, f"{name}={value!r}, expected an int >= {low}")
+
+        def real(name: str, low: float, high: float | None = None) -> None:
+            value = getattr(self, name)
+            ok = is_real(value) and value >= low and (high is None or value < high)
+            need(ok, f"{name}={value!r}, expected a finite number in [{low}, {high if high is not None else 'inf'})")
+
+        def one_of(name: str, choices: tuple[str, ...]) -> None:
+            need(getattr(self, name) in choices, f"{name}={getattr(self, name)!r}, expected one of {choices}")
+
+        for name in ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "backbone_width", "gn_groups"):
+            count(name, 1)
+        for name in ("num_classes", "reg_tokens"):
+            count(name, 0)
+        for name in ("qkv_bias", "class_token", "fc_norm", "pos_interp_antialias", "pos_interp_align_corners",
+                     "dist_token", "no_embed_class", "pre_norm", "patch_bias", "qk_norm"):
+            need(isinstance(getattr(self, name), bool), f"{name}={getattr(self, name)!r}, expected true or false")
+        for name in ("dropout", "attn_dropout", "drop_path"):
+            real(name, 0.0, 1.0)
+        for name in ("ln_eps", "std_conv_eps", "gn_eps"):
+            real(name, 0.0)
+            need(getattr(self, name) > 0, f"{name}={getattr(self, name)!r}, expected a positive number")
+        need(self.layer_scale is None or is_real(self.layer_scale),
+             f"layer_scale={self.layer_scale!r}, expected null or a finite number")
+        for name, choices in (("pool", POOLINGS), ("pos_embed", POS_EMBEDS), ("gelu", GELUS), ("mlp", MLPS),
+                              ("pos_interp", POS_INTERPS), ("std_conv", STD_CONVS)):
+            one_of(name, choices)
+        size = self.representation_size
+        need(size is None or (is_int(size) and size >= 1),
+             f"representation_size={size!r}, expected null or an int >= 1")
+        need(self.backbone is None or all(is_int(blocks) and blocks > 0 for blocks in self.backbone),
+             f"backbone={self.backbone!r}, expected null or a list of positive block counts")
+        need(isinstance(self.extra, dict), f"extra={self.extra!r}, expected a dict")
+
         need(self.dim % self.num_heads == 0, f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
         need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
-        need(self.patch_size > 0, f"patch_size={self.patch_size} must be positive")
-        need(self.num_classes >= 0, f"num_classes={self.num_classes} must be >= 0")
+        need(not self.dist_token or (self.class_token and self.pool == "token" and not self.fc_norm
+                                     and not (self.representation_size and self.num_classes)),
+             "dist_token=True needs class_token=True, pool='token', fc_norm=False, and no representation_size "
+             "beside a head")
         if self.backbone is not None:
-            need(all(blocks > 0 for blocks in self.backbone), f"backbone={self.backbone} needs positive block counts")
-            need(self.std_conv in STD_CONVS, f"std_conv={self.std_conv!r}, expected one of {STD_CONVS}")
             need(self.backbone_width % self.gn_groups == 0,
                  f"backbone_width={self.backbone_width} is not divisible by gn_groups={self.gn_groups}")
         stride = self.effective_patch_size
+        need(min(self.image_size) > 0, f"image_size={self.image_size}, expected positive sides")
         for side in self.image_size:
             need(side % stride == 0, f"image_size={self.image_size} is not a multiple of "
                  + (f"patch_size={self.patch_size}" if self.backbone is None
                     else f"the hybrid's token stride {stride} (backbone stride x patch_size)"))
         if self.pos_embed in ("learned-2d", "sincos-2d"):
             need(self.dim % 4 == 0, f"pos_embed={self.pos_embed!r} needs dim divisible by 4, got {self.dim}")
+
+    def family_options(self) -> dict[str, Any]:
+        """The family options this config turns on (fields of FAMILY_DEFAULTS away from their off value)."""
+        return {name: getattr(self, name) for name, off in FAMILY_DEFAULTS.items() if getattr(self, name) != off}
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: [class], distillation, registers, in that order."""
+        return int(self.class_token) + int(self.dist_token) + self.reg_tokens
+
+    @property
+    def pos_prefix_tokens(self) -> int:
+        """Prefix tokens with a row of their own in the position table."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
 
     @property
     def effective_patch_size(self) -> int:

@@ -1,8 +1,8 @@
 """Position embeddings of the paper's ablation (appendix D.4) and their resampling to new grids.
 
 Each kind is a module mapping a patch grid (rows, cols) to the (1, prefix + rows*cols, D) table that
-eq. (1) adds to the token sequence; ``prefix`` is 1 when the model has a [class] token, whose slot is
-never resampled.
+eq. (1) adds to the token sequence; ``prefix`` counts the rows of prefix tokens ([class], distillation,
+registers; none with ``no_embed_class``), which are never resampled.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class RelativePositionLogits(nn.Module):
 
 
 def make_position_embedding(config: ViTConfig) -> nn.Module | None:
-    prefix = 1 if config.class_token else 0
+    prefix = config.pos_prefix_tokens
     grid, dim = config.grid_size, config.dim
     if config.pos_embed == "learned":
         return LearnedPositionEmbedding(grid, dim, prefix, config.pos_interp, config.pos_interp_antialias,

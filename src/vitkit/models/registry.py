@@ -1,4 +1,5 @@
-"""Named variants as the paper writes them: ``ViT-B/16`` is the Base model with 16x16 patches."""
+"""Named variants as the paper writes them: ``ViT-B/16`` is the Base model with 16x16 patches; and the
+families that later papers built on the same skeleton: ``DeiT-B/16-distilled``, ``DINOv2-S/14-reg4``..."""
 
 from __future__ import annotations
 
@@ -31,23 +32,76 @@ HYBRIDS: dict[tuple[str, int], tuple[tuple[int, ...], int]] = {
 }
 HYBRID_VARIANTS = ("R+ViT-Ti/16", "R26+ViT-S/32", "R26+ViT-B/32", "R50+ViT-B/16", "R50+ViT-L/32")
 
+# Sizes that only the families use: DeiT-III's Medium, SigLIP's shape-optimised 400M, DINOv2's giant (whose
+# SwiGLU MLP has a hidden width of 4096 for its gate and its value each).
+FAMILY_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "M": (12, 512, 2048, 8),
+    "So400m": (27, 1152, 4304, 16),
+    "g": (40, 1536, 4096, 24),
+}
+
+# Each family is the paper's model with some config options on, the defaults of timm's definitions
+# (image size, classes: DINOv2 and SigLIP towers come without a head) and its input normalisation.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "DeiT": dict(extra={"normalization": "imagenet"}),
+    "DeiT3": dict(no_embed_class=True, layer_scale=1e-6, extra={"normalization": "imagenet"}),
+    "DINOv2": dict(layer_scale=1e-5, image_size=518, num_classes=0, extra={"normalization": "imagenet"}),
+    "CLIP": dict(pre_norm=True, patch_bias=False, ln_eps=1e-5, extra={"normalization": "clip"}),
+    "SigLIP": dict(class_token=False, pool="map", num_classes=0, extra={"normalization": "google"}),
+}
+SUFFIXES: dict[str, dict[str, Any]] = {
+    "distilled": dict(dist_token=True),  # DeiT's distillation token and head
+    "reg4": dict(reg_tokens=4, no_embed_class=True),  # DINOv2 with registers
+}
+FAMILY_VARIANTS = (
+    "DeiT-Ti/16", "DeiT-S/16", "DeiT-B/16", "DeiT-Ti/16-distilled", "DeiT-S/16-distilled", "DeiT-B/16-distilled",
+    "DeiT3-S/16", "DeiT3-M/16", "DeiT3-B/16", "DeiT3-L/16", "DeiT3-H/14",
+    "DINOv2-S/14", "DINOv2-B/14", "DINOv2-L/14", "DINOv2-g/14",
+    "DINOv2-S/14-reg4", "DINOv2-B/14-reg4", "DINOv2-L/14-reg4", "DINOv2-g/14-reg4",
+    "CLIP-B/32", "CLIP-B/16", "CLIP-L/14", "CLIP-H/14", "SigLIP-B/16", "SigLIP-So400m/14",
+)
+
 _NAME = re.compile(r"^(?:(r\d*)\+)?vit-(ti|s|b|l|h)/(\d+)$", re.IGNORECASE)
 _SIZE_BY_LOWER = {size.lower(): size for size in SIZES}
+_FAMILY_NAME = re.compile(rf"^({'|'.join(FAMILIES)})-({'|'.join([*SIZES, *FAMILY_SIZES])})/(\d+)"
+                          rf"(?:-({'|'.join(SUFFIXES)}))?$", re.IGNORECASE)
+_CANONICAL = {key.lower(): key for key in [*FAMILIES, *SIZES, *FAMILY_SIZES, *SUFFIXES]}
 
 
 def list_models() -> list[str]:
-    """The paper's named variants and hybrids; any other ``ViT-<size>/<patch>`` pair is accepted too."""
-    return list(PAPER_VARIANTS + HYBRID_VARIANTS)
+    """The paper's named variants and hybrids, then the families; any other ``ViT-<size>/<patch>`` pair is
+    accepted too, and any ``<family>-<size>/<patch>[-<suffix>]``."""
+    return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS)
+
+
+def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
+    """The configuration of ``<family>-<size>/<patch>[-<suffix>]``: the ViT of that size plus the options."""
+    family, size, suffix = (_CANONICAL[part.lower()] if part else None for part in match.group(1, 2, 4))
+    patch = int(match.group(3))
+    depth, dim, mlp_dim, heads = {**SIZES, **FAMILY_SIZES}[size]
+    options = {**FAMILIES[family], **SUFFIXES.get(suffix, {})}
+    name = f"{family}-{size}/{patch}" + (f"-{suffix}" if suffix else "")
+    base = {**dict(patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp_dim, num_heads=heads,
+                   image_size=224 // patch * patch), **options}
+    base["extra"] = {**options.get("extra", {}), "name": name}
+    if size == "g":
+        base["mlp"] = "swiglu"
+    return ViTConfig(**{**base, **overrides})
 
 
 def model_config(name: str, **overrides: Any) -> ViTConfig:
-    """The configuration of a named variant (224 px, 1000 classes unless overridden)."""
+    """The configuration of a named variant (224 px, 1000 classes unless overridden; a family's own
+    defaults, as timm defines them)."""
+    family = _FAMILY_NAME.match(name.strip())
+    if family:
+        return family_config(family, overrides)
     match = _NAME.match(name.strip())
     if not match:
         close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown model {name!r}: expected 'ViT-<size>/<patch>' with size in "
-                         f"{'/'.join(SIZES)}, e.g. {', '.join(PAPER_VARIANTS[:3])}{hint}")
+                         f"{'/'.join(SIZES)}, e.g. {', '.join(PAPER_VARIANTS[:3])}, or "
+                         f"'<family>-<size>/<patch>' with family in {'/'.join(FAMILIES)}{hint}")
     resnet, size, patch = match.group(1), _SIZE_BY_LOWER[match.group(2).lower()], int(match.group(3))
     depth, dim, mlp_dim, heads = SIZES[size]
     canonical = f"ViT-{size}/{patch}"

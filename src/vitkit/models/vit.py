@@ -4,6 +4,10 @@
     z'_l = MSA(LN(z_{l-1})) + z_{l-1}                         (2)  Block
     z_l = MLP(LN(z'_l)) + z'_l                                (3)  Block
     y = LN(z_L^0)                                             (4)  forward_features() + pool()
+
+Options of later families (config fields, all off by default) are marked "Option" where they act:
+distillation and register tokens beside [class], position table without prefix rows, a LayerNorm before
+the blocks, and an attention-pool head; QK-norm, QuickGELU, SwiGLU and LayerScale live in the blocks.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..atomic import atomic_directory
 from .config import ViTConfig, pair
-from .layers import Block, PatchEmbed
+from .layers import AttentionPool, Block, PatchEmbed
 from .position import make_position_embedding
 from .resnet import make_backbone
 
@@ -42,24 +46,32 @@ class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         c = self.config = config
-        self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size, make_backbone(c))
+        self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size, make_backbone(c), bias=c.patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_token else None
+        # Option dist_token (DeiT) and reg_tokens (DINOv2-reg): more learned prefix tokens after [class].
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.dim)) if c.reg_tokens else None
         self.pos_embed = make_position_embedding(c)
         self.pos_drop = nn.Dropout(c.dropout)
+        self.norm_pre = nn.LayerNorm(c.dim, eps=c.ln_eps) if c.pre_norm else nn.Identity()  # Option pre_norm (CLIP)
         drop_rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         relative_tokens = self.num_prefix_tokens + c.grid_size[0] * c.grid_size[1] if c.pos_embed == "relative" else 0
         self.blocks = nn.ModuleList(
             Block(c.dim, c.num_heads, c.mlp_dim, qkv_bias=c.qkv_bias, ln_eps=c.ln_eps, gelu=c.gelu,
-                  dropout=c.dropout, attn_dropout=c.attn_dropout, drop_path=rate, relative_tokens=relative_tokens)
+                  dropout=c.dropout, attn_dropout=c.attn_dropout, drop_path=rate, relative_tokens=relative_tokens,
+                  qk_norm=c.qk_norm, swiglu=c.mlp == "swiglu", layer_scale=c.layer_scale)
             for rate in drop_rates
         )
         self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.dim, eps=c.ln_eps)
         self.fc_norm = nn.LayerNorm(c.dim, eps=c.ln_eps) if c.fc_norm else nn.Identity()
+        # Option pool='map' (SigLIP): attention pooling with a learned probe.
+        self.attn_pool = AttentionPool(c.dim, c.num_heads, c.mlp_dim, c.ln_eps, c.gelu) if c.pool == "map" else None
         if c.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(c.dim, c.representation_size), nn.Tanh())
         else:
             self.pre_logits = nn.Identity()
         self.head = self._new_head(c.num_classes)
+        self.head_dist = self._new_head(c.num_classes) if c.dist_token else None
         self.grad_checkpointing = False  # recompute block activations in backward to save memory
         self.init_weights()
 
@@ -78,7 +90,7 @@ class VisionTransformer(nn.Module):
         """Google's initialisation: xavier-uniform dense kernels (q, k, v separately), tiny MLP biases,
         LeCun-normal patch projection, zero [class] token and head, N(0, 0.02) position table."""
         for name, module in self.named_modules():
-            if isinstance(module, nn.Linear) and module is not self.head:
+            if isinstance(module, nn.Linear) and module is not self.head and module is not self.head_dist:
                 if name.endswith("attn.qkv"):
                     for part in module.weight.chunk(3, dim=0):
                         nn.init.xavier_uniform_(part)
@@ -95,12 +107,17 @@ class VisionTransformer(nn.Module):
         conv = self.patch_embed.proj
         fan_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
         nn.init.trunc_normal_(conv.weight, std=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
-        nn.init.zeros_(conv.bias)
+        if conv.bias is not None:
+            nn.init.zeros_(conv.bias)
+        probe = self.attn_pool.probe if self.attn_pool is not None else None
+        for token in (self.dist_token, self.reg_token, probe):
+            if token is not None:  # distinct from [class] (zero) from the start
+                nn.init.normal_(token, std=0.02)
 
     # -------------------------------------------------------------------------------- forward
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.cls_token is not None else 0
+        return self.config.num_prefix_tokens
 
     def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Eq. (1): patch embeddings x_p E, then the [class] token and position embeddings."""
@@ -109,12 +126,15 @@ class VisionTransformer(nn.Module):
 
     def embed_patches(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """The rest of eq. (1) on (B, N, D) patch embeddings (which masked patch prediction corrupts)."""
-        tokens = patches
-        if self.cls_token is not None:
-            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
-        if self.pos_embed is not None:
-            tokens = tokens + self.pos_embed(grid).to(tokens.dtype)
-        return self.pos_drop(tokens)
+        prefix = [token.expand(patches.shape[0], -1, -1).to(patches.dtype)
+                  for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
+        position = None if self.pos_embed is None else self.pos_embed(grid).to(patches.dtype)
+        if self.config.no_embed_class:  # Option: the prefix tokens take no position embedding
+            tokens = torch.cat(prefix + [patches if position is None else patches + position], dim=1)
+        else:
+            tokens = torch.cat(prefix + [patches], dim=1)
+            tokens = tokens if position is None else tokens + position
+        return self.norm_pre(self.pos_drop(tokens))
 
     def encode(self, z: torch.Tensor) -> torch.Tensor:
         """Eqs. (2)-(3) through every block, then the final LayerNorm."""
@@ -142,14 +162,21 @@ class VisionTransformer(nn.Module):
         return Intermediates(outputs, self.norm(z), grid, attentions if attention else None)
 
     def pool(self, features: torch.Tensor) -> torch.Tensor:
-        """The image representation: the [class] token's state, or the mean of the patch tokens."""
+        """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
+        'map') the attention pool over them; with a distillation token, the mean of it and [class] (but [class]
+        alone under a pre-logits layer, as HF's DeiTModel pools)."""
         if self.config.pool == "token":
-            pooled = features[:, 0]
-        else:
+            distilled = self.head_dist is not None and not self.config.representation_size
+            pooled = features[:, :2].mean(dim=1) if distilled else features[:, 0]
+        elif self.config.pool == "gap":
             pooled = features[:, self.num_prefix_tokens:].mean(dim=1)
+        else:
+            pooled = self.attn_pool(features[:, self.num_prefix_tokens:])
         return self.fc_norm(pooled)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
+            return (self.head(features[:, 0]) + self.head_dist(features[:, 1])) / 2
         representation = self.pre_logits(self.pool(features))
         return representation if pre_logits else self.head(representation)
 
@@ -159,13 +186,16 @@ class VisionTransformer(nn.Module):
     # ----------------------------------------------------------------------- surgery for fine-tuning
     def reset_head(self, num_classes: int, keep_pre_logits: bool = False) -> None:
         """Replace the head by a zero-initialised ``num_classes``-way linear layer (section 3.2);
-        the pre-training pre-logits layer is dropped unless ``keep_pre_logits``."""
+        the pre-training pre-logits layer is dropped unless ``keep_pre_logits``; a distillation head is
+        replaced too, and an attention-pool head is kept."""
         if not keep_pre_logits and self.config.representation_size:
             self.pre_logits = nn.Identity()
             self.config = self.config.replace(representation_size=None)
         self.config = self.config.replace(num_classes=num_classes)
         device = next(self.parameters()).device
         self.head = self._new_head(num_classes).to(device)
+        if self.head_dist is not None:
+            self.head_dist = self._new_head(num_classes).to(device)
 
     def resize_image(self, image_size: int | tuple[int, int]) -> None:
         """Make ``image_size`` the native resolution: the position table is resampled once, for good."""

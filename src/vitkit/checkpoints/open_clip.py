@@ -1,0 +1,95 @@
+"""open_clip checkpoints of ViT image towers, as open_clip saves them: a whole CLIP model's state dict
+(``visual.*`` beside the text tower, which is left out with a warning), or the ``visual`` tower alone.
+
+The tower is CLIP's (pre-norm ``ln_pre``, no patch bias, the [class] token pooled after ``ln_post``) with
+``torch.nn.MultiheadAttention`` (whose packed ``in_proj`` is vitkit's ``qkv``), optional LayerScale
+(``ls_1``/``ls_2``), and the bias-free ``proj`` as a head with a zero bias. What the weights cannot tell:
+the head count (the paper's for its widths, else ``num_heads=...``) and the activation: OpenAI's weights and
+open_clip's ``-quickgelu`` models need ``gelu='quick'``. LayerNorm eps is open_clip's 1e-5; position tables
+resample bicubically with antialias, as open_clip's ``resize_pos_embed`` does.
+
+A hub directory (what open_clip's ``push_to_hf_hub`` writes: ``open_clip_config.json`` beside
+``open_clip_model.safetensors`` or ``open_clip_pytorch_model.bin``) tells the head count, QuickGELU and the
+input statistics; towers that are not CLIP's ViT (timm towers, attention pooling...) are refused by field.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.config import ViTConfig
+from .common import CheckpointError, Names, infer_config, known_normalization, read_json_object, read_weights, rename
+
+HUB_CONFIG = "open_clip_config.json"
+HUB_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+# vision_cfg fields that make a tower other than CLIP's ViT, with the values vitkit computes.
+PLAIN_TOWER = dict(timm_model_name=None, attentional_pool=False, pool_type="tok", final_ln_after_pool=False,
+                   no_ln_pre=False, pos_embed_type="learnable", qk_norm=False, block_type=None)
+
+OPEN_CLIP_NUMERICS = dict(ln_eps=1e-5, gelu="exact", pos_interp="bicubic", pos_interp_antialias=True)
+
+_BLOCK = "transformer.resblocks.{i}."
+NAMES = Names([
+    ("class_embedding", "cls_token"),
+    ("positional_embedding", "pos_embed.weight"),
+    ("conv1.weight", "patch_embed.proj.weight"),
+    ("ln_pre.{rest}", "norm_pre.{rest}"),
+    ("ln_post.{rest}", "norm.{rest}"),
+    ("proj", "head.weight"),
+    *[(_BLOCK + theirs, "blocks.{i}." + ours) for theirs, ours in [
+        ("ln_1.{rest}", "norm1.{rest}"), ("ln_2.{rest}", "norm2.{rest}"),
+        ("attn.in_proj_weight", "attn.qkv.weight"), ("attn.in_proj_bias", "attn.qkv.bias"),
+        ("attn.out_proj.{rest}", "attn.proj.{rest}"), ("ls_1.gamma", "ls1.gamma"), ("ls_2.gamma", "ls2.gamma"),
+        ("mlp.c_fc.{rest}", "mlp.fc1.{rest}"), ("mlp.c_proj.{rest}", "mlp.fc2.{rest}"),
+    ]],
+])
+
+
+def is_open_clip(state: dict[str, torch.Tensor]) -> bool:
+    """A whole open_clip model (``visual.conv1``) or its image tower alone."""
+    return "visual.conv1.weight" in state or {"conv1.weight", "class_embedding"} <= set(state)
+
+
+def from_open_clip(state: dict[str, torch.Tensor], overrides: dict[str, Any],
+                   source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    if "visual.conv1.weight" in state:
+        text = sorted(key for key in state if not key.startswith("visual."))
+        if text:
+            warnings.warn(f"{source}: a whole open_clip model; its image tower is read and its text tower "
+                          f"({len(text)} tensors: {', '.join(text[:3])} ...) is left out", stacklevel=3)
+        state = {key.removeprefix("visual."): value for key, value in state.items() if key.startswith("visual.")}
+    state = rename(state, NAMES, source)
+    state["cls_token"] = state["cls_token"].reshape(1, 1, -1)
+    if "head.weight" in state:  # x @ proj: a (width, out) matrix without bias
+        state["head.weight"] = state["head.weight"].t().contiguous()
+        state["head.bias"] = state["head.weight"].new_zeros(state["head.weight"].shape[0])
+    return infer_config(state, overrides, source, **OPEN_CLIP_NUMERICS,
+                        extra={"format": "open_clip", "source": source, "normalization": "clip"})
+
+
+def is_open_clip_directory(path: Path) -> bool:
+    return (path / HUB_CONFIG).exists() and any((path / name).exists() for name in HUB_WEIGHTS)
+
+
+def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    hub = read_json_object(directory / HUB_CONFIG)
+    model = (hub or {}).get("model_cfg")
+    if not isinstance(model, dict) or not isinstance(model.get("vision_cfg"), dict):
+        raise CheckpointError(f"{directory / HUB_CONFIG}: expected a JSON object with model_cfg.vision_cfg")
+    vision = model["vision_cfg"]
+    other = [f"vision_cfg.{key}={vision[key]!r}" for key, plain in PLAIN_TOWER.items()
+             if vision.get(key, plain) != plain]
+    if other:
+        raise CheckpointError(f"{directory / HUB_CONFIG}: {', '.join(other)}: not the CLIP ViT tower vitkit reads")
+    told = {"num_heads": vision.get("width", 768) // vision.get("head_width", 64)}
+    if model.get("quick_gelu"):
+        told["gelu"] = "quick"
+    weights = next(directory / name for name in HUB_WEIGHTS if (directory / name).exists())
+    config, state = from_open_clip(read_weights(weights), {**told, **overrides}, str(weights))
+    preprocess = hub.get("preprocess_cfg", {})
+    family = known_normalization(preprocess.get("mean"), preprocess.get("std"), directory / HUB_CONFIG)
+    return config.replace(extra={**config.extra, "source": str(directory), "normalization": family}), state
