@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -205,3 +207,13 @@ def test_relative_attention_learns_and_runs_at_other_sizes():
     assert model.blocks[0].attn.relative.weight.grad.abs().sum() > 0
     assert model.pos_embed is None
     assert model.eval()(torch.randn(1, 3, 48, 64)).shape == (1, 10)  # longer offsets are clamped
+
+
+def test_patch_projection_is_lecun_normal_truncated_at_two_sigma():
+    """Flax's lecun_normal: std sqrt(1 / fan_in) after truncation at +-2 of the underlying normal's std."""
+    model = vitkit.create_model(vitkit.ViTConfig(image_size=32, patch_size=16, dim=768, depth=1, num_heads=12,
+                                                 mlp_dim=8, num_classes=0))
+    weight = model.patch_embed.proj.weight  # fan_in 3 * 16 * 16 = 768; 768 * 768 draws
+    lecun = math.sqrt(1 / 768)
+    assert abs(weight.std().item() / lecun - 1) < 0.02
+    assert weight.abs().max().item() <= 2 * lecun / 0.87962566103423978 + 1e-7

@@ -106,7 +106,10 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
         conv = self.patch_embed.proj
         fan_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
-        nn.init.trunc_normal_(conv.weight, std=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
+        # LeCun normal as Flax draws it: a normal cut at two of its own deviations (torch's bounds are absolute),
+        # widened by 1 / 0.8796 (the std of a unit normal cut at +-2) so that the std is sqrt(1 / fan_in).
+        spread = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+        nn.init.trunc_normal_(conv.weight, std=spread, a=-2 * spread, b=2 * spread)
         if conv.bias is not None:
             nn.init.zeros_(conv.bias)
         probe = self.attn_pool.probe if self.attn_pool is not None else None
