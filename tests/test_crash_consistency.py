@@ -1,0 +1,130 @@
+"""Kill a real `vitkit train` (SIGKILL at chosen and random moments, inside checkpoint writes and the final
+export; SIGTERM and SIGINT), resume it each time, and check it against an uninterrupted run: the weights
+bit for bit, every step once in metrics.jsonl, the same summary.json."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from launch import SRC
+
+TINY = {"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1, "pool": "gap",
+        "dropout": 0.1}
+TRAIN = ["--model-args", json.dumps(TINY), "--steps", "60", "--batch-size", "32", "--checkpoint-every", "1",
+         "--eval-every", "20", "--log-every", "1", "--threads", "1", "--aug-level", "light2"]
+ENV = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+
+
+def start(run_dir: Path) -> subprocess.Popen:
+    resume = ["--resume"] if (run_dir / "recipe.json").exists() else []
+    return subprocess.Popen([sys.executable, "-m", "vitkit", "train", *TRAIN, "--run-dir", str(run_dir), *resume],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def staging(run_dir: Path, name: str) -> bool:
+    """Whether a hidden temporary of ``name`` (a checkpoint being written, the final model) exists now."""
+    for folder in (run_dir, run_dir / "checkpoints"):
+        try:
+            if any(entry.startswith(f".{name}") and entry.endswith(".tmp") for entry in os.listdir(folder)):
+                return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
+def interrupt(run_dir: Path, when, signum=signal.SIGKILL, timeout=120.0) -> tuple[int, str]:
+    """Start (or resume) the run, send ``signum`` as soon as ``when(run_dir)`` holds; (status, stderr)."""
+    process = start(run_dir)
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        if when(run_dir):
+            process.send_signal(signum)
+            break
+        time.sleep(0.0005)
+    _, err = process.communicate(timeout=timeout)
+    return process.returncode, err
+
+
+def records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "train/images_per_s"} for line in lines]
+
+
+def summary(run_dir: Path) -> dict:
+    data = json.loads((run_dir / "summary.json").read_text())
+    return {k: v for k, v in data.items() if k not in ("train_seconds", "run_dir")}
+
+
+def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    status, err = interrupt(straight, lambda _: False)
+    assert status == 0, err[-2000:]
+
+    moment = random.Random(0)
+    launched = []
+
+    def after(seconds):
+        def when(_):
+            if not launched:
+                launched.append(time.monotonic())
+            return time.monotonic() - launched[0] >= seconds
+        return when
+
+    def checkpoints(run_dir):
+        return sorted((run_dir / "checkpoints").glob("step-*")) if (run_dir / "checkpoints").is_dir() else []
+
+    plan = [
+        ("before the first checkpoint", lambda d: (d / "metrics.jsonl").exists() and not checkpoints(d)),
+        ("inside a checkpoint write", lambda d: staging(d, "step-")),
+        ("at a random moment", after(moment.uniform(2.0, 4.0))),
+        ("inside a checkpoint write", lambda d: staging(d, "step-")),
+        ("inside the final export", lambda d: staging(d, "model")),
+        ("inside the final export, again", lambda d: staging(d, "model")),
+    ]
+    inside_writes = 0
+    for what, when in plan:
+        launched.clear()
+        status, err = interrupt(killed, when)
+        if status == 0:
+            break  # the run ended before the moment came
+        assert status == -signal.SIGKILL, (what, err[-2000:])
+        inside_writes += any(staging(killed, name) for name in ("step-", "model"))
+    assert inside_writes >= 1  # at least one kill left a half-written checkpoint or model behind
+
+    # A preemption notice (SIGTERM) saves a checkpoint and ends the process as SIGTERM would (status 143).
+    if not (killed / "summary.json").exists():
+        status, err = interrupt(killed, lambda d: len(checkpoints(d)) >= 1, signal.SIGTERM)
+        assert status in (-signal.SIGTERM, 0), err[-2000:]
+    status, err = interrupt(killed, lambda _: False)
+    assert status == 0, err[-2000:]
+
+    ours, theirs = load_file(killed / "model" / "model.safetensors"), load_file(straight / "model" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+    steps = [r["step"] for r in records(killed) if "train/loss" in r]
+    assert steps == list(range(1, 61))
+    assert records(killed) == records(straight)
+    assert summary(killed) == summary(straight) and "train/loss" in summary(killed)
+    leftovers = [p.name for folder in (killed, killed / "checkpoints") for p in folder.iterdir()
+                 if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_sigterm_and_sigint_save_then_stop(tmp_path):
+    """Both signals leave a checkpoint of the step where they arrived; SIGINT exits 130, SIGTERM as itself."""
+    run_dir = tmp_path / "run"
+    first_record = lambda d: (d / "metrics.jsonl").exists() and (d / "metrics.jsonl").stat().st_size > 0  # noqa
+    status, err = interrupt(run_dir, first_record, signal.SIGTERM)
+    assert status == -signal.SIGTERM, err[-2000:]
+    assert "SIGTERM: saved a checkpoint at step" in err
+    step = int(err.split("saved a checkpoint at step ")[1].split()[0])
+    assert (run_dir / "checkpoints" / f"step-{step:08d}" / "training_state.pt").is_file()
+    status, err = interrupt(run_dir, lambda d: len(records(d)) > step + 1, signal.SIGINT)
+    assert status == 130, err[-2000:]
+    assert "SIGINT: saved a checkpoint" in err and "interrupted" in err
