@@ -28,15 +28,24 @@ def start(run_dir: Path) -> subprocess.Popen:
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def staging(run_dir: Path, name: str) -> bool:
-    """Whether a hidden temporary of ``name`` (a checkpoint being written, the final model) exists now."""
+def staging(run_dir: Path, name: str) -> set[str]:
+    """The hidden temporaries of ``name`` (a checkpoint being written, the final model) that exist now."""
+    found = set()
     for folder in (run_dir, run_dir / "checkpoints"):
         try:
-            if any(entry.startswith(f".{name}") and entry.endswith(".tmp") for entry in os.listdir(folder)):
-                return True
+            found |= {entry for entry in os.listdir(folder) if entry.startswith(f".{name}") and entry.endswith(".tmp")}
         except FileNotFoundError:
             pass
-    return False
+    return found
+
+
+def writing(name: str):
+    """A moment: a new temporary of ``name`` appeared (not one that an earlier kill left behind)."""
+    def when(run_dir: Path) -> bool:
+        if not hasattr(when, "left"):
+            when.left = staging(run_dir, name)
+        return bool(staging(run_dir, name) - when.left)
+    return when
 
 
 def interrupt(run_dir: Path, when, signum=signal.SIGKILL, timeout=120.0) -> tuple[int, str]:
@@ -68,35 +77,47 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert status == 0, err[-2000:]
 
     moment = random.Random(0)
-    launched = []
 
-    def after(seconds):
-        def when(_):
-            if not launched:
-                launched.append(time.monotonic())
-            return time.monotonic() - launched[0] >= seconds
+    def logged(run_dir: Path) -> int:
+        try:
+            return (run_dir / "metrics.jsonl").read_text().count("\n")
+        except FileNotFoundError:
+            return 0
+
+    def at_random(low: int, high: int):
+        """A moment: a random number of steps into the run (as metrics.jsonl shows), plus up to 20 ms."""
+        target, delay = moment.randint(low, high), moment.uniform(0.0, 0.02)
+
+        def when(run_dir: Path) -> bool:
+            if logged(run_dir) >= target and not hasattr(when, "seen"):
+                when.seen = time.monotonic()
+            return hasattr(when, "seen") and time.monotonic() - when.seen >= delay
         return when
+
+    def write_after(records: int):
+        """A moment: inside a checkpoint write, once metrics.jsonl holds ``records`` lines."""
+        inside = writing("step-")
+        return lambda run_dir: inside(run_dir) and logged(run_dir) >= records
 
     def checkpoints(run_dir):
         return sorted((run_dir / "checkpoints").glob("step-*")) if (run_dir / "checkpoints").is_dir() else []
 
     plan = [
-        ("before the first checkpoint", lambda d: (d / "metrics.jsonl").exists() and not checkpoints(d)),
-        ("inside a checkpoint write", lambda d: staging(d, "step-")),
-        ("at a random moment", after(moment.uniform(2.0, 4.0))),
-        ("inside a checkpoint write", lambda d: staging(d, "step-")),
-        ("inside the final export", lambda d: staging(d, "model")),
-        ("inside the final export, again", lambda d: staging(d, "model")),
+        ("before the first checkpoint", lambda d: logged(d) >= 1 and not checkpoints(d)),
+        ("inside a checkpoint write", write_after(10)),
+        ("at a random step", at_random(12, 30)),
+        ("inside a checkpoint write", write_after(35)),
+        ("at a random step", at_random(36, 55)),
+        ("inside the final export", writing("model")),
     ]
     inside_writes = 0
     for what, when in plan:
-        launched.clear()
         status, err = interrupt(killed, when)
         if status == 0:
             break  # the run ended before the moment came
         assert status == -signal.SIGKILL, (what, err[-2000:])
-        inside_writes += any(staging(killed, name) for name in ("step-", "model"))
-    assert inside_writes >= 1  # at least one kill left a half-written checkpoint or model behind
+        inside_writes += bool(staging(killed, "step-") | staging(killed, "model"))
+    assert inside_writes >= 2  # kills that left a half-written checkpoint or model behind
 
     # A preemption notice (SIGTERM) saves a checkpoint and ends the process as SIGTERM would (status 143).
     if not (killed / "summary.json").exists():
@@ -105,7 +126,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     status, err = interrupt(killed, lambda _: False)
     assert status == 0, err[-2000:]
 
-    ours, theirs = load_file(killed / "model" / "model.safetensors"), load_file(straight / "model" / "model.safetensors")
+    ours, theirs = (load_file(run / "model" / "model.safetensors") for run in (killed, straight))
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
     steps = [r["step"] for r in records(killed) if "train/loss" in r]
     assert steps == list(range(1, 61))

@@ -19,6 +19,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -90,6 +92,16 @@ def _replace_directory(staging: Path, path: Path) -> None:
     os.replace(staging, path)
     fsync_directory(path.parent)
     remove_tree(old)
+
+
+@contextlib.contextmanager
+def os_errors(path: str | Path) -> Iterator[None]:
+    """Report a failed write as the OSError it is: torch.save raises RuntimeError and safetensors
+    SafetensorError when the disk is full or a file size limit is reached."""
+    try:
+        yield
+    except (RuntimeError, SafetensorError) as error:
+        raise OSError(f"{path}: could not write ({' '.join(str(error).split())}); is the disk full?") from error
 
 
 def _fsync_file(path: Path) -> None:

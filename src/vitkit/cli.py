@@ -400,7 +400,8 @@ USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 def describe(error: BaseException) -> str:
     """One line naming what was wrong: an OS error as ``FILE: reason`` rather than ``[Errno 2] ...``."""
     if isinstance(error, OSError) and error.strerror:
-        names = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+        names = " -> ".join(os.fsdecode(name) if isinstance(name, bytes) else str(name)
+                            for name in (error.filename, error.filename2) if name is not None)
         return f"{names}: {error.strerror}" if names else error.strerror
     return str(error) or type(error).__name__
 

@@ -80,7 +80,7 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``; None when the file is absent or holds something else (format sniffing)."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # absent, unreadable, not text (UnicodeDecodeError), not JSON
         return None
     return data if isinstance(data, dict) else None
 

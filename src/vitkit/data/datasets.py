@@ -91,7 +91,9 @@ def read_image(path: str | Path) -> torch.Tensor:
                                    f"a decompression bomb, or an image to downscale first")
             image.load()
             return pil_to_tensor(_eight_bit(ImageOps.exif_transpose(image)))
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+    except Image.DecompressionBombError as error:
+        raise DatasetError(f"{path}: refusing to decode a decompression bomb ({error})") from error
+    except (OSError, ValueError, SyntaxError) as error:
         raise DatasetError(f"{path}: not a readable image ({error})") from error
 
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from safetensors.torch import save_file
 
-from ..atomic import atomic_directory, retire, sweep
+from ..atomic import atomic_directory, os_errors, retire, sweep
 from ..checkpoints.common import load_torch_file, read_safetensors
 from ..errors import CheckpointError
 from ..checkpoints.loading import build, read_native
@@ -79,9 +79,10 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, weights: dict[st
     vit, own = split_weights(model, weights)
     with atomic_directory(path) as staging:
         save_native(staging, vit_of(model).config, vit)
-        if own:
-            save_file({k: t.detach().cpu().contiguous() for k, t in own.items()}, staging / OBJECTIVE_FILE)
-        torch.save(state, staging / STATE_FILE)
+        with os_errors(path):
+            if own:
+                save_file({k: t.detach().cpu().contiguous() for k, t in own.items()}, staging / OBJECTIVE_FILE)
+            torch.save(state, staging / STATE_FILE)
     for old in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
         retire(old)
     return path

@@ -96,6 +96,7 @@ class MetricsLog:
         self.path, self.enabled, self.board = Path(run_dir) / "metrics.jsonl", enabled, None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch()  # a run directory we may not write fails here, before TensorBoard's threads start
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
@@ -107,6 +108,8 @@ class MetricsLog:
         """The complete records (a line cut short by a kill is left out)."""
         if not self.path.exists():
             return []
+        if not self.path.is_file():  # a directory, a device: never read a stream without end
+            raise FileExistsError(f"{self.path} is not a regular file; expected the run's metrics (JSON lines)")
         found = []
         for line in self.path.read_text(errors="replace").splitlines():
             with contextlib.suppress(json.JSONDecodeError):
@@ -134,8 +137,11 @@ class MetricsLog:
     def write(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps({"step": step, **values}) + "\n")
+        try:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps({"step": step, **values}) + "\n")
+        except OSError as error:  # a full disk names no file by itself
+            raise OSError(error.errno, error.strerror, str(self.path)) from error
         if self.board is not None:
             for key, value in values.items():
                 self.board.add_scalar(key, value, step)
