@@ -166,10 +166,10 @@ def _image_size(text: str) -> tuple[int, int]:
 # ------------------------------------------------------------------------ train, finetune, eval, predict
 def _recipe_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--field`` flag per recipe field, typed by its default; unset flags leave the preset alone."""
-    from .train.recipes import Recipe
+    from .train.recipes import Recipe, field_types
 
     group = parser.add_argument_group("recipe fields (override the preset and the config file)")
-    hints = typing.get_type_hints(Recipe)
+    hints = field_types()
     for item in dataclasses.fields(Recipe):
         default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
         flag = "--" + item.name.replace("_", "-")

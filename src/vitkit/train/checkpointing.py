@@ -97,11 +97,15 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
                          f"the same recipe")
     if vit_of(model) is not model:
         weights = {**{_ENCODER + k: t for k, t in weights.items()}, **read_safetensors(Path(path) / OBJECTIVE_FILE)}
-    state = load_torch_file(Path(path) / STATE_FILE)
+    earlier = f"; delete {path} to resume from the checkpoint before it"
+    try:
+        state = load_torch_file(Path(path) / STATE_FILE)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}{earlier}") from error
     missing = [key for key in _STATE_KEYS if key not in state] if isinstance(state, dict) else _STATE_KEYS
     if missing:
-        raise CheckpointError(f"{Path(path) / STATE_FILE}: not a vitkit training state (missing {missing}); "
-                              f"delete {path} to resume from the checkpoint before it")
+        raise CheckpointError(f"{Path(path) / STATE_FILE}: not a vitkit training state (missing {missing})"
+                              + earlier)
     load_full_state(model, optimizer, weights, state.pop("optimizer"))
     return state
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import re
@@ -36,6 +37,9 @@ OPTIMIZERS = ("adamw", "sgd")
 
 @dataclass
 class Recipe:
+    """Every setting of a run, checked when built: types, ranges and choices (``Literal``); a bad value
+    raises ``ConfigError`` naming the field."""
+
     # data
     dataset: str = "digits"
     data_dir: str | None = None
@@ -94,7 +98,7 @@ class Recipe:
     eval_batch_size: int = 256
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = field_types()
         for item in dataclasses.fields(self):
             setattr(self, item.name, _typed(item.name, getattr(self, item.name), hints[item.name]))
         for name, (holds, expected) in _RANGES.items():
@@ -106,9 +110,9 @@ class Recipe:
         if self.mpp_mask_prob + self.mpp_random_prob > 1:
             raise ConfigError(f"recipe fields mpp_mask_prob={self.mpp_mask_prob} + mpp_random_prob="
                               f"{self.mpp_random_prob}: expected a sum of at most 1")
-        self._check_model()
+        self._check_model_args()
 
-    def _check_model(self) -> None:
+    def _check_model_args(self) -> None:
         """Unknown ``model_args`` are refused here; their values are checked when the model is built."""
         fields = {f.name for f in dataclasses.fields(ViTConfig)} - {"image_size", "num_classes"}
         unknown = sorted(set(self.model_args) - fields)
@@ -141,6 +145,12 @@ class Recipe:
             if not source:
                 raise
             raise ConfigError(f"{prefix}{error}") from error
+
+
+@functools.cache
+def field_types() -> dict[str, Any]:
+    """The annotation of every recipe field, resolved once (``Literal`` fields list their choices)."""
+    return typing.get_type_hints(Recipe)
 
 
 def _typed(name: str, value: Any, kind: Any) -> Any:
