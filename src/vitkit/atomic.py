@@ -42,9 +42,10 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         fsync_directory(path.parent)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        name_the_file(error, path)
         raise
 
 
@@ -73,10 +74,17 @@ def atomic_directory(path: str | Path, allowed_existing: tuple[str, ...] = ("con
                 _fsync_file(file)
         fsync_directory(staging)
         _replace_directory(staging, path)
-    except BaseException:
+    except BaseException as error:
         if staging.exists():  # what the block wrote is incomplete; a failure to delete it is swept later
             remove_tree(staging)
+        name_the_file(error, path)
         raise
+
+
+def name_the_file(error: BaseException, path: Path) -> None:
+    """A failed write (ENOSPC, EIO) names no file by itself: name the one being written."""
+    if isinstance(error, OSError) and error.errno is not None and error.filename is None:
+        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _replace_directory(staging: Path, path: Path) -> None:

@@ -159,7 +159,13 @@ def _json_object(text: str) -> dict:
 
 
 def _image_size(text: str) -> tuple[int, int]:
-    parts = [int(p) for p in text.lower().split("x")]
+    """``224`` or ``384x512`` (height x width), in pixels."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size such as 224 or 384x512, got {text!r}")
     return pair(parts[0] if len(parts) == 1 else tuple(parts))
 
 

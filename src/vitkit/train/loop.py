@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..atomic import atomic_file
+from ..atomic import atomic_file, name_the_file
 from ..errors import TrainingDiverged
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
@@ -140,8 +140,9 @@ class MetricsLog:
         try:
             with self.path.open("a") as handle:
                 handle.write(json.dumps({"step": step, **values}) + "\n")
-        except OSError as error:  # a full disk names no file by itself
-            raise OSError(error.errno, error.strerror, str(self.path)) from error
+        except OSError as error:
+            name_the_file(error, self.path)
+            raise
         if self.board is not None:
             for key, value in values.items():
                 self.board.add_scalar(key, value, step)
