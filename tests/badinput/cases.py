@@ -259,7 +259,7 @@ CASES = [
     Case(".safetensors of noise", lambda t: ["info", str(write(t / "w.safetensors", RANDOM))], 1,
          "corrupt or unreadable safetensors file"),
     Case("checkpoint directory that is a file", lambda t: ["info", str(write(t / "model", "not a directory"))], 1,
-         "unknown weights file type"),
+         "model: unknown weights file type (no suffix); expected a checkpoint directory"),
     Case("empty checkpoint directory", lambda t: ["info", str((t / "empty").mkdir() or t / "empty")], 1,
          "is not a checkpoint vitkit can read"),
     Case("config.json of noise", lambda t: ["info", str(_native_with(t, config=RANDOM[:64]))], 1,

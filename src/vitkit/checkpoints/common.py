@@ -202,8 +202,8 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         return read_safetensors(path)
     if path.suffix in TORCH_SUFFIXES:
         return read_torch(path)
-    raise CheckpointError(f"{path}: unknown weights file type {path.suffix!r}; expected .safetensors, "
-                          f".npz or one of {', '.join(TORCH_SUFFIXES)}")
+    raise CheckpointError(f"{path}: unknown weights file type {path.suffix or '(no suffix)'}; expected a checkpoint "
+                          f"directory, .safetensors, .npz or one of {', '.join(TORCH_SUFFIXES)}")
 
 
 # ------------------------------------------------------------------------------------ name tables

@@ -133,7 +133,7 @@ def prepare(recipe: Recipe) -> Experiment:
     loop = LoopConfig(total_steps=steps, accum_steps=recipe.accum_steps, clip_norm=recipe.clip_norm,
                       precision=recipe.precision, ema_decay=recipe.ema_decay, log_every=recipe.log_every,
                       eval_every=recipe.eval_every, checkpoint_every=recipe.checkpoint_every,
-                      keep_last=recipe.keep_last, compile=recipe.compile)
+                      checkpoint_minutes=recipe.checkpoint_minutes, keep_last=recipe.keep_last, compile=recipe.compile)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
     return Experiment(recipe, run_dir, trainer, classes, measure)
 
