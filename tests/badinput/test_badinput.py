@@ -87,3 +87,18 @@ def test_a_read_only_run_directory_is_named(tmp_path):
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"{run}" in result.stderr and "Permission denied" in result.stderr
+
+
+def test_debug_shows_the_traceback_and_bugs_are_not_hidden(tmp_path, capsys, monkeypatch):
+    assert main(["--debug", "info", str(tmp_path / "gone")]) == 1
+    assert "Traceback" in capsys.readouterr().err
+    monkeypatch.setenv("VITKIT_DEBUG", "1")
+    assert main(["info", str(tmp_path / "gone"), "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+    monkeypatch.delenv("VITKIT_DEBUG")
+
+    def buggy(args):
+        return 1 // 0
+    monkeypatch.setattr("vitkit.cli.cmd_models", buggy)
+    with pytest.raises(ZeroDivisionError):  # a genuine bug is no user error: it keeps its traceback
+        main(["models"])
