@@ -72,6 +72,16 @@ def npz_claiming(count: int) -> bytes:
     return archive.getvalue()
 
 
+def npz_lying_about_its_size() -> bytes:
+    """An .npz whose member claims 10^9 floats in its .npy header and, to match, ~4 GB in the zip's own
+    size fields (local header and central directory), while it stores 16 bytes."""
+    archive = npz_claiming(10**9)
+    size = struct.pack("<I", 0xFFFFFF00)
+    local, central = archive.index(b"PK\x03\x04"), archive.index(b"PK\x01\x02")
+    archive = archive[:local + 22] + size + archive[local + 26:]
+    return archive[:central + 24] + size + archive[central + 28:]
+
+
 def npz_of(**arrays) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
@@ -249,6 +259,8 @@ CASES = [
          "refusing to unpickle"),
     Case(".npz claiming 10^12 floats", lambda t: ["info", str(write(t / "w.npz", npz_claiming(10**12)))], 1,
          "claims shape (1000000000000,) of float32 (4,000,000,000,000 bytes) but holds 16 bytes"),
+    Case(".npz lying in its zip sizes too", lambda t: ["info", str(write(t / "w.npz", npz_lying_about_its_size()))],
+         1, "claims shape (1000000000,) of float32 (4,000,000,000 bytes) but holds"),
     Case(".npz of Python objects", lambda t: ["info", str(write(t / "w.npz", npz_of(a=np.array([{}], object))))],
          1, "holds Python objects"),
     Case(".npz of text files", lambda t: ["info", str(write(t / "w.npz", _zip_of(notes="hello")))], 1,

@@ -177,6 +177,10 @@ def read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{path}: corrupt or unreadable .npz file ({error})") from error
 
 
+# Deflate expands at most about 1032 times: the most data a compressed member can really hold.
+_MAX_DEFLATE_RATIO = 1032
+
+
 def _check_npy_header(path: Path, archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> None:
     if not member.filename.endswith(".npy"):
         raise CheckpointError(f"{path}: member {member.filename!r} is not a .npy array; not a valid .npz file")
@@ -193,10 +197,15 @@ def _check_npy_header(path: Path, archive: zipfile.ZipFile, member: zipfile.ZipI
             raise CheckpointError(f"{path}: member {member.filename!r} holds Python objects (dtype {dtype}); "
                                   f"refusing to unpickle them, a checkpoint holds numeric arrays only")
         claimed = math.prod(shape) * dtype.itemsize
-        available = member.file_size - handle.tell()
+        header = handle.tell()
+    # The archive's own size fields can lie too: bound them by the bytes it really stores.
+    stored = member.compress_size * (1 if member.compress_type == zipfile.ZIP_STORED else _MAX_DEFLATE_RATIO)
+    available = min(member.file_size, stored) - header
     if claimed > available:
         raise CheckpointError(f"{path}: member {member.filename!r} claims shape {shape} of {dtype} ({claimed:,} "
-                              f"bytes) but holds {available:,} bytes; not a valid .npz file")
+                              f"bytes) but holds {max(available, 0):,} bytes; not a valid .npz file")
+
+
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         return read_safetensors(path)

@@ -279,9 +279,8 @@ class Trainer:
         config, done = self.config, self.step
         if done == config.total_steps:  # the final checkpoint follows the final evaluation
             return
-        minutes = time.monotonic() - self.saved_at >= 60 * config.checkpoint_minutes
-        due = bool(config.checkpoint_every and done % config.checkpoint_every == 0)
-        due |= bool(config.checkpoint_minutes) and minutes
+        every, minutes = config.checkpoint_every, config.checkpoint_minutes
+        due = bool(every and done % every == 0 or minutes and time.monotonic() - self.saved_at >= 60 * minutes)
         stopping = stop.signum is not None
         if self.env.enabled:
             stopping, due = (self.env.mean(torch.tensor([float(stopping), float(due)])) > 0).tolist()
