@@ -17,10 +17,10 @@ from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import convert, load
 from .data import trained_normalization, trained_statistics
+from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS
 from .models import list_models, model_config
 from .models.config import pair
-from .errors import ConfigError, VitkitError
 from .models.stats import config_parameters, count_parameters, forward_flops
 
 
@@ -244,7 +244,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     transform = checkpoint_transform(config)
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
-                         f"{len(dataset.classes)}")
+                          f"{len(dataset.classes)}")
     loader = eval_loader(Transformed(dataset, transform), args.batch_size, args.num_workers)
     report = write_report(evaluate(model, loader, config.num_classes), dataset.classes, args.out, args.split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]

@@ -91,6 +91,8 @@ def read_image(path: str | Path) -> torch.Tensor:
                                    f"a decompression bomb, or an image to downscale first")
             image.load()
             return pil_to_tensor(_eight_bit(ImageOps.exif_transpose(image)))
+    except DatasetError:
+        raise
     except Image.DecompressionBombError as error:
         raise DatasetError(f"{path}: refusing to decode a decompression bomb ({error})") from error
     except (OSError, ValueError, SyntaxError) as error:
