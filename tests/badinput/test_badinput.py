@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from cases import CASES, PWNED, TRAIN
+from launch import SRC
 from vitkit.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from launch import SRC  # noqa: E402
 
 
 @pytest.fixture(scope="module")
