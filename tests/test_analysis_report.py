@@ -102,8 +102,8 @@ def test_read_images_from_files_and_directories(tmp_path):
     Image.new("L", (4, 4), 7).save(tmp_path / "b.bmp")
     (tmp_path / "notes.txt").write_text("not an image")
     images = read_images([tmp_path])
-    assert [image.shape for image in images] == [(3, 5, 3), (4, 4, 3)]
-    assert images[0][0, 0].tolist() == [10, 20, 30] and images[1][0, 0].tolist() == [7, 7, 7]
+    assert [image.shape for image in images] == [(3, 5, 3), (4, 4)]  # grey stays grey, as in datasets
+    assert images[0][0, 0].tolist() == [10, 20, 30] and images[1][0, 0] == 7
     (tmp_path / "broken.png").write_bytes(b"not a png")
     with pytest.raises(ValueError, match=r"broken.png: not a readable image"):
         read_images([tmp_path / "broken.png"])
@@ -161,19 +161,19 @@ def test_analyze_reports_bad_input_clearly(tmp_path, capsys):
     checkpoint(tmp_path / "ckpt")
     assert main(["analyze", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o"), "--mean", "0.1", "0.2"]) == 2
     assert "expected 1 or 3 values for the normalisation, got [0.1, 0.2]" in capsys.readouterr().err
-    assert main(["analyze", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 2
+    assert main(["analyze", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 1
     assert "no checkpoint at" in capsys.readouterr().err
 
 
 def test_missing_plotting_and_photo_libraries_are_named(tmp_path, monkeypatch, capsys):
     checkpoint(tmp_path / "ckpt")
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # as if scikit-learn were not installed
-    assert main(["analyze", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o")]) == 2
+    assert main(["analyze", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o")]) == 1
     assert "pip install 'vitkit[analysis]' (or scikit-learn), or pass image files" in capsys.readouterr().err
     Image.new("RGB", (32, 32)).save(tmp_path / "x.png")
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     assert main(["analyze", str(tmp_path / "ckpt"), "--images", str(tmp_path / "x.png"), "--out",
-                 str(tmp_path / "o")]) == 2
+                 str(tmp_path / "o")]) == 1
     assert "vitkit's figures need matplotlib: pip install 'vitkit[analysis]'" in capsys.readouterr().err
 
 

@@ -107,7 +107,7 @@ def test_cli_models_and_info(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    assert main(["info", str(tmp_path / "missing")]) == 2
+    assert main(["info", str(tmp_path / "missing")]) == 1
     assert "vitkit info: error: no checkpoint at" in capsys.readouterr().err
     assert main(["models", "ViT-Q/16"]) == 2
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err

@@ -61,7 +61,7 @@ recipe = resolve("digits", overrides={"model_args": model_args, "steps": 1, "bat
                                       "run_dir": str(out / "first")})
 run(recipe)
 kept = dist.is_initialized()
-run(recipe)
+run(recipe.replace(run_dir=str(out / "second")))  # a run directory holds one run
 code = main(["train", "--model-args", json.dumps(model_args), "--steps", "1", "--batch-size", "8", "--threads", "1",
              "--run-dir", str(out / "cli")])
 (out / ("rank-" + os.environ["RANK"])).write_text(f"kept {kept}, cli {code}, left {not dist.is_initialized()}")

@@ -215,3 +215,13 @@ def test_generators_restore_per_rank_and_from_one_rank_files(tmp_path):
     with pytest.warns(UserWarning, match="saved by 2 rank"):
         trainer.restore_generators({"rng_cpu": [saved, torch.get_rng_state()]})
     assert torch.equal(torch.rand(3), expected), "rank 0 takes rank 0's generator"
+
+
+@pytest.mark.parametrize("minutes, expected", [(1e-9, list(range(1, 9))), (0.0, [8])])
+def test_checkpoints_by_wall_time(tmp_path, minutes, expected):
+    """``checkpoint_minutes`` alone (no step interval): a checkpoint whenever that much time has passed
+    (here: after every step), and with both off only the final one."""
+    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=0, checkpoint_minutes=minutes, keep_last=0,
+                                  eval_every=0)).trainer
+    trainer.fit()
+    assert [int(p.name.split("-")[1]) for p in list_checkpoints(tmp_path)] == expected

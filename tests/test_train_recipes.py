@@ -5,7 +5,9 @@ import json
 import pytest
 
 from vitkit.cli import build_parser, main, recipe_from_args
+from vitkit.errors import ConfigError
 from vitkit.train import PRESETS, Recipe, resolve
+from vitkit.train.recipes import read_config_file
 
 
 def test_preset_then_yaml_then_overrides(tmp_path):
@@ -62,3 +64,21 @@ def test_a_run_from_a_checkpoint_keeps_the_checkpoints_architecture():
     tuned = resolve("fashion-mnist", overrides={"init": "runs/x/model", "model_args": {"drop_path": 0.1}})
     assert tuned.model_args == {"drop_path": 0.1} and tuned.model == "" and tuned.dataset == "fashion-mnist"
     assert resolve("paper-pretrain", overrides={"init": "runs/x/model"}).model == ""
+
+
+def test_recipes_are_checked_when_built():
+    with pytest.raises(ConfigError, match=r"optimizer='adam': expected one of \['adamw', 'sgd'\]"):
+        Recipe(optimizer="adam")
+    with pytest.raises(ValueError, match=r"lr='fast': expected a finite number"):  # ConfigError is a ValueError
+        Recipe(lr="fast")
+    with pytest.raises(ConfigError, match="steps=True: expected an integer"):
+        Recipe(steps=True)
+    recipe = Recipe.from_dict({"lr": 1, "betas": [0.8, 0.9], "crop_scale": [0.5, 1]})
+    assert (recipe.lr, recipe.betas, recipe.crop_scale) == (1.0, (0.8, 0.9), (0.5, 1.0))
+    assert isinstance(recipe.lr, float) and Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
+
+
+def test_yaml_exponents_are_numbers(tmp_path):
+    """YAML 1.1 reads 1e-3 as the string '1e-3'; a recipe means the number, as JSON does."""
+    (tmp_path / "r.yaml").write_text("lr: 1e-3\nweight_decay: 5E-2\nmodel: ViT-B/16\n")
+    assert read_config_file(tmp_path / "r.yaml") == {"lr": 1e-3, "weight_decay": 5e-2, "model": "ViT-B/16"}

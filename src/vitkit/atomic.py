@@ -1,14 +1,25 @@
 """Atomic writes: build in a temporary sibling, then rename, so a crash never leaves a half-written file
-or checkpoint directory behind, and the previous version survives until the new one is complete."""
+or checkpoint directory behind, and the previous version survives until the new one is complete.
+
+Every file is fsynced before its rename and the parent directory after it, so that the rename cannot
+reach the disk before the data (a power cut then leaves the old version, never an empty file).
+Temporaries are hidden siblings named ``.NAME.XXXX.tmp`` (being written) and ``.NAME.XXXX.old`` (a
+previous version moved aside); a process killed mid-write leaves them behind, and ``sweep`` clears
+them when the directory is next used.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 
 def _umask() -> int:
@@ -30,9 +41,11 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        fsync_directory(path.parent)
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        name_the_file(error, path)
         raise
 
 
@@ -56,19 +69,118 @@ def atomic_directory(path: str | Path, allowed_existing: tuple[str, ...] = ("con
     os.chmod(staging, 0o777 & ~_umask())
     try:
         yield staging
+        for file in staging.rglob("*"):
+            if file.is_file():
+                _fsync_file(file)
+        fsync_directory(staging)
         _replace_directory(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as error:
+        if staging.exists():  # what the block wrote is incomplete; a failure to delete it is swept later
+            remove_tree(staging)
+        name_the_file(error, path)
         raise
+
+
+def name_the_file(error: BaseException, path: Path) -> None:
+    """A failed write (ENOSPC, EIO) names no file by itself: name the one being written."""
+    if isinstance(error, OSError) and error.errno is not None and error.filename is None:
+        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _replace_directory(staging: Path, path: Path) -> None:
     if not path.exists():
         os.replace(staging, path)
+        fsync_directory(path.parent)
         return
     # A directory cannot be renamed over a non-empty one: move the old one aside first, so that at
-    # every moment either it or the new one is complete on disk.
+    # every moment either it or the new one is complete on disk (``sweep`` puts it back if a crash
+    # comes between the two renames).
     old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
     os.replace(path, old / path.name)
     os.replace(staging, path)
-    shutil.rmtree(old, ignore_errors=True)
+    fsync_directory(path.parent)
+    remove_tree(old)
+
+
+@contextlib.contextmanager
+def os_errors(path: str | Path) -> Iterator[None]:
+    """Report a failed write as the OSError it is: torch.save raises RuntimeError and safetensors
+    SafetensorError when the disk is full or a file size limit is reached."""
+    try:
+        yield
+    except (RuntimeError, SafetensorError) as error:
+        raise OSError(f"{path}: could not write ({' '.join(str(error).split())}); is the disk full?") from error
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the renames and deletions in directory ``path`` durable (a no-op where the OS cannot)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse to fsync a directory; the rename itself stands
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> bool:
+    """Delete a directory tree; on failure warn, naming it and why (a prune that fails is reported, not
+    hidden), and return False."""
+    try:
+        shutil.rmtree(path)
+    except OSError as error:
+        warnings.warn(f"could not delete {path}: {error}; delete it by hand to free the space", stacklevel=2)
+        return False
+    return True
+
+
+def retire(path: Path) -> bool:
+    """Delete a directory so that it disappears at once: renamed to a hidden ``.old`` first (whose
+    leftovers, should the deletion be cut short, ``sweep`` clears), then removed."""
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    os.replace(path, old / path.name)
+    fsync_directory(path.parent)
+    return remove_tree(old)
+
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[^.]+\.(?P<kind>tmp|old)$")
+
+
+def sweep(directory: str | Path) -> list[Path]:
+    """Clear the temporaries that killed writers left in ``directory``; a previous version moved aside
+    whose replacement never arrived is put back first. Returns what was removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        match = _TEMPORARY.match(entry.name)
+        if not match:
+            continue
+        moved_aside = entry / match["name"]
+        target = directory / match["name"]
+        if match["kind"] == "old" and moved_aside.is_dir() and not target.exists():
+            os.replace(moved_aside, target)
+        if remove_tree(entry) if entry.is_dir() and not entry.is_symlink() else _unlink(entry):
+            removed.append(entry)
+    fsync_directory(directory)
+    return removed
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        warnings.warn(f"could not delete {path}: {error}", stacklevel=3)
+        return False
+    return True

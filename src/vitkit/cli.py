@@ -7,19 +7,21 @@ import dataclasses
 import json
 import os
 import sys
+import traceback
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
-from .checkpoints import CheckpointError, convert, load
+from .checkpoints import convert, load
 from .data import trained_normalization, trained_statistics
+from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS
 from .models import list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
-from .train.loop import TrainingDiverged
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -37,7 +39,10 @@ def cmd_models(args: argparse.Namespace) -> int:
     given = {key: value for key, value in (("image_size", args.image_size), ("num_classes", args.num_classes))
              if value is not None}
     for name in args.names or list_models():
-        config = model_config(name, **given)
+        try:
+            config = model_config(name, **given)
+        except ValueError as error:  # an unknown name, or a size the variant cannot take
+            raise ConfigError(str(error)) from error
         params = config_parameters(config)
         height, width = config.image_size
         rows.append([config.extra["name"], config.depth, config.dim, config.mlp_dim, config.num_heads,
@@ -124,7 +129,7 @@ def _per_channel(values: list[float], channels: int) -> list[float]:
     if len(values) == 1:
         return values * channels
     if len(values) != channels:
-        raise ValueError(f"expected 1 or {channels} values for the normalisation, got {values}")
+        raise ConfigError(f"--mean/--std: expected 1 or {channels} values for the normalisation, got {values}")
     return values
 
 
@@ -135,26 +140,60 @@ def _positive(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
+
+def _json_object(text: str) -> dict:
+    """A JSON object such as ``{"depth": 8}`` (``--model-args``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from error
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"depth\": 8}}', got {text!r}")
+    return value
+
+
 def _image_size(text: str) -> tuple[int, int]:
-    parts = [int(p) for p in text.lower().split("x")]
+    """``224`` or ``384x512`` (height x width), in pixels."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size such as 224 or 384x512, got {text!r}")
     return pair(parts[0] if len(parts) == 1 else tuple(parts))
 
 
 # ------------------------------------------------------------------------ train, finetune, eval, predict
 def _recipe_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--field`` flag per recipe field, typed by its default; unset flags leave the preset alone."""
-    from .train.recipes import Recipe
+    from .train.recipes import Recipe, field_types
 
     group = parser.add_argument_group("recipe fields (override the preset and the config file)")
+    hints = field_types()
     for item in dataclasses.fields(Recipe):
         default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
         flag = "--" + item.name.replace("_", "-")
-        if isinstance(default, bool):
+        if typing.get_origin(hints[item.name]) is typing.Literal:
+            group.add_argument(flag, choices=typing.get_args(hints[item.name]), default=argparse.SUPPRESS)
+        elif isinstance(default, bool):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
         elif isinstance(default, tuple):
             group.add_argument(flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X")
         elif isinstance(default, dict):
-            group.add_argument(flag, type=json.loads, default=argparse.SUPPRESS, metavar="JSON",
+            group.add_argument(flag, type=_json_object, default=argparse.SUPPRESS, metavar="JSON",
                                help='e.g. \'{"dim": 192, "depth": 12}\'')
         else:
             kind = type(default) if default is not None else str
@@ -165,7 +204,7 @@ def recipe_from_args(args: argparse.Namespace):
     """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
     ``recipe.json`` so that the continued run is the same run."""
     from .train import resolve
-    from .train.recipes import Recipe, merge
+    from .train.recipes import Recipe, merge, read_config_file
     from .train.run import RECIPE_FILE
 
     overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
@@ -173,9 +212,9 @@ def recipe_from_args(args: argparse.Namespace):
         overrides["init"] = args.checkpoint
     saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
     if args.resume and "run_dir" in overrides and saved.is_file():
-        return Recipe.from_dict(merge(json.loads(saved.read_text()), overrides))
+        return Recipe.from_dict(merge(read_config_file(saved), overrides), str(saved))
     if args.resume:
-        raise ValueError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
+        raise ConfigError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
     return resolve(args.preset, args.config, overrides)
 
 
@@ -198,7 +237,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint"}
+_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug"}
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -211,8 +250,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
     transform = checkpoint_transform(config)
     if config.num_classes != len(dataset.classes):
-        raise ValueError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
-                         f"{len(dataset.classes)}")
+        raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
+                          f"{len(dataset.classes)}")
     loader = eval_loader(Transformed(dataset, transform), args.batch_size, args.num_workers)
     report = write_report(evaluate(model, loader, config.num_classes), dataset.classes, args.out, args.split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
@@ -272,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the named ViT variants")
     models.add_argument("names", nargs="*", help="variants to show (default: all named ones)")
     models.add_argument("--image-size", type=_image_size, help="e.g. 224 or 384x512 (default: the variant's)")
-    models.add_argument("--num-classes", type=int, help="default: the variant's (1000, or 0 for a bare tower)")
+    models.add_argument("--num-classes", type=_count, help="default: the variant's (1000, or 0 for a bare tower)")
     models.set_defaults(run=cmd_models)
 
     info = sub.add_parser("info", help="describe a checkpoint")
@@ -306,10 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="per-channel input std (default: the checkpoint's; each flag falls back on its own)")
     analyze.add_argument("--batch-size", type=_positive, default=8)
     analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
-    analyze.add_argument("--discard-ratio", type=float, default=0.0,
+    analyze.add_argument("--discard-ratio", type=_fraction, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")
-    analyze.add_argument("--overlays", type=int, default=8, help="how many rollout overlays to draw")
-    analyze.add_argument("--filters", type=int, default=28, help="principal components of the patch filters")
+    analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
+    analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
     analyze.set_defaults(run=cmd_analyze)
     from .train.recipes import PRESETS
 
@@ -333,10 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--dataset", default="digits")
     evaluate_.add_argument("--data-dir")
     evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
-    evaluate_.add_argument("--val-fraction", type=float, default=0.1)
+    evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
     evaluate_.add_argument("--corrupt", default="fail", choices=("fail", "skip"))
-    evaluate_.add_argument("--batch-size", type=int, default=256)
-    evaluate_.add_argument("--num-workers", type=int, default=0)
+    evaluate_.add_argument("--batch-size", type=_positive, default=256)
+    evaluate_.add_argument("--num-workers", type=_count, default=0)
     evaluate_.add_argument("--out", default=".", help="folder for eval-<split>.json and confusion-<split>.png")
     evaluate_.set_defaults(run=cmd_eval)
 
@@ -344,31 +383,60 @@ def build_parser() -> argparse.ArgumentParser:
     fewshot.add_argument("checkpoint")
     fewshot.add_argument("--dataset", default="digits")
     fewshot.add_argument("--data-dir")
-    fewshot.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
-    fewshot.add_argument("--seeds", type=int, default=5, help="repeats with different shots")
+    fewshot.add_argument("--shots", type=_positive, nargs="+", default=[1, 5, 10, 25])
+    fewshot.add_argument("--seeds", type=_positive, default=5, help="repeats with different shots")
     fewshot.add_argument("--l2", type=float, nargs="+", default=list(DEFAULT_L2_REGS),
                          help="regularisers tried; one is chosen on held-out training images")
     fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
-    fewshot.add_argument("--batch-size", type=int, default=256)
+    fewshot.add_argument("--batch-size", type=_positive, default=256)
     fewshot.add_argument("--out", help="write the numbers to this JSON file")
     fewshot.set_defaults(run=cmd_fewshot)
 
     predict_ = sub.add_parser("predict", help="top-k labels of image files")
     predict_.add_argument("checkpoint")
     predict_.add_argument("images", nargs="+")
-    predict_.add_argument("--top-k", type=int, default=5)
+    predict_.add_argument("--top-k", type=_positive, default=5)
     predict_.set_defaults(run=cmd_predict)
+
+    debug = dict(action="store_true", help="show the traceback of an error (also: VITKIT_DEBUG=1)")
+    parser.add_argument("--debug", **debug)
+    for command in sub.choices.values():  # also after the command: vitkit train --debug
+        command.add_argument("--debug", **debug, default=argparse.SUPPRESS)
     return parser
 
 
+# Exit statuses: 2 for a command line or recipe that cannot work (as argparse's own usage errors), 1 for
+# a failure while running (a bad file, a full disk, a diverged run), 130 when interrupted by Ctrl-C.
+USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
+
+
+def describe(error: BaseException) -> str:
+    """One line naming what was wrong: an OS error as ``FILE: reason`` rather than ``[Errno 2] ...``."""
+    if isinstance(error, OSError) and error.strerror:
+        names = " -> ".join(os.fsdecode(name) if isinstance(name, bytes) else str(name)
+                            for name in (error.filename, error.filename2) if name is not None)
+        return f"{names}: {error.strerror}" if names else error.strerror
+    return str(error) or type(error).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; errors the user can act on are one line on stderr (``--debug`` or
+    ``VITKIT_DEBUG=1`` adds the traceback), anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("VITKIT_DEBUG", "") not in ("", "0")
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError, TrainingDiverged) as error:
-        print(f"vitkit {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except (VitkitError, OSError, ImportError) as error:
+        if debug:
+            traceback.print_exc()
+        print(f"vitkit {args.command}: error: {describe(error)}", file=sys.stderr)
+        return USAGE_ERROR if isinstance(error, ConfigError) else RUNTIME_ERROR
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"vitkit {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
-from PIL import Image, UnidentifiedImageError
-
-from ..data import load_dataset
+from ..data import load_dataset, read_image
+from ..errors import DatasetError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 
@@ -27,7 +26,8 @@ def sample_photos() -> list[np.ndarray]:
 
 
 def read_images(paths: Sequence[str | Path]) -> list[np.ndarray]:
-    """Image files, and every image file below the given directories (sorted), as HWC uint8 arrays."""
+    """Image files, and every image file below the given directories (sorted), as uint8 arrays (H, W)
+    or (H, W, C), decoded as datasets decode them (``vitkit.data.read_image``)."""
     files: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -38,14 +38,7 @@ def read_images(paths: Sequence[str | Path]) -> list[np.ndarray]:
             raise FileNotFoundError(f"no image file or directory at {path}")
     if not files:
         raise FileNotFoundError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(str, paths))}")
-    images = []
-    for file in files:
-        try:
-            with Image.open(file) as image:
-                images.append(np.asarray(image.convert("RGB")))
-        except (UnidentifiedImageError, OSError) as error:
-            raise ValueError(f"{file}: not a readable image ({error})") from error
-    return images
+    return [read_image(file).permute(1, 2, 0).squeeze(-1).numpy() for file in files]
 
 
 def dataset_sample(name: str, data_dir: str | Path | None, count: int, seed: int = 0) -> list[np.ndarray]:
@@ -61,7 +54,7 @@ def prepare(images: Sequence[np.ndarray], size: tuple[int, int], channels: int,
     """Resize each image so that it covers ``size``, centre-crop it, and normalise it: the model's
     input (B, channels, H, W) and the cropped uint8 pictures (for overlays)."""
     if not len(images):
-        raise ValueError("no images to analyse")
+        raise DatasetError("no images to analyse")
     batch, shown = [], []
     for image in images:
         pixels = torch.from_numpy(np.array(image))

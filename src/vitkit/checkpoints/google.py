@@ -12,7 +12,6 @@ GroupNorm eps 1e-6).
 from __future__ import annotations
 
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,8 @@ import torch
 from ..atomic import atomic_file
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from .common import CheckpointError, Names, fuse_qkv, infer_config, options_in_use, split_qkv, with_prefix_positions
+from .common import (CheckpointError, Names, fuse_qkv, infer_config, options_in_use, read_npz_arrays, split_qkv,
+                     with_prefix_positions)
 
 PREFIXES = ("opt/target/", "params/", "")
 GOOGLE_NUMERICS = dict(gelu="tanh", ln_eps=1e-6, std_conv="std+eps", std_conv_eps=1e-5, gn_eps=1e-6,
@@ -55,14 +55,7 @@ NAMES = Names([
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of the file as float32 (bf16, stored by JAX as raw 2-byte values, widened exactly)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except ValueError as error:
-        raise CheckpointError(f"{path}: refusing to unpickle object arrays; a Google checkpoint holds "
-                              f"numeric arrays only ({error})") from error
-    except (OSError, zipfile.BadZipFile, EOFError) as error:
-        raise CheckpointError(f"{path}: corrupt or unreadable .npz file ({error})") from error
+    arrays = read_npz_arrays(path)
     for key, array in arrays.items():
         if array.dtype.kind == "V" and array.dtype.itemsize == 2:  # bfloat16: the top half of a float32
             arrays[key] = (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)

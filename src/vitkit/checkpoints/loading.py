@@ -84,7 +84,7 @@ def read_native(directory: Path) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
         config = ViTConfig.from_dict(json.loads(config_path.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as error:
+    except (TypeError, ValueError, ArithmeticError) as error:  # not JSON, not text, fields out of range
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error
     return config, read_safetensors(weights_path)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
@@ -74,15 +74,50 @@ class FileDataset(Dataset):
                            self.classes, name)
 
 
-def read_image(path: Path) -> torch.Tensor:
-    """Decode an image file fully (a truncated file fails here) as uint8 (C, H, W): grey stays 1 channel."""
+# Larger images are refused before they are decoded (Pillow's own limit: a 3-byte-per-pixel image of
+# this size takes 256 MiB, and a few hundred bytes of PNG can claim it).
+MAX_PIXELS = Image.MAX_IMAGE_PIXELS
+
+
+def read_image(path: str | Path) -> torch.Tensor:
+    """Decode an image file fully (a truncated file fails here) as uint8 (C, H, W), the way it is meant
+    to be seen: EXIF orientation applied, 16-bit and float grey scaled (not clipped) to 0..255, alpha
+    composited over black, palette, CMYK and other modes converted to RGB; grey stays 1 channel."""
     try:
         with Image.open(path) as image:
+            if image.width * image.height > MAX_PIXELS:
+                raise DatasetError(f"{path}: refusing to decode a {image.width}x{image.height} image "
+                                   f"({image.width * image.height:,} pixels, more than {MAX_PIXELS:,}): "
+                                   f"a decompression bomb, or an image to downscale first")
             image.load()
-            image = image if image.mode in ("L", "RGB") else image.convert("RGB")
-            return pil_to_tensor(image)
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
+            return pil_to_tensor(_eight_bit(ImageOps.exif_transpose(image)))
+    except DatasetError:
+        raise
+    except Image.DecompressionBombError as error:
+        raise DatasetError(f"{path}: refusing to decode a decompression bomb ({error})") from error
+    except (OSError, ValueError, SyntaxError) as error:
         raise DatasetError(f"{path}: not a readable image ({error})") from error
+
+
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit grey ("L") or RGB."""
+    if image.mode in ("L", "RGB"):
+        return image
+    if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit integer or float grey
+        pixels = np.asarray(image, dtype=np.float64)
+        scale = 255 / 65535 if image.mode.startswith("I") else 255.0  # integers: 16 bits; floats: 0..1
+        return Image.fromarray(np.clip(np.rint(pixels * scale), 0, 255).astype(np.uint8), "L")
+    if image.mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    if image.mode in ("1", "L"):
+        return image.convert("L")
+    if image.mode in ("LA", "La", "PA", "RGBA", "RGBa"):
+        grey = image.mode in ("LA", "La")
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (0, 0, 0, 255))
+        image = Image.alpha_composite(background, image).convert("RGB")
+        return image.convert("L") if grey else image
+    return image.convert("RGB")
 
 
 @dataclass

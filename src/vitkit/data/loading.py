@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..errors import ConfigError
 from .transforms import Preset
 
 Key = tuple[int, int]  # (index, epoch)
@@ -54,10 +55,10 @@ class StepSampler(Sampler[list[Key]]):
                  start_step: int = 0, accum_steps: int = 1, rank: int = 0, world_size: int = 1):
         per_rank, rest = divmod(global_batch, world_size * accum_steps)
         if rest or per_rank == 0:
-            raise ValueError(f"global batch {global_batch} must be a positive multiple of "
+            raise ConfigError(f"global batch {global_batch} must be a positive multiple of "
                              f"world size {world_size} x accumulation steps {accum_steps}")
         if size < global_batch:
-            raise ValueError(f"dataset of {size} images is smaller than the global batch {global_batch}")
+            raise ConfigError(f"dataset of {size} images is smaller than the global batch {global_batch}")
         self.size, self.global_batch, self.total_steps = size, global_batch, total_steps
         self.seed, self.start_step, self.accum_steps = seed, start_step, accum_steps
         self.rank, self.world_size = rank, world_size

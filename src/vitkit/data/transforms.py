@@ -13,6 +13,7 @@ import torch
 from torchvision.transforms import v2
 
 from ..checkpoints.common import normalization
+from ..errors import DatasetError
 from ..models.config import ViTConfig
 
 # AugReg (Steiner et al. 2021) augmentation levels: RandAugment (ops, magnitude) and Mixup alpha.
@@ -47,7 +48,8 @@ class ToChannels(torch.nn.Module):
             return image
         if have == 1:
             return image.expand(*image.shape[:-3], self.channels, *image.shape[-2:])
-        raise ValueError(f"cannot turn a {have}-channel image into {self.channels} channels")
+        raise DatasetError(f"cannot turn a {have}-channel image into {self.channels} channels (the model's "
+                           f"in_chans): give the model {have} input channels, or images with {self.channels}")
 
 
 @dataclass

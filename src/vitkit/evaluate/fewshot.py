@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import ConfigError
+
 DEFAULT_L2_REGS = tuple(2.0 ** k for k in range(-10, 11, 2))
 
 
@@ -59,7 +61,7 @@ def sample_shots(labels: np.ndarray, shots: int, num_classes: int, rng: np.rando
     for label in range(num_classes):
         pool = np.flatnonzero(labels == label)
         if pool.size < shots:
-            raise ValueError(f"class {label} has {pool.size} training examples, fewer than {shots} shots")
+            raise ConfigError(f"class {label} has {pool.size} training examples, fewer than {shots} shots")
         chosen.append(rng.choice(pool, size=shots, replace=False))
     return np.concatenate(chosen)
 

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..atomic import atomic_directory
+from ..atomic import atomic_directory, os_errors
 from .config import ViTConfig, pair
 from .layers import AttentionPool, Block, PatchEmbed
 from .position import make_position_embedding
@@ -219,5 +219,6 @@ def save_native(directory: str | Path, config: ViTConfig, state: dict[str, torch
     with atomic_directory(directory) as staging:
         (staging / CONFIG_FILE).write_text(config.to_json())
         weights = {name: t.detach().cpu().contiguous() for name, t in state.items()}
-        save_file(weights, staging / WEIGHTS_FILE, metadata={"format": "vitkit"})
+        with os_errors(directory):
+            save_file(weights, staging / WEIGHTS_FILE, metadata={"format": "vitkit"})
     return Path(directory)

@@ -12,7 +12,6 @@ shards), and every rank's random generator.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,9 @@ from torch import nn
 
 from safetensors.torch import save_file
 
-from ..atomic import atomic_directory
-from ..checkpoints.common import read_safetensors
+from ..atomic import atomic_directory, os_errors, retire, sweep
+from ..checkpoints.common import load_torch_file, read_safetensors
+from ..errors import CheckpointError
 from ..checkpoints.loading import build, read_native
 from ..models.vit import VisionTransformer, save_native
 from .distributed import load_full_state
@@ -40,9 +40,17 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (half-written ones are hidden temporaries, never listed)."""
     root = Path(run_dir) / "checkpoints"
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"{root} is a file; expected the run's checkpoint directory")
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).is_file())
+
+
+def sweep_run(run_dir: Path) -> None:
+    """Clear what writers killed mid-write left in a run directory (each a checkpoint's size)."""
+    for directory in (Path(run_dir), Path(run_dir) / "checkpoints"):
+        sweep(directory)
 
 
 def vit_of(model: nn.Module) -> VisionTransformer:
@@ -71,11 +79,12 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, weights: dict[st
     vit, own = split_weights(model, weights)
     with atomic_directory(path) as staging:
         save_native(staging, vit_of(model).config, vit)
-        if own:
-            save_file({k: t.detach().cpu().contiguous() for k, t in own.items()}, staging / OBJECTIVE_FILE)
-        torch.save(state, staging / STATE_FILE)
+        with os_errors(path):
+            if own:
+                save_file({k: t.detach().cpu().contiguous() for k, t in own.items()}, staging / OBJECTIVE_FILE)
+            torch.save(state, staging / STATE_FILE)
     for old in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        retire(old)
     return path
 
 
@@ -84,10 +93,21 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     ``optimizer``; return the rest of the training state."""
     config, weights = read_native(Path(path))
     if config.to_dict() != vit_of(model).config.to_dict():
-        raise ValueError(f"{path}: checkpoint config differs from the model being trained; resume with "
+        raise CheckpointError(f"{path}: checkpoint config differs from the model being trained; resume with "
                          f"the same recipe")
     if vit_of(model) is not model:
         weights = {**{_ENCODER + k: t for k, t in weights.items()}, **read_safetensors(Path(path) / OBJECTIVE_FILE)}
-    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    earlier = f"; delete {path} to resume from the checkpoint before it"
+    try:
+        state = load_torch_file(Path(path) / STATE_FILE)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}{earlier}") from error
+    missing = [key for key in _STATE_KEYS if key not in state] if isinstance(state, dict) else _STATE_KEYS
+    if missing:
+        raise CheckpointError(f"{Path(path) / STATE_FILE}: not a vitkit training state (missing {missing})"
+                              + earlier)
     load_full_state(model, optimizer, weights, state.pop("optimizer"))
     return state
+
+
+_STATE_KEYS = ["step", "optimizer", "best", "rng_cpu"]

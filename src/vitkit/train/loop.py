@@ -5,6 +5,12 @@ backward, gradient sync on the last one), clipping at a global norm, the optimis
 weights; then logging, evaluation and checkpoints. DDP and FSDP differ only inside the helpers of
 ``distributed`` and ``checkpointing``. The state of a step is a function of its index,
 so a resumed run continues bit for bit (CPU).
+
+Crash consistency: a checkpoint is written every ``checkpoint_every`` steps and every
+``checkpoint_minutes`` of wall time; SIGTERM (a scheduler's preemption notice) and SIGINT (Ctrl-C) are
+acted on after the current step: a checkpoint is saved, then the process ends as the signal would have
+ended it (status 143 for SIGTERM; KeyboardInterrupt, status 130 from the command line, for SIGINT). On
+resume, ``metrics.jsonl`` loses the records of the steps that will be redone, so it holds each step once.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -23,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..atomic import atomic_file
+from ..atomic import atomic_file, name_the_file
 from ..errors import TrainingDiverged
-from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, vit_of
+from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
                           sharded_like, wrap)
 from .objectives import Objective
@@ -42,7 +50,8 @@ class LoopConfig:
     ema_decay: float = 0.0
     log_every: int = 20
     eval_every: int = 0  # 0: only at the end
-    checkpoint_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 0  # steps; 0: by wall time (and at the end) only
+    checkpoint_minutes: float = 10.0  # wall time; 0: by steps (and at the end) only
     keep_last: int = 2
     best_metric: str = "val/accuracy"  # higher is better
     compile: bool = False
@@ -87,6 +96,7 @@ class MetricsLog:
         self.path, self.enabled, self.board = Path(run_dir) / "metrics.jsonl", enabled, None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch()  # a run directory we may not write fails here, before TensorBoard's threads start
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
@@ -94,19 +104,45 @@ class MetricsLog:
             else:
                 self.board = SummaryWriter(str(run_dir))
 
+    def records(self) -> list[dict[str, Any]]:
+        """The complete records (a line cut short by a kill is left out)."""
+        if not self.path.exists():
+            return []
+        if not self.path.is_file():  # a directory, a device: never read a stream without end
+            raise FileExistsError(f"{self.path} is not a regular file; expected the run's metrics (JSON lines)")
+        found = []
+        for line in self.path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                record = json.loads(line)
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    found.append(record)
+        return found
+
     def truncate_after(self, step: int) -> None:
-        """On resume, drop records of steps that the resumed run will redo."""
+        """On (re)start, drop the records of steps that the run will redo, and any torn line."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        kept = [record for record in self.records() if record["step"] <= step]
         with atomic_file(self.path) as handle:
-            handle.write("".join(line + "\n" for line in kept))
+            handle.write("".join(json.dumps(record) + "\n" for record in kept))
+
+    def final(self, step: int) -> dict[str, float]:
+        """The metrics recorded at ``step``, merged: what a finished run returned."""
+        merged: dict[str, float] = {}
+        for record in self.records():
+            if record["step"] == step:
+                merged.update({k: v for k, v in record.items() if k not in ("step", "train/images_per_s")})
+        return merged
 
     def write(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps({"step": step, **values}) + "\n")
+        try:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps({"step": step, **values}) + "\n")
+        except OSError as error:
+            name_the_file(error, self.path)
+            raise
         if self.board is not None:
             for key, value in values.items():
                 self.board.add_scalar(key, value, step)
@@ -117,6 +153,39 @@ def progress_line(step: int, total: int, values: dict[str, float], rate: float, 
     shown = " ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in values.items() if k != "train/images_per_s")
     return (f"step {step}/{total} {100 * step / total:3.0f}% | {shown} | {rate:,.0f} img/s | "
             f"ETA {time.strftime('%H:%M:%S', time.gmtime(max(0.0, eta)))}")
+
+
+class StopRequest:
+    """SIGTERM and SIGINT, noted while a run trains so that it can save before it stops (the handlers
+    can only be installed from the main thread; elsewhere the signals keep their usual effect)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {signum: signal.signal(signum, self._note) for signum in self.SIGNALS}
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}
+
+    def act(self, signum: int) -> None:
+        """Put the usual handlers back and deliver ``signum`` to this process, as if it came now."""
+        self.__exit__()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.raise_signal(signum)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -148,6 +217,7 @@ class Trainer:
         self.ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
         self.step = 0
         self.best: float | None = None
+        self.saved_at = time.monotonic()  # when the last checkpoint was written (or training began)
         self.network = wrap(model, self.env)
         if config.compile:
             self.network = torch.compile(self.network)
@@ -175,7 +245,6 @@ class Trainer:
         self.restore_generators(state)
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
-        self.log.truncate_after(self.step)
         return True
 
     def restore_generators(self, state: dict[str, Any]) -> None:
@@ -202,6 +271,30 @@ class Trainer:
         if self.env.is_main:
             save_checkpoint(self.run_dir, self.step, self.model, weights, state, self.config.keep_last)
         self.env.barrier()
+        self.saved_at = time.monotonic()
+
+    def _after_step(self, stop: StopRequest) -> None:
+        """Save when a checkpoint is due by steps or wall time, or a signal asked the run to stop (then
+        stop). Under torchrun the ranks agree first, so that all of them save at the same step."""
+        config, done = self.config, self.step
+        if done == config.total_steps:  # the final checkpoint follows the final evaluation
+            return
+        every, minutes = config.checkpoint_every, config.checkpoint_minutes
+        due = bool(every and done % every == 0 or minutes and time.monotonic() - self.saved_at >= 60 * minutes)
+        stopping = stop.signum is not None
+        if self.env.enabled:
+            stopping, due = (self.env.mean(torch.tensor([float(stopping), float(due)])) > 0).tolist()
+        if stopping or due:
+            self.save()
+        if stopping:
+            self._stop(stop)
+
+    def _stop(self, stop: StopRequest) -> None:
+        signum = stop.signum or signal.SIGTERM
+        if self.env.is_main:
+            print(f"{signal.Signals(signum).name}: saved a checkpoint at step {self.step} in {self.run_dir}; "
+                  f"continue with --resume", file=sys.stderr, flush=True)
+        stop.act(signum)
 
     @contextlib.contextmanager
     def final_model(self):
@@ -283,8 +376,19 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, float]:
         """Run to ``total_steps`` (from the last checkpoint if ``resume``); returns the last metrics."""
         config = self.config
+        if self.env.is_main:
+            sweep_run(self.run_dir)
+        self.env.barrier()
         if resume and self.resume() and self.env.is_main:
             print(f"resumed from step {self.step} in {self.run_dir}", file=sys.stderr)
+        self.log.truncate_after(self.step)
+        if self.step >= config.total_steps:  # finished; killed while exporting or testing the final model
+            return self.log.final(self.step)
+        with StopRequest() as stop:
+            return self._fit(stop)
+
+    def _fit(self, stop: StopRequest) -> dict[str, float]:
+        config = self.config
         self.model.train()
         micro_batches = iter(self.batches(self.step))
         started, start_step, window = time.perf_counter(), self.step, []
@@ -305,8 +409,9 @@ class Trainer:
                     print(progress_line(done, config.total_steps, shown, rate, eta), file=sys.stderr, flush=True)
             if config.eval_every and done % config.eval_every == 0 and done < config.total_steps:
                 last.update(self._evaluate())
-            if config.checkpoint_every and done % config.checkpoint_every == 0 and done < config.total_steps:
-                self.save()
+            self._after_step(stop)
         last.update(self._evaluate())
         self.save()
+        if stop.signum is not None:
+            self._stop(stop)
         return last

@@ -7,22 +7,45 @@ written to ``run_dir/recipe.json`` so that a run can be repeated or resumed exac
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import json
+import math
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ..models.config import check_keys
+import yaml
+
+from ..data.transforms import AUGREG_LEVELS
+from ..data.transforms import PRESETS as TRANSFORMS
+from ..errors import ConfigError
+from ..models import ViTConfig
+from .distributed import PARALLEL
+from .loop import PRECISIONS
+from .mpp import TARGETS as MPP_TARGETS
+from .optim import SCHEDULES
+
+CORRUPT = ("fail", "skip")
+OBJECTIVES = ("classification", "mpp")
+NORMALIZATIONS = ("", "google", "imagenet")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 @dataclass
 class Recipe:
+    """Every setting of a run, checked when built: types, ranges and choices (``Literal``); a bad value
+    raises ``ConfigError`` naming the field."""
+
     # data
     dataset: str = "digits"
     data_dir: str | None = None
     val_fraction: float = 0.1
     train_subset: int = 0  # >0: train on this many images only (quick checks)
-    corrupt: str = "fail"  # image folders: 'fail' on an unreadable file, or 'skip' it
+    corrupt: Literal[CORRUPT] = "fail"  # image folders: 'fail' on an unreadable file, or 'skip' it
     num_workers: int = 0
     threads: int = 0  # intra-op CPU threads; 0: torch's default. Small models run best on 1.
     # model: a named variant ('ViT-B/16') or '' for a custom one, plus ViTConfig overrides
@@ -31,47 +54,71 @@ class Recipe:
     image_size: int = 8
     init: str | None = None  # fine-tune from this checkpoint (anything vitkit.load reads)
     # objective: 'classification', or 'mpp' (masked patch prediction, self-supervised, labels unused)
-    objective: str = "classification"
-    mpp_target: str = "mean-colour"  # or 'downsized' (4x4, 3 bits each), 'pixels' (L2)
+    objective: Literal[OBJECTIVES] = "classification"
+    mpp_target: Literal[MPP_TARGETS] = "mean-colour"  # or 'downsized' (4x4, 3 bits each), 'pixels' (L2)
     mpp_bits: int = 3
     mpp_ratio: float = 0.5  # share of patches corrupted; of those 80% [mask], 10% random, 10% kept
     mpp_mask_prob: float = 0.8
     mpp_random_prob: float = 0.1
     # transforms
-    transform: str = "pretrain"  # 'pretrain' (Inception crop) or 'finetune' (resize + crop)
+    transform: Literal[TRANSFORMS] = "pretrain"  # 'pretrain' (Inception crop) or 'finetune' (resize + crop)
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
-    aug_level: str = "none"  # AugReg: none, light1, light2, medium1, medium2, strong1, strong2
+    aug_level: Literal[tuple(AUGREG_LEVELS)] = "none"  # AugReg: none, light1 ... strong2
     cutmix_alpha: float = 0.0
-    normalization: str = ""  # 'google' or 'imagenet'; '': the checkpoint's when fine-tuning, else 'google'
+    normalization: Literal[NORMALIZATIONS] = ""  # '': the checkpoint's when fine-tuning, else 'google'
     # optimisation
     steps: int = 0  # 0: derived from epochs
     epochs: float = 1.0
     batch_size: int = 128  # global batch, split over ranks and accumulation steps
     accum_steps: int = 1
-    optimizer: str = "adamw"
+    optimizer: Literal[OPTIMIZERS] = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.999)
     momentum: float = 0.9
-    schedule: str = "cosine"
+    schedule: Literal[SCHEDULES] = "cosine"
     warmup_steps: int = 0
     end_lr: float = 0.0
     clip_norm: float = 1.0
     label_smoothing: float = 0.0
-    precision: str = "fp32"
+    precision: Literal[PRECISIONS] = "fp32"
     ema_decay: float = 0.0
     grad_checkpointing: bool = False
     compile: bool = False
-    parallel: str = "ddp"  # under torchrun: 'ddp' (a replica per rank) or 'fsdp' (sharded, large variants)
+    parallel: Literal[PARALLEL] = "ddp"  # under torchrun: 'ddp' (a replica per rank) or 'fsdp' (sharded)
     seed: int = 0
     # bookkeeping
     run_dir: str = ""
     log_every: int = 20
     eval_every: int = 0
-    checkpoint_every: int = 0
+    checkpoint_every: int = 0  # steps; 0: by time only
+    checkpoint_minutes: float = 10.0  # wall time between checkpoints; 0: by steps only
     keep_last: int = 2
     eval_batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        hints = field_types()
+        for item in dataclasses.fields(self):
+            setattr(self, item.name, _typed(item.name, getattr(self, item.name), hints[item.name]))
+        for name, (holds, expected) in _RANGES.items():
+            if not holds(getattr(self, name)):
+                raise ConfigError(f"recipe field {name}={getattr(self, name)!r}: expected {expected}")
+        if self.batch_size % self.accum_steps:
+            raise ConfigError(f"recipe field batch_size={self.batch_size}: expected a multiple of "
+                              f"accum_steps={self.accum_steps}")
+        if self.mpp_mask_prob + self.mpp_random_prob > 1:
+            raise ConfigError(f"recipe fields mpp_mask_prob={self.mpp_mask_prob} + mpp_random_prob="
+                              f"{self.mpp_random_prob}: expected a sum of at most 1")
+        self._check_model_args()
+
+    def _check_model_args(self) -> None:
+        """Unknown ``model_args`` are refused here; their values are checked when the model is built."""
+        fields = {f.name for f in dataclasses.fields(ViTConfig)} - {"image_size", "num_classes"}
+        unknown = sorted(set(self.model_args) - fields)
+        if unknown:
+            raise ConfigError(f"recipe field model_args: unknown keys {unknown} (image_size and num_classes come "
+                              f"from the recipe and the data); expected some of {sorted(fields)}")
 
     def replace(self, **changes: Any) -> "Recipe":
         return dataclasses.replace(self, **changes)
@@ -80,10 +127,95 @@ class Recipe:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Recipe":
-        check_keys(cls, data, "recipe")
-        data = {k: tuple(v) if isinstance(v, list) and k in ("crop_scale", "betas") else v for k, v in data.items()}
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any], source: str | None = None) -> "Recipe":
+        """A recipe from plain data (a config file, ``recipe.json``); ``source`` names it in errors."""
+        prefix = f"{source}: " if source else ""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{prefix}expected a mapping of recipe fields, got {type(data).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            close = sorted({m for key in unknown for m in difflib.get_close_matches(str(key), known, n=2)})
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"{prefix}unknown recipe keys {unknown}; {hint}every field is listed by "
+                              f"`vitkit train --help`")
+        try:
+            return cls(**data)
+        except ConfigError as error:
+            if not source:
+                raise
+            raise ConfigError(f"{prefix}{error}") from error
+
+
+@functools.cache
+def field_types() -> dict[str, Any]:
+    """The annotation of every recipe field, resolved once (``Literal`` fields list their choices)."""
+    return typing.get_type_hints(Recipe)
+
+
+def _typed(name: str, value: Any, kind: Any) -> Any:
+    """``value`` checked against the field's annotation (and normalised: ints for floats, lists for
+    tuples, as JSON and YAML give them); a ``Literal`` is checked against its choices."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+
+    def fail(expected: str) -> typing.NoReturn:
+        raise ConfigError(f"recipe field {name}={value!r}: expected {expected}")
+
+    if origin is Literal:
+        if value not in args:
+            fail(f"one of {list(args)}")
+        return value
+    if origin in (types.UnionType, typing.Union):  # ``X | None``
+        return None if value is None else _typed(name, value, next(a for a in args if a is not type(None)))
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            fail(f"{len(args)} numbers")
+        return tuple(_typed(name, part, part_kind) for part, part_kind in zip(value, args))
+    if origin is dict:
+        if not (isinstance(value, dict) and all(isinstance(key, str) for key in value)):
+            fail("a mapping (JSON object) of names to values")
+        return dict(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            fail("true or false")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail("an integer")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            fail("a finite number")
+        return float(value)
+    if kind is str and not isinstance(value, str):
+        fail("a string")
+    return value
+
+
+def _at_least(low: float) -> tuple[typing.Callable[[Any], bool], str]:
+    return (lambda value: value >= low), f">= {low}"
+
+
+def _fraction(open_top: bool = False) -> tuple[typing.Callable[[Any], bool], str]:
+    if open_top:
+        return (lambda value: 0 <= value < 1), "a number in [0, 1)"
+    return (lambda value: 0 <= value <= 1), "a number in [0, 1]"
+
+
+# Ranges of the fields beyond their types: (test, what was expected).
+_RANGES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
+    "val_fraction": _fraction(open_top=True), "train_subset": _at_least(0), "num_workers": _at_least(0),
+    "threads": _at_least(0), "image_size": _at_least(1), "mpp_bits": ((lambda v: 1 <= v <= 8), "1 to 8 bits"),
+    "mpp_ratio": ((lambda v: 0 < v <= 1), "a number in (0, 1]"), "mpp_mask_prob": _fraction(),
+    "mpp_random_prob": _fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),
+    "cutmix_alpha": _at_least(0), "steps": _at_least(0), "epochs": ((lambda v: v > 0), "a positive number"),
+    "batch_size": _at_least(1), "accum_steps": _at_least(1), "lr": _at_least(0), "weight_decay": _at_least(0),
+    "betas": ((lambda v: all(0 <= b < 1 for b in v)), "two numbers in [0, 1)"), "momentum": _fraction(open_top=True),
+    "warmup_steps": _at_least(0), "end_lr": _at_least(0), "clip_norm": _at_least(0),
+    "label_smoothing": _fraction(open_top=True), "ema_decay": _fraction(open_top=True), "seed": _at_least(0),
+    "log_every": _at_least(1), "eval_every": _at_least(0), "checkpoint_every": _at_least(0),
+    "checkpoint_minutes": _at_least(0), "keep_last": _at_least(0), "eval_batch_size": _at_least(1),
+}
 
 
 _GREY_28 = dict(image_size=28, model_args=dict(patch_size=4, dim=64, depth=4, num_heads=4, mlp_dim=128, in_chans=1,
@@ -118,18 +250,31 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; recipes mean a number, as in JSON."""
+
+
+_YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A recipe (or part of one) from YAML or JSON; a ``preset`` key names the preset it starts from."""
     path = Path(path)
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text)
-    else:
-        data = json.loads(text)
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix in (".yaml", ".yml"):
+            data = yaml.load(text, Loader=_YamlLoader)
+        else:
+            data = json.loads(text)
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not a text file ({error})") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from error
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON ({error})") from error
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of recipe fields, got {type(data).__name__}")
+        raise ConfigError(f"{path}: expected a mapping of recipe fields, got {type(data).__name__}")
     return data
 
 
@@ -138,6 +283,9 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
+            if key == "model_args" and not isinstance(value, dict):
+                raise ConfigError(f"recipe field model_args={value!r}: expected a mapping (JSON object) of "
+                                  f"model settings")
             merged[key] = {**merged.get(key, {}), **value} if key == "model_args" else value
     return merged
 
@@ -152,10 +300,10 @@ def resolve(preset: str | None = None, config_file: str | Path | None = None,
     architecture is left out: it describes a fresh model, and a fine-tuning run may start from any preset."""
     layers = [read_config_file(config_file)] if config_file else []
     name = preset or (layers[0].pop("preset", None) if layers else None) or "digits"
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ConfigError(f"{config_file or 'recipe'}: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
     layers.append(overrides or {})
     merged = merge(PRESETS[name], *layers)
     if merged.get("init"):
         merged = merge({key: value for key, value in PRESETS[name].items() if key not in ARCHITECTURE}, *layers)
-    return Recipe.from_dict(merged)
+    return Recipe.from_dict(merged, str(config_file) if config_file else None)

@@ -19,8 +19,10 @@ from ..checkpoints import load
 from ..data import (SplitSpec, StepSampler, Transformed, build_transform, checkpoint_transform, eval_loader,
                     load_dataset, step_loader, trained_normalization, trained_statistics)
 from ..data.transforms import augreg_level
+from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..models import ViTConfig, VisionTransformer, create_model
+from .checkpointing import list_checkpoints
 from .distributed import setup, shard
 from .loop import LoopConfig, Trainer
 from .mpp import MaskedPatchPrediction
@@ -38,10 +40,16 @@ def build_model(recipe: Recipe, classes: list[str]) -> VisionTransformer:
     if recipe.init:
         model = load(recipe.init, image_size=size, **recipe.model_args)
         model.reset_head(len(classes))
-    elif recipe.model:
-        model = create_model(recipe.model, image_size=size, num_classes=len(classes), **recipe.model_args)
     else:
-        model = VisionTransformer(ViTConfig(image_size=size, num_classes=len(classes), **recipe.model_args))
+        try:
+            model = create_model(recipe.model or ViTConfig(), image_size=size, num_classes=len(classes),
+                                 **recipe.model_args)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, RuntimeError, ArithmeticError) as error:  # from the model's own checks
+            named = f"model={recipe.model!r}, " if recipe.model else ""
+            raise ConfigError(f"recipe field model_args={recipe.model_args} ({named}image_size={size}) does not "
+                              f"describe a model: {error}") from error
     family = recipe.normalization or (trained_normalization(model.config) if recipe.init else "google")
     extra = {**model.config.extra, "classes": list(classes), "normalization": family}
     model.config = model.config.replace(extra=extra)
@@ -125,7 +133,7 @@ def prepare(recipe: Recipe) -> Experiment:
     loop = LoopConfig(total_steps=steps, accum_steps=recipe.accum_steps, clip_norm=recipe.clip_norm,
                       precision=recipe.precision, ema_decay=recipe.ema_decay, log_every=recipe.log_every,
                       eval_every=recipe.eval_every, checkpoint_every=recipe.checkpoint_every,
-                      keep_last=recipe.keep_last, compile=recipe.compile)
+                      checkpoint_minutes=recipe.checkpoint_minutes, keep_last=recipe.keep_last, compile=recipe.compile)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
     return Experiment(recipe, run_dir, trainer, classes, measure)
 
@@ -135,6 +143,10 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
     split; returns the summary also written to ``summary.json``."""
     experiment = prepare(recipe)
     trainer, run_dir = experiment.trainer, experiment.run_dir
+    found = list_checkpoints(run_dir)
+    if found and not resume:
+        raise ConfigError(f"{run_dir} already holds a run (checkpoints up to {found[-1].name}); continue it with "
+                          f"--resume, or choose another --run-dir")
     if trainer.env.is_main:
         with atomic_file(run_dir / RECIPE_FILE) as handle:
             json.dump(recipe.to_dict(), handle, indent=1)

@@ -1,0 +1,345 @@
+"""Bad and odd inputs a careless or hostile user could give vitkit, each with the error it must get.
+
+A case builds its input under a scratch folder (binary inputs are generated here, none is committed)
+and returns the command line to run; ``code`` is the expected exit status (2: the command line or
+recipe cannot work, 1: a file or the machine failed) and ``says`` a fragment the one-line message must
+hold. ``{tmp}`` in ``says`` stands for the scratch folder.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitkit import ViTConfig, VisionTransformer
+
+TINY = {"patch_size": 2, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32, "in_chans": 1, "pool": "gap"}
+TRAIN = ["train", "--model-args", json.dumps(TINY), "--steps", "2", "--batch-size", "16", "--threads", "1"]
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[Path], list[str]]
+    code: int
+    says: str
+    needs_run: bool = False  # the test puts a finished tiny run in {tmp}/run first
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def model_dir(tmp: Path, channels: int = 1) -> Path:
+    """A real tiny checkpoint (8x8 px) to point commands at."""
+    path = tmp / "ckpt"
+    if not path.exists():
+        VisionTransformer(ViTConfig(image_size=8, num_classes=3, **{**TINY, "in_chans": channels})).save(path)
+    return path
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A tiny PNG whose header claims ``width x height`` pixels: a decompression bomb's signature."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + \
+        chunk(b"IEND", b"")
+
+
+def npz_claiming(count: int) -> bytes:
+    """An .npz whose one member's header claims ``count`` float32 values, with 16 bytes of data."""
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False, "shape": (count,)})
+    member.write(b"\0" * 16)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as handle:
+        handle.writestr("embedding/kernel.npy", member.getvalue())
+    return archive.getvalue()
+
+
+def npz_lying_about_its_size() -> bytes:
+    """An .npz whose member claims 10^9 floats in its .npy header and, to match, ~4 GB in the zip's own
+    size fields (local header and central directory), while it stores 16 bytes."""
+    archive = npz_claiming(10**9)
+    size = struct.pack("<I", 0xFFFFFF00)
+    local, central = archive.index(b"PK\x03\x04"), archive.index(b"PK\x01\x02")
+    archive = archive[:local + 22] + size + archive[local + 26:]
+    return archive[:central + 24] + size + archive[central + 28:]
+
+
+def npz_of(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def torch_bytes(value) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+class Payload:
+    """Unpickling this would run code: it must never be."""
+
+    def __reduce__(self):
+        return (os.system, (f"touch {PWNED}",))
+
+
+PWNED = "/tmp/vitkit-badinput-pwned"
+
+
+def image_folder(tmp: Path, **files: bytes) -> str:
+    for name, data in files.items():
+        write(tmp / "folder" / name.replace("__", "/"), data)
+    return f"imagefolder:{tmp / 'folder'}"
+
+
+def png(size=(8, 8), mode="L") -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, size, 100).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def symlink_loop(tmp: Path) -> Path:
+    folder = tmp / "loop"
+    folder.mkdir()
+    os.symlink(folder, folder / "again")
+    os.symlink(folder / "self", folder / "self")
+    return folder
+
+
+RANDOM = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+
+
+def config(name: str, content: str | bytes) -> Callable[[Path], list[str]]:
+    """Train with a recipe file ``name`` holding ``content``."""
+    return lambda tmp: [*TRAIN, "--config", str(write(tmp / name, content))]
+
+
+def resume(damage: Callable[[Path], object]) -> Callable[[Path], list[str]]:
+    """Damage the finished run in ``{tmp}/run`` (given the last checkpoint's training state), then resume it."""
+    def build(tmp: Path) -> list[str]:
+        run = tmp / "run"
+        damage(sorted((run / "checkpoints").glob("step-*"))[-1] / "training_state.pt")
+        return ["train", "--resume", "--run-dir", str(run)]
+    return build
+
+
+def replace_by_file(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+    write(path, "x")
+
+CASES = [
+    # ---------------------------------------------------------------- flags and recipe fields
+    Case("batch size 0", lambda t: [*TRAIN, "--batch-size", "0"], 2, "batch_size=0: expected >= 1"),
+    Case("negative steps", lambda t: [*TRAIN, "--steps", "-1"], 2, "steps=-1: expected >= 0"),
+    Case("NaN learning rate", lambda t: [*TRAIN, "--lr", "nan"], 2, "lr=nan: expected a finite number"),
+    Case("infinite weight decay", lambda t: [*TRAIN, "--weight-decay", "inf"], 2, "weight_decay=inf"),
+    Case("word for a number", lambda t: [*TRAIN, "--lr", "fast"], 2, "argument --lr: invalid float value"),
+    Case("unknown optimizer", lambda t: [*TRAIN, "--optimizer", "adam"], 2, "argument --optimizer: invalid choice"),
+    Case("label smoothing 1", lambda t: [*TRAIN, "--label-smoothing", "1"], 2, "label_smoothing=1.0"),
+    Case("EMA decay above 1", lambda t: [*TRAIN, "--ema-decay", "1.5"], 2, "ema_decay=1.5"),
+    Case("crop scale reversed", lambda t: [*TRAIN, "--crop-scale", "0.9", "0.1"], 2, "0 < low <= high <= 1"),
+    Case("batch not a multiple of accumulation", lambda t: [*TRAIN, "--batch-size", "10", "--accum-steps", "3"],
+         2, "expected a multiple of accum_steps=3"),
+    Case("batch larger than the data", lambda t: [*TRAIN, "--batch-size", "100000"], 2,
+         "smaller than the global batch 100000"),
+    Case("model args a list", lambda t: [*TRAIN, "--model-args", "[1, 2]"], 2, "expected a JSON object"),
+    Case("model args not JSON", lambda t: [*TRAIN, "--model-args", "{depth: 2"], 2, "not valid JSON"),
+    Case("model args unknown key", lambda t: [*TRAIN, "--model-args", '{"depht": 2}'], 2, "unknown keys ['depht']"),
+    Case("model args image_size", lambda t: [*TRAIN, "--model-args", '{"image_size": 8}'], 2,
+         "unknown keys ['image_size']"),
+    Case("model args negative dim", lambda t: [*TRAIN, "--model-args", json.dumps({**TINY, "dim": -8})], 2,
+         "does not describe a model"),
+    Case("model args zero heads", lambda t: [*TRAIN, "--model-args", json.dumps({**TINY, "num_heads": 0})], 2,
+         "does not describe a model"),
+    Case("model args string dim", lambda t: [*TRAIN, "--model-args", json.dumps({**TINY, "dim": "wide"})], 2,
+         "does not describe a model"),
+    Case("unknown model name", lambda t: [*TRAIN, "--model", "ViT-Q/16"], 2, "unknown model 'ViT-Q/16'"),
+    Case("unknown model in the table", lambda t: ["models", "ViT-Q/16"], 2, "unknown model 'ViT-Q/16'"),
+    Case("image size 0", lambda t: [*TRAIN, "--image-size", "0"], 2, "image_size=0: expected >= 1"),
+    Case("image size not a multiple of the patch", lambda t: [*TRAIN, "--image-size", "7"], 2,
+         "is not a multiple of patch_size=2"),
+    Case("validation fraction 1", lambda t: [*TRAIN, "--val-fraction", "1"], 2, "val_fraction=1.0"),
+    Case("keep last -1", lambda t: [*TRAIN, "--keep-last", "-1"], 2, "keep_last=-1"),
+    Case("negative workers", lambda t: [*TRAIN, "--num-workers", "-2"], 2, "num_workers=-2"),
+    Case("negative threads", lambda t: [*TRAIN, "--threads", "-1"], 2, "threads=-1"),
+    Case("negative checkpoint minutes", lambda t: [*TRAIN, "--checkpoint-minutes", "-5"], 2, "checkpoint_minutes=-5.0"),
+    Case("beta of 1", lambda t: [*TRAIN, "--betas", "0.9", "1.0"], 2, "betas=(0.9, 1.0)"),
+    Case("masking probabilities over 1", lambda t: [*TRAIN, "--mpp-mask-prob", "0.8", "--mpp-random-prob", "0.5"], 2,
+         "expected a sum of at most 1"),
+    Case("table at size 0", lambda t: ["models", "ViT-B/16", "--image-size", "0"], 2, "expected a positive size"),
+    Case("table at size 3x", lambda t: ["models", "--image-size", "3x"], 2, "expected a positive size"),
+    Case("override of a word", lambda t: ["info", str(model_dir(t)), "--set", "num_heads=many"], 1, "bad override"),
+    Case("top-k -1", lambda t: ["predict", str(model_dir(t)), "x.png", "--top-k", "-1"], 2,
+         "--top-k: expected a positive integer"),
+    Case("top-k 0", lambda t: ["predict", str(model_dir(t)), "x.png", "--top-k", "0"], 2, "--top-k"),
+    Case("eval batch 0", lambda t: ["eval", str(model_dir(t)), "--batch-size", "0"], 2, "--batch-size"),
+    Case("few-shot 0 shots", lambda t: ["fewshot", str(model_dir(t)), "--shots", "0"], 2, "--shots"),
+    Case("discard ratio 1.5", lambda t: ["analyze", str(model_dir(t)), "--out", str(t), "--discard-ratio", "1.5"],
+         2, "--discard-ratio: expected a number in [0, 1)"),
+    Case("normalisation of 2 values", lambda t: ["analyze", str(model_dir(t, 3)), "--out", str(t / "o"), "--images",
+                                                 str(write(t / "a.png", png())), "--mean", "0.1", "0.2"],
+         2, "expected 1 or 3 values"),
+    # ------------------------------------------------------------------------ recipe files
+    Case("YAML malformed", config("r.yaml", "lr: [0.1\nsteps: 3"), 2, "r.yaml: not valid YAML"),
+    Case("JSON malformed", config("r.json", '{"lr": 0.1,'), 2, "r.json: not valid JSON"),
+    Case("YAML wrong type", config("r.yaml", "lr: fast"), 2,
+         "r.yaml: recipe field lr='fast': expected a finite number"),
+    Case("YAML NaN", config("r.yaml", "lr: .nan"), 2, "lr=nan"),
+    Case("YAML float for an int", config("r.yaml", "warmup_steps: 2.5"), 2, "warmup_steps=2.5: expected an integer"),
+    Case("YAML number for a flag", config("r.yaml", "hflip: 2"), 2, "hflip=2: expected true or false"),
+    Case("YAML a list", config("r.yaml", "- lr\n- 3"), 2, "r.yaml: expected a mapping of recipe fields, got list"),
+    Case("YAML misspelt key", config("r.yaml", "batchsize: 8"), 2, "did you mean batch_size"),
+    Case("YAML unknown preset", config("r.yaml", "preset: imagenet"), 2, "unknown preset 'imagenet'"),
+    Case("YAML model_args a string", config("r.yaml", "model_args: big"), 2, "model_args='big': expected a mapping"),
+    Case("YAML of binary noise", config("r.yaml", RANDOM), 2, "r.yaml: not"),
+    Case("recipe file missing", lambda t: [*TRAIN, "--config", str(t / "absent.yaml")], 1,
+         "absent.yaml: No such file or directory"),
+    Case("recipe file a folder", lambda t: [*TRAIN, "--config", str(t)], 1, "Is a directory"),
+    # --------------------------------------------------------------------------- resuming
+    Case("resume without run dir", lambda t: ["train", "--resume"], 2, "--resume needs --run-dir"),
+    Case("resume, recipe.json malformed", lambda t: ["train", "--resume", "--run-dir", str(
+        write(t / "r" / "recipe.json", "{'lr': 1}").parent)], 2, "recipe.json: not valid JSON"),
+    Case("resume, recipe.json a list", lambda t: ["train", "--resume", "--run-dir", str(
+        write(t / "r" / "recipe.json", "[1, 2]").parent)], 2, "recipe.json: expected a mapping"),
+    Case("resume, recipe.json wrong value", lambda t: ["train", "--resume", "--run-dir", str(
+        write(t / "r" / "recipe.json", '{"batch_size": -4}').parent)], 2, "recipe.json: recipe field batch_size=-4"),
+    Case("resume, training state truncated", resume(lambda p: write(p, p.read_bytes()[: p.stat().st_size // 2])),
+         1, "training_state.pt: not a valid .pt file (a damaged or truncated zip archive", needs_run=True),
+    Case("resume, training state carries a pickle payload", resume(lambda p: write(p, torch_bytes(
+        {"step": 2, "optimizer": {}, "best": None, "rng_cpu": Payload()}))), 1, "refusing to unpickle", needs_run=True),
+    Case("resume, training state of text", resume(lambda p: write(p, "step = 2")), 1,
+         "training_state.pt: not a valid .pt file (neither a torch.save zip archive nor a pickle stream)",
+         needs_run=True),
+    Case("resume, training state of other tensors", resume(lambda p: write(p, torch_bytes({"w": torch.zeros(3)}))),
+         1, "not a vitkit training state (missing ['step', 'optimizer', 'best', 'rng_cpu'])", needs_run=True),
+    Case("resume, checkpoints folder is a file", resume(lambda p: replace_by_file(p.parents[1])), 1,
+         "checkpoints is a file; expected the run's checkpoint directory", needs_run=True),
+    Case("resume, metrics.jsonl is a folder", resume(lambda p: (p.parents[2] / "metrics.jsonl").unlink() or
+                                                     (p.parents[2] / "metrics.jsonl").mkdir()), 1,
+         "metrics.jsonl is not a regular file", needs_run=True),
+    Case("a new run over a finished one", lambda t: [*TRAIN, "--run-dir", str(t / "run")], 2,
+         "already holds a run (checkpoints up to step-00000002); continue it with --resume", needs_run=True),
+    Case("run dir is a file", lambda t: [*TRAIN, "--run-dir", str(write(t / "file", "x"))], 1, "File exists"),
+    # ------------------------------------------------------------------------ checkpoint files
+    Case("random bytes named .npz", lambda t: ["info", str(write(t / "w.npz", RANDOM))], 1,
+         "w.npz: not a valid .npz file"),
+    Case("text named .pth", lambda t: ["info", str(write(t / "w.pth", "hello, weights"))], 1,
+         "w.pth: not a valid .pth file (neither a torch.save zip archive nor a pickle stream)"),
+    Case("empty .pth", lambda t: ["info", str(write(t / "w.pth", b""))], 1,
+         "w.pth: not a valid .pth file (the file is empty)"),
+    Case("random bytes named .bin", lambda t: ["info", str(write(t / "w.bin", b"\x01" + RANDOM))], 1,
+         "not a valid .bin file"),
+    Case(".pth cut in half", lambda t: ["info", str(write(t / "w.pth", torch_bytes({"a": torch.zeros(64)})[:300]))],
+         1, "damaged or truncated zip archive"),
+    Case("zip without data.pkl named .pth", lambda t: ["info", str(write(t / "w.pth", npz_of(a=np.zeros(2))))], 1,
+         "a zip archive without torch.save's data.pkl"),
+    Case(".pth with a pickle payload", lambda t: ["info", str(write(t / "w.pth", torch_bytes({"x": Payload()})))],
+         1, "refusing to unpickle"),
+    Case("raw pickle named .bin", lambda t: ["info", str(write(t / "w.bin", pickle.dumps(Payload())))], 1,
+         "refusing to unpickle"),
+    Case(".npz claiming 10^12 floats", lambda t: ["info", str(write(t / "w.npz", npz_claiming(10**12)))], 1,
+         "claims shape (1000000000000,) of float32 (4,000,000,000,000 bytes) but holds 16 bytes"),
+    Case(".npz lying in its zip sizes too", lambda t: ["info", str(write(t / "w.npz", npz_lying_about_its_size()))],
+         1, "claims shape (1000000000,) of float32 (4,000,000,000 bytes) but holds"),
+    Case(".npz of Python objects", lambda t: ["info", str(write(t / "w.npz", npz_of(a=np.array([{}], object))))],
+         1, "holds Python objects"),
+    Case(".npz of text files", lambda t: ["info", str(write(t / "w.npz", _zip_of(notes="hello")))], 1,
+         "member 'notes' is not a .npy array"),
+    Case(".npz of integers", lambda t: ["info", str(write(t / "w.npz", npz_of(**{"embedding/kernel": np.ones(3, int)
+                                                                                         })))],
+         1, "expected floats"),
+    Case(".safetensors of noise", lambda t: ["info", str(write(t / "w.safetensors", RANDOM))], 1,
+         "corrupt or unreadable safetensors file"),
+    Case("checkpoint directory that is a file", lambda t: ["info", str(write(t / "model", "not a directory"))], 1,
+         "model: unknown weights file type (no suffix); expected a checkpoint directory"),
+    Case("empty checkpoint directory", lambda t: ["info", str((t / "empty").mkdir() or t / "empty")], 1,
+         "is not a checkpoint vitkit can read"),
+    Case("config.json of noise", lambda t: ["info", str(_native_with(t, config=RANDOM[:64]))], 1,
+         "config.json: not a valid vitkit config"),
+    Case("model.safetensors truncated", lambda t: ["info", str(_native_with(t, weights=b"\x08\0\0\0\0\0\0\0{}"))], 1,
+         "corrupt or unreadable safetensors file"),
+    Case("checkpoint path a symlink loop", lambda t: ["info", str(symlink_loop(t) / "self")], 1, "self"),
+    Case("missing checkpoint", lambda t: ["info", str(t / "nothing")], 1, "no checkpoint at"),
+    # ------------------------------------------------------------------------------ images
+    Case("0-byte image", lambda t: ["predict", str(model_dir(t)), str(write(t / "a.png", b""))], 1,
+         "a.png: not a readable image"),
+    Case("text named .png", lambda t: ["predict", str(model_dir(t)), str(write(t / "a.png", "hello"))], 1,
+         "a.png: not a readable image"),
+    Case("truncated PNG", lambda t: ["predict", str(model_dir(t)), str(write(t / "a.png", png((64, 64))[:60]))], 1,
+         "a.png: not a readable image"),
+    Case("decompression bomb to predict", lambda t: ["predict", str(model_dir(t)),
+                                                     str(write(t / "b.png", png_claiming(100_000, 100_000)))], 1,
+         "b.png: refusing to decode"),
+    Case("decompression bomb to analyze", lambda t: ["analyze", str(model_dir(t)), "--out", str(t / "o"), "--images",
+                                                     str(write(t / "b.png", png_claiming(30_000, 30_000)))], 1,
+         "b.png: refusing to decode"),
+    Case("a folder as an image", lambda t: ["predict", str(model_dir(t)), str(t)], 1, "not a readable image"),
+    Case("analyze a symlink loop without images", lambda t: ["analyze", str(model_dir(t)), "--out", str(t / "o"),
+                                                             "--images", str(symlink_loop(t))], 1, "no image files"),
+    Case("analyze a missing image", lambda t: ["analyze", str(model_dir(t)), "--out", str(t / "o"), "--images",
+                                               str(t / "gone.png")], 1, "no image file or directory at"),
+    # ---------------------------------------------------------------------------- datasets
+    Case("0-byte image in a folder", lambda t: [*TRAIN, "--dataset", image_folder(
+        t, a__x=png(), a__y=png(), b__z=b"")], 1, "z: not a readable image"),
+    Case("class folder empty", lambda t: [*TRAIN, "--dataset", image_folder(t, a__x=png()) and
+                                          f"imagefolder:{(t / 'folder' / 'b').mkdir() or t / 'folder'}"], 1,
+         "class folder is empty"),
+    Case("image folder that is a file", lambda t: [*TRAIN, "--dataset", f"imagefolder:{write(t / 'f', 'x')}"], 1,
+         "no such image folder"),
+    Case("colour images for a grey model", lambda t: [*TRAIN, "--dataset", image_folder(
+        t, **{f"{c}__{i}.png": png(mode="RGB") for c in "ab" for i in range(20)})], 1,
+         "cannot turn a 3-channel image into 1 channels"),
+    Case("unknown dataset", lambda t: [*TRAIN, "--dataset", "imagenet-22k"], 1, "unknown dataset 'imagenet-22k'"),
+    Case("data dir that is a file", lambda t: [*TRAIN, "--dataset", "mnist", "--data-dir", str(write(t / "d", "x"))],
+         1, "mnist: not found under"),
+    Case("colour image to a grey model", lambda t: ["predict", str(model_dir(t)), str(write(t / "c.png", png(
+        mode="RGB")))], 1, "cannot turn a 3-channel image into 1 channels"),
+    Case("convert onto a folder of other files", lambda t: ["convert", str(model_dir(t)), str(write(
+        t / "photos" / "cat.jpg", "x").parent)], 1, "does not look like a checkpoint directory"),
+    Case("dataset .npz of noise", lambda t: [*TRAIN, "--dataset", f"npz:{write(t / 'd.npz', RANDOM)}"], 1,
+         "d.npz: not a readable .npz file"),
+    Case("dataset .npz without labels", lambda t: [*TRAIN, "--dataset", "npz:" + str(write(
+        t / "d.npz", npz_of(x_train=np.zeros((4, 8, 8), np.uint8))))],
+         1, "needs arrays x_train and y_train"),
+    Case("eval on a dataset of other classes", lambda t: ["eval", str(model_dir(t)), "--dataset", "digits"], 2,
+         "predicts 3 classes but digits has 10"),
+]
+
+
+def _zip_of(**members: str) -> bytes:
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as handle:
+        for name, text in members.items():
+            handle.writestr(name, text)
+    return archive.getvalue()
+
+
+def _native_with(tmp: Path, config: bytes | None = None, weights: bytes | None = None) -> Path:
+    """A copy of the tiny checkpoint with its config or weights replaced."""
+    source = model_dir(tmp)
+    target = tmp / "broken"
+    target.mkdir()
+    write(target / "config.json", config if config is not None else (source / "config.json").read_bytes())
+    write(target / "model.safetensors", weights if weights is not None else
+          (source / "model.safetensors").read_bytes())
+    return target
