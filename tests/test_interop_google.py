@@ -1,6 +1,8 @@
 """Google .npz checkpoints in each layout give timm's logits (timm reads vit_jax files itself, so it
 also checks what vitkit writes), and native -> npz -> native is lossless."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -94,6 +96,18 @@ def test_native_to_npz_to_native_is_bit_identical(tmp_path, name, kwargs):
         {k: v for k, v in model.config.to_dict().items() if k != "extra"}
     x = torch.randn(2, 3, 64, 64)
     assert torch.equal(back(x), model(x))
+
+
+def test_npz_export_names_the_numerics_it_cannot_carry(tmp_path):
+    """A .npz is read with Google's numerics: writing a timm-style model (exact GELU, eps 1e-5) warns, naming
+    each field that will not travel; a model with Google's numerics writes silently."""
+    model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=1, num_classes=3, gelu="exact", ln_eps=1e-5)
+    with pytest.warns(UserWarning, match=r"gelu='exact' \(read back as 'tanh'\), ln_eps=1e-05") as caught:
+        write_npz(model, tmp_path / "timm_style.npz")
+    assert len(caught) == 1 and vitkit.load(tmp_path / "timm_style.npz").config.gelu == "tanh"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_npz(model.__class__(model.config.replace(gelu="tanh", ln_eps=1e-6)), tmp_path / "google.npz")
 
 
 def test_bad_npz_files_are_clear_errors(tmp_path):

@@ -12,6 +12,7 @@ GroupNorm eps 1e-6).
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,17 @@ def read_npz(path: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str
     return infer_config(fuse_qkv(state), overrides, str(path), **settings)
 
 
+def _warn_of_numerics(config: ViTConfig, path: Path) -> None:
+    """A .npz holds weights only: its readers assume Google's numerics. Say which of this model's differ,
+    since the written file will then compute slightly different outputs."""
+    relevant = ("gelu", "ln_eps") + (("std_conv", "std_conv_eps", "gn_eps") if config.backbone is not None else ())
+    differ = [f"{name}={getattr(config, name)!r} (read back as {GOOGLE_NUMERICS[name]!r})"
+              for name in relevant if getattr(config, name) != GOOGLE_NUMERICS[name]]
+    if differ:
+        warnings.warn(f"{path}: Google's .npz stores no numerics and is read with Google's; this model's "
+                      f"{', '.join(differ)} will not travel, so outputs read back differ slightly", stacklevel=3)
+
+
 def write_npz(model: VisionTransformer, path: str | Path) -> Path:
     """Export to vit_jax's layout (what the paper's code, AugReg and timm read), atomically."""
     config, path = model.config, Path(path)
@@ -157,6 +169,7 @@ def write_npz(model: VisionTransformer, path: str | Path) -> Path:
     ] if bad] + options_in_use(config)
     if unsupported:
         raise CheckpointError(f"cannot write {path}: Google's layout has no {', '.join(unsupported)}")
+    _warn_of_numerics(config, path)
     arrays = {}
     config, state = with_prefix_positions(config, model.state_dict())
     for name, tensor in split_qkv(state).items():
