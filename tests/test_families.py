@@ -70,7 +70,7 @@ def test_family_options_default_off():
     (torch.zeros(2, 3, 16, 12), "multiples of the patch size 8, got 16x12"),
 ])
 def test_bad_inputs_name_the_shape(images, expected):
-    with pytest.raises(ValueError, match=expected):
+    with pytest.raises(vitkit.InputError, match=expected):
         vitkit.create_model(vitkit.ViTConfig(**TINY))(images)
 
 

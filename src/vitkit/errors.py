@@ -10,6 +10,10 @@ class ConfigError(VitkitError, ValueError):
     """A configuration or recipe field has a value of the wrong type or out of range."""
 
 
+class InputError(VitkitError, ValueError):
+    """A tensor given to a model does not have the shape or dtype it expects."""
+
+
 class CheckpointError(VitkitError, ValueError):
     """A checkpoint is missing, corrupt, of an unsupported family, or does not fit the model it describes."""
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
 from .position import RelativePositionLogits
 
 
@@ -37,17 +38,17 @@ class PatchEmbed(nn.Module):
 def check_images(images: torch.Tensor, in_chans: int, multiple: int) -> None:
     """Shape and dtype checks only: nothing here waits for the device."""
     if images.ndim != 4:
-        raise ValueError(f"expected images of shape (batch, {in_chans}, height, width), got {tuple(images.shape)}")
+        raise InputError(f"expected images of shape (batch, {in_chans}, height, width), got {tuple(images.shape)}")
     if not images.is_floating_point():
-        raise ValueError(f"expected floating-point images (normalised as the weights were trained), got "
+        raise InputError(f"expected floating-point images (normalised as the weights were trained), got "
                          f"{images.dtype} images of shape {tuple(images.shape)}")
     batch, channels, height, width = images.shape
     if batch == 0 or height == 0 or width == 0:
-        raise ValueError(f"expected at least one image of non-zero size, got shape {tuple(images.shape)}")
+        raise InputError(f"expected at least one image of non-zero size, got shape {tuple(images.shape)}")
     if channels != in_chans:
-        raise ValueError(f"expected {in_chans} input channels, got {channels} (images of shape {tuple(images.shape)})")
+        raise InputError(f"expected {in_chans} input channels, got {channels} (images of shape {tuple(images.shape)})")
     if height % multiple or width % multiple:
-        raise ValueError(
+        raise InputError(
             f"image sides must be multiples of the patch size {multiple}, got {height}x{width}"
         )
 

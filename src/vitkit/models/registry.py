@@ -7,6 +7,7 @@ import difflib
 import re
 from typing import Any
 
+from ..errors import ConfigError
 from .config import ViTConfig
 from .vit import VisionTransformer
 
@@ -99,7 +100,7 @@ def model_config(name: str, **overrides: Any) -> ViTConfig:
     if not match:
         close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}: expected 'ViT-<size>/<patch>' with size in "
+        raise ConfigError(f"unknown model {name!r}: expected 'ViT-<size>/<patch>' with size in "
                          f"{'/'.join(SIZES)}, e.g. {', '.join(PAPER_VARIANTS[:3])}, or "
                          f"'<family>-<size>/<patch>' with family in {'/'.join(FAMILIES)}{hint}")
     resnet, size, patch = match.group(1), _SIZE_BY_LOWER[match.group(2).lower()], int(match.group(3))
@@ -109,7 +110,7 @@ def model_config(name: str, **overrides: Any) -> ViTConfig:
     if resnet:
         resnet = resnet.upper()
         if (resnet, patch) not in HYBRIDS:
-            raise ValueError(f"unknown hybrid {name.strip()!r}: expected one of {', '.join(HYBRID_VARIANTS)} "
+            raise ConfigError(f"unknown hybrid {name.strip()!r}: expected one of {', '.join(HYBRID_VARIANTS)} "
                              "(any ViT size with " + ", ".join(f"{r}+.../{p}" for r, p in HYBRIDS) + ")")
         canonical = f"{resnet}+{canonical}"
         base["backbone"], base["patch_size"] = HYBRIDS[resnet, patch]
