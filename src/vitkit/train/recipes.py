@@ -22,8 +22,8 @@ class Recipe:
     data_dir: str | None = None
     val_fraction: float = 0.1
     train_subset: int = 0  # >0: train on this many images only (quick checks)
-    corrupt: str = "fail"  # image folders: 'fail' on an unreadable file, or 'skip' it
-    num_workers: int = 0
+    corrupt: str = "fail"  # an unreadable image or sample: 'fail', or 'skip' (replaced, counted in summary.json)
+    num_workers: int = -1  # decoding processes; -1: none for in-memory data, else the cores of a rank
     threads: int = 0  # intra-op CPU threads; 0: torch's default. Small models run best on 1.
     # model: a named variant ('ViT-B/16') or '' for a custom one, plus ViTConfig overrides
     model: str = ""

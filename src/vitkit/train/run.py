@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
-from ..data import (SplitSpec, StepSampler, Transformed, build_transform, checkpoint_transform, eval_loader,
-                    load_dataset, step_loader, trained_normalization, trained_statistics)
+from ..data import (ShardedSplit, SplitSpec, build_transform, checkpoint_transform, default_num_workers,
+                    evaluation_loader, load_dataset, split_names, trained_normalization, trained_statistics,
+                    training_loader)
 from ..data.transforms import augreg_level
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..models import ViTConfig, VisionTransformer, create_model
@@ -58,6 +60,52 @@ def total_steps(recipe: Recipe, train_size: int) -> int:
     return recipe.steps or max(1, math.ceil(recipe.epochs * (train_size // recipe.batch_size)))
 
 
+def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
+    """The splits a run measures: validation when it has one, and the test split after classification."""
+    if recipe.objective not in ("classification", "mpp"):
+        raise ValueError(f"objective={recipe.objective!r}, expected 'classification' or 'mpp'")
+    if pretraining:
+        return ()
+    has_val = recipe.val_fraction > 0 and "val" in split_names(recipe.dataset)
+    return ("val", "test") if has_val else ("test",)
+
+
+class SkippedFiles:
+    """The files replaced in training under ``--corrupt skip``: one JSON line per step that had any in
+    ``run_dir/skipped/rank-N.jsonl`` (each rank reads its own images), counted in the metrics too."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.folder = Path(run_dir) / "skipped"
+        self.path = self.folder / f"rank-{rank}.jsonl"
+
+    @staticmethod
+    def _records(path: Path) -> list[dict]:
+        records = []
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill
+                break
+        return records
+
+    def resume(self, step: int) -> None:
+        """Forget the steps after ``step``: the resumed run reads their images again."""
+        if self.path.exists():
+            kept = [r for r in self._records(self.path) if r["step"] <= step]
+            with atomic_file(self.path) as handle:
+                handle.write("".join(json.dumps(r) + "\n" for r in kept))
+
+    def record(self, step: int, names: list[str], log) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps({"step": step, "files": names}) + "\n")
+        log.write(step, {"data/skipped": len(names)})
+
+    def all_ranks(self) -> list[str]:
+        paths = sorted(self.folder.glob("rank-*.jsonl")) if self.folder.is_dir() else []
+        return [name for path in paths for record in self._records(path) for name in record["files"]]
+
+
 @dataclass
 class Experiment:
     """A recipe made concrete: the trainer, the class names and how to measure a model on a split."""
@@ -67,6 +115,7 @@ class Experiment:
     trainer: Trainer
     classes: list[str]
     measure: Callable[[VisionTransformer, str], Evaluation]
+    skipped: "SkippedFiles"
 
 
 def prepare(recipe: Recipe) -> Experiment:
@@ -77,18 +126,16 @@ def prepare(recipe: Recipe) -> Experiment:
     torch.manual_seed(recipe.seed)
     run_dir = Path(recipe.run_dir or default_run_dir(recipe))
     spec = SplitSpec(recipe.val_fraction, seed=0)
-
-    def split(name: str):
-        return load_dataset(recipe.dataset, name, recipe.data_dir, spec, recipe.corrupt)
-
-    train_set = split("train")
+    pretraining = recipe.objective == "mpp"
+    splits = {name: load_dataset(recipe.dataset, name, recipe.data_dir, spec, recipe.corrupt)  # once per run
+              for name in ("train", *evaluated_splits(recipe, pretraining))}
+    train_set = splits["train"]
     if recipe.train_subset:
+        if isinstance(train_set, ShardedSplit):
+            raise ValueError(f"train_subset needs a dataset with random access, not the shards of {recipe.dataset}")
         keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(recipe.seed))
         train_set = train_set.subset(keep[:recipe.train_subset].sort().values, f"{train_set.name}[subset]")
     classes = train_set.classes
-    if recipe.objective not in ("classification", "mpp"):
-        raise ValueError(f"objective={recipe.objective!r}, expected 'classification' or 'mpp'")
-    pretraining = recipe.objective == "mpp"
     model = build_model(recipe, [] if pretraining else classes)
     config = model.config
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
@@ -101,20 +148,28 @@ def prepare(recipe: Recipe) -> Experiment:
                                       trained_normalization(config), recipe.hflip, recipe.crop_scale, recipe.aug_level)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
-    training_images = Transformed(train_set, train_transform, recipe.seed)
+    workers = recipe.num_workers if recipe.num_workers >= 0 else \
+        default_num_workers(train_set, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    skipped = SkippedFiles(run_dir, env.rank)
 
     def batches(start_step: int):
-        sampler = StepSampler(len(train_set), recipe.batch_size, steps, seed=recipe.seed, start_step=start_step,
-                              accum_steps=recipe.accum_steps, rank=env.rank, world_size=env.world_size)
-        return step_loader(training_images, sampler, recipe.num_workers)
+        loader = training_loader(train_set, train_transform, global_batch=recipe.batch_size, total_steps=steps,
+                                 start_step=start_step, seed=recipe.seed, accum_steps=recipe.accum_steps,
+                                 rank=env.rank, world_size=env.world_size, num_workers=workers, corrupt=recipe.corrupt)
+        skipped.resume(start_step)
+        for index, (images, labels, names) in enumerate(loader):
+            if names:
+                skipped.record(start_step + index // recipe.accum_steps + 1, names, trainer.log)
+            yield images, labels
+
+    loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt)
+               for name, dataset in splits.items() if name != "train"}
 
     def measure(network: VisionTransformer, split_name: str) -> Evaluation:
-        dataset = Transformed(split(split_name), eval_transform)
-        loader = eval_loader(dataset, recipe.eval_batch_size, recipe.num_workers)
-        return evaluate(network, loader, len(classes), env.device)
+        return evaluate(network, loaders[split_name], len(classes), env.device)
 
     def validate(network: VisionTransformer) -> dict[str, float]:
-        return measure(network, "val").summary("val") if recipe.val_fraction > 0 and not pretraining else {}
+        return measure(network, "val").summary("val") if "val" in loaders else {}
 
     optimizer = make_optimizer(model, recipe.optimizer, recipe.lr, recipe.weight_decay, recipe.betas, recipe.momentum)
     lr_at = functools.partial(learning_rate, base_lr=recipe.lr, total_steps=steps, warmup_steps=recipe.warmup_steps,
@@ -127,7 +182,7 @@ def prepare(recipe: Recipe) -> Experiment:
                       eval_every=recipe.eval_every, checkpoint_every=recipe.checkpoint_every,
                       keep_last=recipe.keep_last, compile=recipe.compile)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
-    return Experiment(recipe, run_dir, trainer, classes, measure)
+    return Experiment(recipe, run_dir, trainer, classes, measure, skipped)
 
 
 def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
@@ -150,6 +205,8 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
                 report = write_report(experiment.measure(final, "test"), experiment.classes, run_dir, "test")
                 summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
                                 "test/images": report["images"]})
+            names = experiment.skipped.all_ranks()
+            summary.update({"data/skipped": len(names), "data/skipped_files": names})
             with atomic_file(run_dir / "summary.json") as handle:
                 json.dump(summary, handle, indent=1)
     trainer.env.barrier()
