@@ -71,6 +71,9 @@ def test_stream_resumes_at_any_step_with_the_same_samples(tmp_path, workers):
     assert len(straight) == 60 and set(straight) <= set(range(37))
     for start in (1, 4, 7):  # past the first epoch of some slots too
         assert run(start) == straight[start * 6:]
+    odd = training_loader(split, AS_IS, global_batch=6, total_steps=10, start_step=3, seed=3, rank=1, world_size=2,
+                          num_workers=workers)  # one micro-batch a step: resumed at an odd one
+    assert numbers(batch for _, batch in zip(range(7), odd)) == straight[9:30]  # the same micro-batches of 3
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # more workers than this machine's cores

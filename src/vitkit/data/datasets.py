@@ -1,6 +1,6 @@
 """Datasets by name: the embedded ``digits``, torchvision's MNIST / Fashion-MNIST / CIFAR, arrays in
 ``.npz`` files, ``imagefolder:PATH`` (listed, decoded on access) and the sharded ``webdataset:`` (see
-``shards.py``).
+``shards.py``) and ``hf:`` (``hf.py``).
 
 Every dataset yields ``(image, label)`` with the image a uint8 ``(C, H, W)`` tensor and keeps its
 class names in ``.classes``. Splits are ``train``, ``val`` and ``test``; a dataset without a
@@ -126,9 +126,12 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     elif name.startswith("webdataset:"):
         from .shards import webdataset_split  # shards builds on this module
         return webdataset_split(name[len("webdataset:"):], split, corrupt)
+    elif name.startswith("hf:"):
+        from .hf import hf_split
+        return hf_split(name[len("hf:"):], split, corrupt)
     else:
         raise DatasetError(f"unknown dataset {name!r}; expected digits, {', '.join(TORCHVISION)}, "
-                           f"npz:PATH, imagefolder:PATH or webdataset:ROOT")
+                           f"npz:PATH, imagefolder:PATH, webdataset:ROOT or hf:PATH")
     return _with_val(train, test, split, spec)
 
 
@@ -138,6 +141,9 @@ def split_names(name: str) -> tuple[str, ...]:
     if name.startswith("webdataset:"):
         from .shards import shard_files
         return tuple(split for split, files in shard_files(name[len("webdataset:"):]).items() if files)
+    if name.startswith("hf:"):
+        from .hf import hf_root, split_files
+        return tuple(split_files(hf_root(name[len("hf:"):])))
     return SPLITS
 
 

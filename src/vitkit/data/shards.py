@@ -8,9 +8,10 @@ and the small ``.cls`` members only (no image is decoded), so bad labels are rep
 - the shards are split across ``ranks x workers`` slots (rank-major), a new permutation each epoch,
   so within a slot's epoch every sample of its shards comes once; a shuffle buffer seeded by
   (seed, epoch, slot) mixes samples across its shards;
-- worker ``w`` of a rank makes its micro-batches ``w, w + W, ...`` (the DataLoader's round robin), so
-  the stream position of every worker is a function of the step: resume fast-forwards each worker's
-  stream (reading, not decoding) to where the checkpoint's step left it, and the run goes on bit for bit.
+- slot ``w`` of a rank makes its micro-batches ``w, w + W, ...`` (the DataLoader's round robin over
+  ``W`` workers), so the stream position of every slot is a function of the step: resume fast-forwards
+  each slot's stream (reading, not decoding) to where the checkpoint's step left it, and the run goes
+  on bit for bit with the same number of ranks and workers.
 
 Evaluation reads every shard once, in order, split across workers only.
 """
@@ -134,9 +135,12 @@ class TrainingStream(IterableDataset):
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
-        worker = info.id if info is not None else 0
-        slots, slot = self.world_size * self.workers, self.rank * self.workers + worker
-        to_skip = max(0, -(-(self.start - worker) // self.workers)) * self.micro_batch
+        # the DataLoader's round robin starts at worker 0 whatever the start: worker w of a loader begun at
+        # micro-batch `start` makes batches start + w, start + w + W, ..., which slot (start + w) % W made
+        # in the run from the beginning; that slot had made ceil((start - slot) / W) batches before
+        within = (self.start + (info.id if info is not None else 0)) % self.workers
+        slots, slot = self.world_size * self.workers, self.rank * self.workers + within
+        to_skip = max(0, -(-(self.start - within) // self.workers)) * self.micro_batch
         for epoch in itertools.count():
             length = sum(s.size for s in split_by_slot(self.split.shards, slot, slots, self.seed, epoch))
             if to_skip >= length:  # a whole epoch already trained on: no need to read it
