@@ -111,6 +111,18 @@ def test_corrupt_and_truncated_files_are_reported_by_name(tmp_path):
     assert "left out 2 unreadable image(s)" in str(caught[0].message)
 
 
+def test_split_folders_share_one_class_list(tmp_path):
+    """A class missing from test/ must not shift the labels of the classes after it."""
+    for split, names in (("train", "abc"), ("test", "ac")):
+        for name in names:
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.fromarray(np.zeros((2, 2), np.uint8)).save(tmp_path / split / name / "0.png")
+    test = load_dataset(f"imagefolder:{tmp_path}", "test")
+    assert test.classes == ["a", "b", "c"] and test.labels.tolist() == [0, 2]
+    train = load_dataset(f"imagefolder:{tmp_path}", "train", spec=SplitSpec(val_fraction=0.0))
+    assert train.labels.tolist() == [0, 1, 2]
+
+
 def test_empty_dataset_and_empty_class_are_clear_errors(tmp_path):
     with pytest.raises(DatasetError, match="no class folders"):
         scan_folder(tmp_path)

@@ -405,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert_.add_argument("src", help="any dataset vitkit reads (imagefolder:PATH, mnist, npz:PATH, ...)")
     convert_.add_argument("dst", help="a new folder for the shards")
     convert_.add_argument("--to", choices=["webdataset"], default="webdataset")
-    convert_.add_argument("--shard-size", default="256MB", help="largest shard, e.g. 256MB, 1GB (default 256MB)")
+    convert_.add_argument("--shard-size", default="256MB", help="image and label bytes a shard (tar headers add ~1 kB a file), e.g. 256MB, 1GB")
     for command, run_ in ((info_, cmd_data_info), (verify, cmd_data_verify), (convert_, cmd_data_convert)):
         if command is not convert_:
             command.add_argument("dataset", help="imagefolder:PATH, webdataset:ROOT, mnist, npz:PATH, ...")

@@ -65,8 +65,8 @@ def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
 
 
 def write_webdataset(splits: dict[str, object], destination: str | Path, shard_size: int) -> dict[str, int]:
-    """Write ``splits`` (name -> dataset) as shards of at most ``shard_size`` bytes; returns the number of
-    samples written per split."""
+    """Write ``splits`` (name -> dataset) as shards of about ``shard_size`` bytes of images and labels (a new
+    shard starts once it is reached; tar headers add about 1 kB a file); returns the samples per split."""
     destination = Path(destination)
     if destination.exists():
         raise FileExistsError(f"{destination} exists; choose a new folder for the shards")

@@ -223,35 +223,43 @@ def _npz_split(path: Path, split: str, spec: SplitSpec) -> ArrayDataset:
 
 def _folder_split(root: Path, split: str, spec: SplitSpec) -> FileDataset:
     """``root/<class>/*`` images, or ``root/{train,val,test}/<class>/*``; missing splits are held out
-    (test from train with the validation fraction, then val from the rest)."""
+    (test from train with the validation fraction, then val from the rest). The split folders share one
+    class list, the union of their class folders, so that a label means the same class in each."""
     if not root.is_dir():
         raise DatasetError(f"{root}: no such image folder")
-    if (root / split).is_dir() and (split != "train" or (root / "val").is_dir()):  # else val is held out of train
-        return scan_folder(root / split)
     if not (root / "train").is_dir():
         whole = scan_folder(root)
         kept, test = held_out(len(whole), spec.val_fraction, spec.seed + 1)
         if split == "test":
             return whole.subset(test, f"{root}[test]")
         return _with_val(whole.subset(kept, f"{root}[train]"), None, split, spec)
+    classes = sorted({name for part in SPLITS if (root / part).is_dir() for name in class_folders(root / part)})
+    if (root / split).is_dir() and (split != "train" or (root / "val").is_dir()):  # else val is held out of train
+        return scan_folder(root / split, classes)
     if split == "test":
         raise DatasetError(f"{root}: has train/ but no test/ folder")
-    return _with_val(scan_folder(root / "train"), None, split, spec)
+    return _with_val(scan_folder(root / "train", classes), None, split, spec)
 
 
-def scan_folder(root: Path) -> FileDataset:
+def class_folders(root: Path) -> list[str]:
+    return sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+
+
+def scan_folder(root: Path, classes: list[str] | None = None) -> FileDataset:
     """One sub-folder per class, listed (names and labels only: nothing is opened; hidden files are left
-    out), so a folder of any size is ready at once."""
+    out), so a folder of any size is ready at once. ``classes`` (default: the sub-folders) fixes the
+    labels; a class without a folder here has no image in this split."""
     root = Path(root)
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
-    if not classes:
+    present = class_folders(root)
+    if not present:
         raise DatasetError(f"{root}: no class folders (expected {root}/<class>/<image>)")
+    classes = classes or present
     files, labels = [], []
-    for label, name in enumerate(classes):
+    for name in present:
         found = sorted(os.path.join(folder, file) for folder, _, names in os.walk(root / name)
                        for file in names if not file.startswith("."))
         if not found:
             raise DatasetError(f"{root / name}: class folder is empty")
         files += found
-        labels += [label] * len(found)
+        labels += [classes.index(name)] * len(found)
     return FileDataset(files, labels, classes, str(root))

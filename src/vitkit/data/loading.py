@@ -18,8 +18,6 @@ from ..errors import DatasetError
 from .transforms import Preset
 
 Key = tuple[int, int]  # (index, epoch)
-
-
 CORRUPT = ("fail", "skip")
 Item = tuple[torch.Tensor | None, int, tuple[str, ...]]  # (image, label, names of the files skipped for it)
 
@@ -84,7 +82,7 @@ class Transformed(Dataset):
         skipped: list[str] = []
         while True:
             try:
-                image, label = self.dataset[index][:2]
+                image, label = self.dataset[index]
                 break
             except DatasetError as error:
                 if self.corrupt == "fail":

@@ -104,8 +104,8 @@ class ShardedSplit:
 
 
 def split_by_slot(shards: list[Shard], slot: int, slots: int, seed: int, epoch: int) -> list[Shard]:
-    order = random.Random(seed * 100_003 + epoch).sample(shards, len(shards)) if epoch >= 0 else shards
-    return order[slot::slots]
+    """The shards that ``slot`` of ``slots`` reads in ``epoch``: a share of that epoch's permutation."""
+    return random.Random(seed * 100_003 + epoch).sample(shards, len(shards))[slot::slots]
 
 
 class TrainingStream(IterableDataset):

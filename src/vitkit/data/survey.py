@@ -25,13 +25,11 @@ def class_counts(dataset) -> Counter:
 
 def describe(splits: dict[str, object]) -> dict:
     """Split sizes, class names and the images of each class per split."""
-    classes = next(iter(splits.values())).classes
-    report = {"classes": list(classes), "splits": {}}
+    report = {"classes": list(next(iter(splits.values())).classes), "splits": {}}
     for name, dataset in splits.items():
         counts = class_counts(dataset)
         report["splits"][name] = {"images": len(dataset),
-                                  "per_class": {classes[c] if 0 <= c < len(classes) else str(c): n
-                                                for c, n in sorted(counts.items())}}
+                                  "per_class": {dataset.classes[c]: n for c, n in sorted(counts.items())}}
         if isinstance(dataset, ShardedSplit):
             report["splits"][name].update(shards=len(dataset.shards), unusable=dataset.bad)
     return report
