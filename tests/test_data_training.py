@@ -46,10 +46,11 @@ def test_mnist_learns_from_a_folder_and_from_its_shards(tmp_path, shared_data):
     accuracy = {}
     for source in (f"imagefolder:{folder}", f"webdataset:{tmp_path / 'shards'}"):
         recipe = Recipe(dataset=source, image_size=28, model_args=model, transform="eval", steps=250, batch_size=32,
-                        lr=2e-3, warmup_steps=20, num_workers=2, threads=1, log_every=50,
-                        run_dir=str(tmp_path / source.split(":")[0]))
+                        lr=2e-3, warmup_steps=20, threads=1, log_every=50, run_dir=str(tmp_path / source.split(":")[0]))
         summary = run(recipe)
         assert summary["test/images"] == 300
+        saved = json.loads((tmp_path / source.split(":")[0] / "recipe.json").read_text())
+        assert saved["num_workers"] == min(8, os.cpu_count()), "file-backed data: decoding workers by default"
         accuracy[source] = summary["test/accuracy"]
     assert min(accuracy.values()) > 0.6, accuracy  # chance: 0.1
 

@@ -148,8 +148,10 @@ def prepare(recipe: Recipe) -> Experiment:
                                       trained_normalization(config), recipe.hflip, recipe.crop_scale, recipe.aug_level)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
-    workers = recipe.num_workers if recipe.num_workers >= 0 else \
-        default_num_workers(train_set, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    if recipe.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here))
+    workers = recipe.num_workers
     skipped = SkippedFiles(run_dir, env.rank)
 
     def batches(start_step: int):
@@ -192,7 +194,7 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
     trainer, run_dir = experiment.trainer, experiment.run_dir
     if trainer.env.is_main:
         with atomic_file(run_dir / RECIPE_FILE) as handle:
-            json.dump(recipe.to_dict(), handle, indent=1)
+            json.dump(experiment.recipe.to_dict(), handle, indent=1)
     started = time.perf_counter()
     last = trainer.fit(resume=resume)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
