@@ -1,7 +1,7 @@
 """The data loader alone, as training uses it: decode + the ``pretrain`` transform at 224 px of JPEGs of
 realistic size (CIFAR-10 images upscaled to 256-500 px, quality 90), batch 64.
 
-Measured in one run, so that the ratios hold on a shared machine:
+Measured in one run, interleaved over rounds (medians reported), so that the ratios hold on a shared machine:
 - vitkit's loader over an image folder and over the same images in WebDataset shards, against
   torchvision's ``ImageFolder`` + ``DataLoader`` with the same workers and transform, and against the
   single-core decode + transform rate times the workers (the decode limit);
@@ -71,11 +71,8 @@ def preset():
     return build_transform("pretrain", SIZE, 3, "google")
 
 
-def rate(loader, batches: int, warmup: int = 3) -> float:
-    """Images per second over ``batches`` batches after ``warmup`` (workers started, queues full)."""
-    iterator = iter(loader)
-    for _ in range(warmup):
-        next(iterator)
+def timed_images(iterator, batches: int) -> float:
+    """Images per second over the next ``batches`` batches."""
     started = time.perf_counter()
     images = sum(len(next(iterator)[0]) for _ in range(batches))
     return images / (time.perf_counter() - started)
@@ -137,7 +134,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--unique", type=int, default=1000, help="distinct JPEGs written")
-    parser.add_argument("--batches", type=int, default=15, help="batches timed per loader")
+    parser.add_argument("--batches", type=int, default=8, help="batches timed per loader and round")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
     parser.add_argument("--large", type=int, default=1_000_000, help="files of the large folder (hard links)")
     parser.add_argument("--rss-steps", type=int, default=1000)
     args = parser.parse_args()
@@ -153,17 +151,24 @@ def main() -> None:
         total = sum(f.stat().st_size for f in files)  # 8 shards a worker
         write_webdataset({"train": load_dataset(f"imagefolder:{folder}", "train")}, shards, total // (8 * workers))
 
-        single = single_core_rate(files)
-        rates = {}
-        for name, loader in (("vitkit_folder", vitkit_loader(load_dataset(f"imagefolder:{folder}", "train"), workers)),
-                             ("vitkit_shards", vitkit_loader(load_dataset(f"webdataset:{shards}", "train"), workers)),
-                             ("torchvision_imagefolder", torchvision_loader(folder, workers))):
-            rates[name] = round(rate(loader, args.batches), 1)
-            del loader
-        single = (single + single_core_rate(files)) / 2  # before and after the loaders: the load drifts
+        loaders = {"vitkit_folder": vitkit_loader(load_dataset(f"imagefolder:{folder}", "train"), workers),
+                   "vitkit_shards": vitkit_loader(load_dataset(f"webdataset:{shards}", "train"), workers),
+                   "torchvision_imagefolder": torchvision_loader(folder, workers)}
+        iterators = {name: iter(loader) for name, loader in loaders.items()}
+        for iterator in iterators.values():  # workers started, queues full
+            timed_images(iterator, 3)
+        samples = {name: [] for name in [*loaders, "single_core"]}
+        for _ in range(args.rounds):  # interleaved, so that every loader meets the same load
+            samples["single_core"].append(single_core_rate(files))
+            for name, iterator in iterators.items():
+                samples[name].append(timed_images(iterator, args.batches))
+        median = {name: float(np.median(values)) for name, values in samples.items()}
+        single = median.pop("single_core")
         result["single_core_images_per_s"] = round(single, 1)
         result["decode_limit_images_per_s"] = round(single * workers, 1)
-        result["images_per_s"] = rates
+        result["images_per_s"] = rates = {name: round(value, 1) for name, value in median.items()}
+        result["rounds"] = {name: [round(v, 1) for v in values] for name, values in samples.items()}
+        del iterators, loaders
         result["vs_torchvision"] = round(rates["vitkit_folder"] / rates["torchvision_imagefolder"], 3)
         result["vs_decode_limit"] = {k: round(v / result["decode_limit_images_per_s"], 3) for k, v in rates.items()}
 

@@ -3,6 +3,7 @@ workers, under torchrun, killed and resumed."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -70,11 +71,21 @@ def test_unreadable_files_are_replaced_and_reported(tmp_path, shared_data):
     assert sum(r.get("data/skipped", 0) for r in records) == 4
 
 
-def test_shards_under_torchrun_count_every_test_image_once(tmp_path, shards):
-    stdout = launch(VITKIT_TORCHRUN, *ARGS, "--dataset", f"webdataset:{shards}", "--steps", "4",
-                    "--num-workers", "2", "--run-dir", tmp_path / "ddp")
+def test_shards_under_torchrun_count_every_test_image_once_and_resume_exactly(tmp_path, shards):
+    """Two ranks x two workers read the 5 training shards; the test shards (5 + 9 + 2 images) are counted
+    once each; a run continued from its middle checkpoint ends with the same weights."""
+    extra = ["--dataset", f"webdataset:{shards}", "--steps", "6", "--checkpoint-every", "3", "--num-workers", "2"]
+    stdout = launch(VITKIT_TORCHRUN, *ARGS, *extra, "--run-dir", tmp_path / "ddp")
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert summary["test/images"] == 16 and "(16 images)" in stdout
+
+    resumed = tmp_path / "resumed"  # as if stopped right after the middle checkpoint
+    shutil.copytree(tmp_path / "ddp", resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-00000006")
+    shutil.rmtree(resumed / "model")
+    launch(VITKIT_TORCHRUN, *ARGS, *extra, "--run-dir", resumed, "--resume")
+    straight, continued = _weights(tmp_path / "ddp"), _weights(resumed)
+    assert all(torch.equal(continued[key], straight[key]) for key in straight)
 
 
 def test_killed_run_on_shards_resumes_to_the_same_weights(tmp_path, shards):
