@@ -29,6 +29,7 @@ from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
 from .recipes import Recipe
+from .skipped import SkippedFiles
 
 RECIPE_FILE = "recipe.json"
 
@@ -70,42 +71,6 @@ def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
     return ("val", "test") if has_val else ("test",)
 
 
-class SkippedFiles:
-    """The files replaced in training under ``--corrupt skip``: one JSON line per step that had any in
-    ``run_dir/skipped/rank-N.jsonl`` (each rank reads its own images), counted in the metrics too."""
-
-    def __init__(self, run_dir: Path, rank: int):
-        self.folder = Path(run_dir) / "skipped"
-        self.path = self.folder / f"rank-{rank}.jsonl"
-
-    @staticmethod
-    def _records(path: Path) -> list[dict]:
-        records = []
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill
-                break
-        return records
-
-    def resume(self, step: int) -> None:
-        """Forget the steps after ``step``: the resumed run reads their images again."""
-        if self.path.exists():
-            kept = [r for r in self._records(self.path) if r["step"] <= step]
-            with atomic_file(self.path) as handle:
-                handle.write("".join(json.dumps(r) + "\n" for r in kept))
-
-    def record(self, step: int, names: list[str], log) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps({"step": step, "files": names}) + "\n")
-        log.write(step, {"data/skipped": len(names)})
-
-    def all_ranks(self) -> list[str]:
-        paths = sorted(self.folder.glob("rank-*.jsonl")) if self.folder.is_dir() else []
-        return [name for path in paths for record in self._records(path) for name in record["files"]]
-
-
 @dataclass
 class Experiment:
     """A recipe made concrete: the trainer, the class names and how to measure a model on a split."""
@@ -115,7 +80,7 @@ class Experiment:
     trainer: Trainer
     classes: list[str]
     measure: Callable[[VisionTransformer, str], Evaluation]
-    skipped: "SkippedFiles"
+    skipped: SkippedFiles
 
 
 def prepare(recipe: Recipe) -> Experiment:
