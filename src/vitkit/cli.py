@@ -288,7 +288,6 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
     """Write a dataset as WebDataset shards (train/val/test-NNNNNN.tar and classes.txt)."""
     from .data.convert import parse_size, write_webdataset
 
-    args.dataset = args.src
     written = write_webdataset(_data_splits(args, "fail"), args.dst, parse_size(args.shard_size))
     print_table(["split", "images"], list(written.items()))
     print(f"shards in {args.dst}; train from them with --dataset webdataset:{args.dst}")
@@ -396,23 +395,23 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="inspect, check and convert datasets").add_subparsers(dest="data_command",
                                                                                           required=True)
     info_ = data.add_parser("info", help="split sizes, classes and images per class")
-    info_.add_argument("--json", action="store_true", help="machine-readable output")
-    info_.add_argument("--corrupt", default="fail", choices=("fail", "skip"),
-                       help="skip: list shards' unusable samples instead of stopping at the first")
     verify = data.add_parser("verify", help="decode every image in parallel; list the unreadable ones")
-    verify.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
     convert_ = data.add_parser("convert", help="write a dataset as WebDataset shards")
-    convert_.add_argument("src", help="any dataset vitkit reads (imagefolder:PATH, mnist, npz:PATH, ...)")
-    convert_.add_argument("dst", help="a new folder for the shards")
-    convert_.add_argument("--to", choices=["webdataset"], default="webdataset")
-    convert_.add_argument("--shard-size", default="256MB", help="image and label bytes a shard (tar headers add ~1 kB a file), e.g. 256MB, 1GB")
     for command, run_ in ((info_, cmd_data_info), (verify, cmd_data_verify), (convert_, cmd_data_convert)):
-        if command is not convert_:
-            command.add_argument("dataset", help="imagefolder:PATH, webdataset:ROOT, mnist, npz:PATH, ...")
+        command.add_argument("dataset", metavar="SRC" if command is convert_ else "DATASET",
+                             help="imagefolder:PATH, webdataset:ROOT, hf:PATH, mnist, npz:PATH, ...")
         command.add_argument("--data-dir", help="where torchvision's datasets lie")
         command.add_argument("--val-fraction", type=float, default=0.1,
                              help="validation images held out of train where the dataset has no val split")
         command.set_defaults(run=run_)
+    info_.add_argument("--json", action="store_true", help="machine-readable output")
+    info_.add_argument("--corrupt", default="fail", choices=("fail", "skip"),
+                       help="skip: list shards' unusable samples instead of stopping at the first")
+    verify.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
+    convert_.add_argument("dst", metavar="DST", help="a new folder for the shards")
+    convert_.add_argument("--to", choices=["webdataset"], default="webdataset")
+    convert_.add_argument("--shard-size", default="256MB",
+                          help="image and label bytes a shard (tar headers add ~1 kB a file), e.g. 256MB, 1GB")
 
     predict_ = sub.add_parser("predict", help="top-k labels of image files")
     predict_.add_argument("checkpoint")
