@@ -71,11 +71,16 @@ def preset():
     return build_transform("pretrain", SIZE, 3, "google")
 
 
-def timed_images(iterator, batches: int) -> float:
-    """Images per second over the next ``batches`` batches."""
+def timed_images(iterator, batches: int, prefetched: int) -> float:
+    """Images per second over ``batches`` batches, once the ``prefetched`` ones waiting in the queue are taken,
+    then a pause while the workers fill it again (so that they do not slow down the next loader's turn)."""
+    for _ in range(prefetched):
+        next(iterator)
     started = time.perf_counter()
     images = sum(len(next(iterator)[0]) for _ in range(batches))
-    return images / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    time.sleep(prefetched * elapsed / batches + 0.5)
+    return images / elapsed
 
 
 def vitkit_loader(dataset, workers: int, steps: int = 10_000):
@@ -93,14 +98,15 @@ def torchvision_loader(folder: Path, workers: int):
                                        persistent_workers=workers > 0)
 
 
-def single_core_rate(files: list[Path], count: int = 200) -> float:
-    """Decode + transform in this process alone, one image at a time (the work a worker does)."""
+def single_core_rate(files: list[Path], batches: int = 2) -> float:
+    """Decode + transform in this process alone, as a worker does it: per image, then per batch."""
     ours = preset()
     torch.set_num_threads(1)
     started = time.perf_counter()
-    for path in files[:count]:
-        ours.per_batch(ours.per_image(read_image(path))[None])
-    return count / (time.perf_counter() - started)
+    for batch in range(batches):
+        images = [ours.per_image(read_image(path)) for path in files[batch * BATCH:(batch + 1) * BATCH]]
+        ours.per_batch(torch.stack(images))
+    return batches * BATCH / (time.perf_counter() - started)
 
 
 def first_batch_seconds(folder: Path, workers: int) -> float:
@@ -135,7 +141,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--unique", type=int, default=1000, help="distinct JPEGs written")
     parser.add_argument("--batches", type=int, default=8, help="batches timed per loader and round")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds; medians are reported")
     parser.add_argument("--large", type=int, default=1_000_000, help="files of the large folder (hard links)")
     parser.add_argument("--rss-steps", type=int, default=1000)
     args = parser.parse_args()
@@ -155,13 +161,14 @@ def main() -> None:
                    "vitkit_shards": vitkit_loader(load_dataset(f"webdataset:{shards}", "train"), workers),
                    "torchvision_imagefolder": torchvision_loader(folder, workers)}
         iterators = {name: iter(loader) for name, loader in loaders.items()}
+        prefetched = 2 * workers  # the DataLoader's prefetch_factor (2) per worker
         for iterator in iterators.values():  # workers started, queues full
-            timed_images(iterator, 3)
+            timed_images(iterator, 1, prefetched)
         samples = {name: [] for name in [*loaders, "single_core"]}
         for _ in range(args.rounds):  # interleaved, so that every loader meets the same load
             samples["single_core"].append(single_core_rate(files))
             for name, iterator in iterators.items():
-                samples[name].append(timed_images(iterator, args.batches))
+                samples[name].append(timed_images(iterator, args.batches, prefetched))
         median = {name: float(np.median(values)) for name, values in samples.items()}
         single = median.pop("single_core")
         result["single_core_images_per_s"] = round(single, 1)

@@ -1,14 +1,14 @@
 """Datasets (in memory, listed image folders, sharded streams), transform presets and the loaders of a
 run, whose batches are fixed by (seed, step)."""
 
-from .datasets import DatasetError, SplitSpec, load_dataset, scan_folder, split_names
+from .datasets import STREAMED, DatasetError, SplitSpec, load_dataset, scan_folder, split_names
 from .loading import CORRUPT, StepSampler, Transformed, eval_loader, step_loader
 from .pipelines import default_num_workers, evaluation_loader, training_loader
 from .shards import ShardedSplit
 from .transforms import (AUGREG_LEVELS, augreg_level, build_transform, checkpoint_transform, trained_normalization,
                          trained_statistics)
 
-__all__ = ["AUGREG_LEVELS", "CORRUPT", "DatasetError", "ShardedSplit", "SplitSpec", "StepSampler", "Transformed",
-           "augreg_level", "build_transform", "checkpoint_transform", "default_num_workers", "eval_loader",
-           "evaluation_loader", "load_dataset", "scan_folder", "split_names", "step_loader", "trained_normalization",
-           "trained_statistics", "training_loader"]
+__all__ = ["AUGREG_LEVELS", "CORRUPT", "STREAMED", "DatasetError", "ShardedSplit", "SplitSpec", "StepSampler",
+           "Transformed", "augreg_level", "build_transform", "checkpoint_transform", "default_num_workers",
+           "eval_loader", "evaluation_loader", "load_dataset", "scan_folder", "split_names", "step_loader",
+           "trained_normalization", "trained_statistics", "training_loader"]

@@ -28,6 +28,7 @@ SPLITS = ("train", "val", "test")
 TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
                "cifar100": tvd.CIFAR100}
 DIGITS_TEST_FRACTION = 0.2
+STREAMED = ("webdataset:", "hf:")  # read in shards, in an order that depends on the workers (see shards.py)
 
 
 class ArrayDataset(Dataset):

@@ -55,8 +55,9 @@ def collate_evaluation(preset: Preset, items: list[Item]) -> tuple[torch.Tensor,
     skipped = [name for item in items for name in item[2]]
     if skipped:
         warnings.warn(f"left out {len(skipped)} unreadable image(s): {', '.join(skipped)}", stacklevel=2)
-    if not kept:
-        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    if not kept:  # nothing to give the model a batch's shape
+        raise DatasetError(f"a whole evaluation batch is unreadable ({', '.join(skipped[:5])}, ...); check the "
+                           f"data with `vitkit data verify`")
     images, labels, _ = zip(*kept)
     return preset.per_batch(torch.stack(images)), torch.tensor(labels)
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
-from ..data import (ShardedSplit, SplitSpec, build_transform, checkpoint_transform, default_num_workers,
+from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, checkpoint_transform, default_num_workers,
                     evaluation_loader, load_dataset, split_names, trained_normalization, trained_statistics,
                     training_loader)
 from ..data.transforms import augreg_level
@@ -157,6 +158,13 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
     split; returns the summary also written to ``summary.json``."""
     experiment = prepare(recipe)
     trainer, run_dir = experiment.trainer, experiment.run_dir
+    saved = run_dir / RECIPE_FILE
+    if resume and trainer.env.is_main and saved.is_file():
+        before = json.loads(saved.read_text()).get("num_workers")
+        if before != experiment.recipe.num_workers and recipe.dataset.startswith(STREAMED):
+            warnings.warn(f"{run_dir} was trained with {before} data workers, resumed with "
+                          f"{experiment.recipe.num_workers}: the shards' sample order, which depends on it, "
+                          f"will not be the uninterrupted run's", stacklevel=2)
     if trainer.env.is_main:
         with atomic_file(run_dir / RECIPE_FILE) as handle:
             json.dump(experiment.recipe.to_dict(), handle, indent=1)
