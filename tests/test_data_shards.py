@@ -10,7 +10,7 @@ import webdataset as wds
 from data_helpers import mnist_folder, number_of, numbered_image, numbered_shards, png
 from torch.utils.data import DataLoader
 
-from vitkit.data import DatasetError, evaluation_loader, load_dataset, training_loader
+from vitkit.data import DatasetError, default_num_workers, evaluation_loader, load_dataset, training_loader
 from vitkit.data.convert import parse_size, write_webdataset
 from vitkit.data.shards import TrainingStream, split_by_slot
 from vitkit.data.survey import AS_IS, describe
@@ -74,6 +74,14 @@ def test_stream_resumes_at_any_step_with_the_same_samples(tmp_path, workers):
     odd = training_loader(split, AS_IS, global_batch=6, total_steps=10, start_step=3, seed=3, rank=1, world_size=2,
                           num_workers=workers)  # one micro-batch a step: resumed at an odd one
     assert numbers(batch for _, batch in zip(range(7), odd)) == straight[9:30]  # the same micro-batches of 3
+
+
+def test_default_workers_fit_the_cores_and_the_shards(tmp_path, monkeypatch):
+    numbered_shards(tmp_path, "train", [2, 2, 2])
+    split = load_dataset(f"webdataset:{tmp_path}", "train")
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert default_num_workers(split) == 3 and default_num_workers(split, local_ranks=8, world_size=2) == 1
+    assert default_num_workers(load_dataset("digits", "train")) == 0
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # more workers than this machine's cores

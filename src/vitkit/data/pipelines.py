@@ -17,12 +17,16 @@ from .transforms import Preset
 MAX_DEFAULT_WORKERS = 8
 
 
-def default_num_workers(dataset, local_ranks: int = 1) -> int:
+def default_num_workers(dataset, local_ranks: int = 1, world_size: int = 1) -> int:
     """Decoding processes when the recipe does not say: none for images already in memory, else the CPU
-    cores of this rank's share of the machine (at most ``MAX_DEFAULT_WORKERS``)."""
+    cores of this rank's share of the machine (at most ``MAX_DEFAULT_WORKERS``, and for shards no more
+    than each rank has shards)."""
     if not (isinstance(dataset, ShardedSplit) or hasattr(dataset, "path")):
         return 0
-    return max(1, min(MAX_DEFAULT_WORKERS, (os.cpu_count() or 1) // max(1, local_ranks)))
+    workers = min(MAX_DEFAULT_WORKERS, (os.cpu_count() or 1) // max(1, local_ranks))
+    if isinstance(dataset, ShardedSplit):
+        workers = min(workers, len(dataset.shards) // world_size)
+    return max(1, workers)
 
 
 def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: int, start_step: int, seed: int,

@@ -116,7 +116,7 @@ def prepare(recipe: Recipe) -> Experiment:
     steps = total_steps(recipe, len(train_set))
     if recipe.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here))
+        recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
     workers = recipe.num_workers
     skipped = SkippedFiles(run_dir, env.rank)
 
