@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
-                         scan_folder)
+                         scan_folder, split_names)
 from vitkit.checkpoints.common import normalization
 from vitkit.data.transforms import ToChannels
 
@@ -121,6 +121,9 @@ def test_split_folders_share_one_class_list(tmp_path):
     assert test.classes == ["a", "b", "c"] and test.labels.tolist() == [0, 2]
     train = load_dataset(f"imagefolder:{tmp_path}", "train", spec=SplitSpec(val_fraction=0.0))
     assert train.labels.tolist() == [0, 1, 2]
+    assert split_names(f"imagefolder:{tmp_path}") == ("train", "val", "test")
+    (tmp_path / "test").rename(tmp_path / "val")  # ImageNet's layout
+    assert split_names(f"imagefolder:{tmp_path}") == ("train", "val")
 
 
 def test_empty_dataset_and_empty_class_are_clear_errors(tmp_path):

@@ -145,6 +145,10 @@ def split_names(name: str) -> tuple[str, ...]:
     if name.startswith("hf:"):
         from .hf import hf_root, split_files
         return tuple(split_files(hf_root(name[len("hf:"):])))
+    if name.startswith("imagefolder:"):
+        root = Path(name[len("imagefolder:"):])
+        if (root / "train").is_dir() and not (root / "test").is_dir():  # ImageNet's layout: train/ and val/
+            return ("train", "val")
     return SPLITS
 
 
