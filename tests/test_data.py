@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
-                         scan_folder)
+                         scan_folder, split_names)
 from vitkit.checkpoints.common import normalization
 from vitkit.data.transforms import ToChannels
 
@@ -88,18 +88,42 @@ def test_image_folder_reads_classes_and_pixels(tmp_path):
 
 
 def test_corrupt_and_truncated_files_are_reported_by_name(tmp_path):
+    """Listing opens nothing; decoding follows ``corrupt``: fail names the file, skip replaces it in training
+    (by the next readable index, the same every time) and leaves it out of evaluation."""
     root = _folder(tmp_path)
     (root / "cat" / "notes.txt").write_text("not an image")
     good = (root / "dog" / "0.png").read_bytes()
     (root / "dog" / "cut.png").write_bytes(good[: len(good) // 2])
-    with pytest.raises(DatasetError, match="notes.txt"):
-        scan_folder(root)
+    folder = scan_folder(root)
+    assert len(folder) == 8 and [folder.path(i).name for i in (3, 7)] == ["notes.txt", "cut.png"]
+    as_is = build_transform("eval", (5, 7), channels=3)
+    with pytest.raises(DatasetError, match="notes.txt: not a readable image.*--corrupt skip"):
+        Transformed(folder, as_is)[(3, 0)]
+    training = Transformed(folder, as_is, corrupt="skip")
+    image, label, skipped = training[(3, 0)]
+    assert label == 1 and skipped == (str(root / "cat" / "notes.txt"),)
+    assert torch.equal(image, training[(4, 0)][0]), "the next readable image stands in"
+    assert training[(7, 0)][2] == (str(root / "dog" / "cut.png"),) and training[(7, 0)][1] == 0  # wraps around
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        folder = scan_folder(root, corrupt="skip")
-    assert len(folder) == 6
-    message = str(caught[0].message)
-    assert "skipped 2 unreadable file(s)" in message and "cut.png" in message and "notes.txt" in message
+        images, labels = training.collate([training[i] for i in range(8)])
+    assert len(images) == 6 and labels.tolist() == [0, 0, 0, 1, 1, 1]
+    assert "left out 2 unreadable image(s)" in str(caught[0].message)
+
+
+def test_split_folders_share_one_class_list(tmp_path):
+    """A class missing from test/ must not shift the labels of the classes after it."""
+    for split, names in (("train", "abc"), ("test", "ac")):
+        for name in names:
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.fromarray(np.zeros((2, 2), np.uint8)).save(tmp_path / split / name / "0.png")
+    test = load_dataset(f"imagefolder:{tmp_path}", "test")
+    assert test.classes == ["a", "b", "c"] and test.labels.tolist() == [0, 2]
+    train = load_dataset(f"imagefolder:{tmp_path}", "train", spec=SplitSpec(val_fraction=0.0))
+    assert train.labels.tolist() == [0, 1, 2]
+    assert split_names(f"imagefolder:{tmp_path}") == ("train", "val", "test")
+    (tmp_path / "test").rename(tmp_path / "val")  # ImageNet's layout
+    assert split_names(f"imagefolder:{tmp_path}") == ("train", "val")
 
 
 def test_empty_dataset_and_empty_class_are_clear_errors(tmp_path):

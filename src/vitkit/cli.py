@@ -242,7 +242,7 @@ _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "de
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
-    from .data import SplitSpec, Transformed, checkpoint_transform, eval_loader, load_dataset
+    from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_dataset
     from .evaluate.metrics import evaluate, write_report
 
     model = load(args.checkpoint)
@@ -252,7 +252,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
-    loader = eval_loader(Transformed(dataset, transform), args.batch_size, args.num_workers)
+    loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt)
     report = write_report(evaluate(model, loader, config.num_classes), dataset.classes, args.out, args.split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
                                         for name, acc in report["per_class"].items()])
@@ -263,7 +263,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
-    from .data import SplitSpec, Transformed, checkpoint_transform, eval_loader, load_dataset
+    from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_dataset
     from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
 
     model = load(args.checkpoint)
@@ -272,7 +272,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     features = {}
     for split in ("train", "test"):
         dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(0.0), "fail")
-        loader = eval_loader(Transformed(dataset, transform), args.batch_size, 0)
+        loader = evaluation_loader(dataset, transform, args.batch_size)
         features[split] = extract_features(model, loader)
     results = fewshot_evaluate(*features["train"], *features["test"], shots=args.shots, seeds=range(args.seeds),
                                l2_regs=args.l2)
@@ -291,6 +291,52 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
         with atomic_file(args.out) as handle:
             json.dump(report, handle, indent=1)
+    return 0
+
+
+def _data_splits(args: argparse.Namespace, corrupt: str) -> dict:
+    from .data import SplitSpec, load_dataset, split_names
+
+    return {split: load_dataset(args.dataset, split, args.data_dir, SplitSpec(args.val_fraction), corrupt)
+            for split in split_names(args.dataset)}
+
+
+def cmd_data_info(args: argparse.Namespace) -> int:
+    """Split sizes, classes and images per class of a dataset (nothing decoded)."""
+    from .data.survey import describe
+
+    report = describe(_data_splits(args, args.corrupt))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    splits = report["splits"]
+    print_table(["split", "images", "classes"], [[name, split["images"], len(split["per_class"])]
+                                                 for name, split in splits.items()])
+    print()
+    print_table(["class", *splits], [[name, *(split["per_class"].get(name, 0) for split in splits.values())]
+                                     for name in report["classes"]])
+    return 0
+
+
+def cmd_data_verify(args: argparse.Namespace) -> int:
+    """Decode every image of every split in parallel; list the unreadable ones (exit 1 if any)."""
+    from .data.survey import unreadable_images
+
+    bad = [name for dataset in _data_splits(args, "skip").values()
+           for name in unreadable_images(dataset, args.num_workers)]
+    for name in bad:
+        print(name)
+    print(f"{args.dataset}: {len(bad)} unreadable image(s)", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def cmd_data_convert(args: argparse.Namespace) -> int:
+    """Write a dataset as WebDataset shards (train/val/test-NNNNNN.tar and classes.txt)."""
+    from .data.convert import parse_size, write_webdataset
+
+    written = write_webdataset(_data_splits(args, "fail"), args.dst, parse_size(args.shard_size))
+    print_table(["split", "images"], list(written.items()))
+    print(f"shards in {args.dst}; train from them with --dataset webdataset:{args.dst}")
     return 0
 
 
@@ -391,6 +437,27 @@ def build_parser() -> argparse.ArgumentParser:
     fewshot.add_argument("--batch-size", type=_positive, default=256)
     fewshot.add_argument("--out", help="write the numbers to this JSON file")
     fewshot.set_defaults(run=cmd_fewshot)
+
+    data = sub.add_parser("data", help="inspect, check and convert datasets").add_subparsers(dest="data_command",
+                                                                                          required=True)
+    info_ = data.add_parser("info", help="split sizes, classes and images per class")
+    verify = data.add_parser("verify", help="decode every image in parallel; list the unreadable ones")
+    convert_ = data.add_parser("convert", help="write a dataset as WebDataset shards")
+    for command, run_ in ((info_, cmd_data_info), (verify, cmd_data_verify), (convert_, cmd_data_convert)):
+        command.add_argument("dataset", metavar="SRC" if command is convert_ else "DATASET",
+                             help="imagefolder:PATH, webdataset:ROOT, hf:PATH, mnist, npz:PATH, ...")
+        command.add_argument("--data-dir", help="where torchvision's datasets lie")
+        command.add_argument("--val-fraction", type=float, default=0.1,
+                             help="validation images held out of train where the dataset has no val split")
+        command.set_defaults(run=run_)
+    info_.add_argument("--json", action="store_true", help="machine-readable output")
+    info_.add_argument("--corrupt", default="fail", choices=("fail", "skip"),
+                       help="skip: list shards' unusable samples instead of stopping at the first")
+    verify.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
+    convert_.add_argument("dst", metavar="DST", help="a new folder for the shards")
+    convert_.add_argument("--to", choices=["webdataset"], default="webdataset")
+    convert_.add_argument("--shard-size", default="256MB",
+                          help="image and label bytes a shard (tar headers add ~1 kB a file), e.g. 256MB, 1GB")
 
     predict_ = sub.add_parser("predict", help="top-k labels of image files")
     predict_.add_argument("checkpoint")

@@ -1,10 +1,14 @@
-"""Datasets, transform presets and the step-indexed batch order of training."""
+"""Datasets (in memory, listed image folders, sharded streams), transform presets and the loaders of a
+run, whose batches are fixed by (seed, step)."""
 
-from .datasets import DatasetError, SplitSpec, load_dataset, read_image, scan_folder
-from .loading import StepSampler, Transformed, eval_loader, step_loader
+from .datasets import STREAMED, DatasetError, SplitSpec, load_dataset, read_image, scan_folder, split_names
+from .loading import CORRUPT, StepSampler, Transformed, eval_loader, step_loader
+from .pipelines import default_num_workers, evaluation_loader, training_loader
+from .shards import ShardedSplit
 from .transforms import (AUGREG_LEVELS, augreg_level, build_transform, checkpoint_transform, trained_normalization,
                          trained_statistics)
 
-__all__ = ["AUGREG_LEVELS", "DatasetError", "SplitSpec", "StepSampler", "Transformed", "augreg_level",
-           "build_transform", "checkpoint_transform", "eval_loader", "load_dataset", "read_image", "scan_folder",
-           "step_loader", "trained_normalization", "trained_statistics"]
+__all__ = ["AUGREG_LEVELS", "CORRUPT", "STREAMED", "DatasetError", "ShardedSplit", "SplitSpec", "StepSampler",
+           "Transformed", "augreg_level", "build_transform", "checkpoint_transform", "default_num_workers",
+           "eval_loader", "evaluation_loader", "load_dataset", "read_image", "scan_folder", "split_names", "step_loader",
+           "trained_normalization", "trained_statistics", "training_loader"]

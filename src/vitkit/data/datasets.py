@@ -1,5 +1,6 @@
 """Datasets by name: the embedded ``digits``, torchvision's MNIST / Fashion-MNIST / CIFAR, arrays in
-``.npz`` files and ``imagefolder:PATH``.
+``.npz`` files, ``imagefolder:PATH`` (listed, decoded on access) and the sharded ``webdataset:`` (see
+``shards.py``) and ``hf:`` (``hf.py``).
 
 Every dataset yields ``(image, label)`` with the image a uint8 ``(C, H, W)`` tensor and keeps its
 class names in ``.classes``. Splits are ``train``, ``val`` and ``test``; a dataset without a
@@ -10,7 +11,6 @@ call, so a run's validation images never leak into its training images.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,6 +28,7 @@ SPLITS = ("train", "val", "test")
 TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
                "cifar100": tvd.CIFAR100}
 DIGITS_TEST_FRACTION = 0.2
+STREAMED = ("webdataset:", "hf:")  # read in shards, in an order that depends on the workers (see shards.py)
 
 
 class ArrayDataset(Dataset):
@@ -56,22 +57,29 @@ class ArrayDataset(Dataset):
 
 
 class FileDataset(Dataset):
-    """Image files decoded on access (``imagefolder:``); every file was checked when it was listed."""
+    """Image files listed, not read (``imagefolder:``): each is decoded when a worker asks for it, so an
+    unreadable one surfaces then (see ``loading.Transformed`` for what ``--corrupt`` does with it).
+    The paths live in one numpy byte array: forked DataLoader workers then share its pages instead of
+    copying them as they touch a million Python strings' reference counts."""
 
-    def __init__(self, files: list[Path], labels: list[int], classes: list[str], name: str):
-        if not files:
+    def __init__(self, files: list[str] | np.ndarray, labels: list[int] | torch.Tensor, classes: list[str],
+                 name: str):
+        if len(files) == 0:
             raise DatasetError(f"{name}: the dataset is empty")
-        self.files, self.labels, self.classes, self.name = files, torch.tensor(labels), classes, name
+        self.files = files if isinstance(files, np.ndarray) else np.array([os.fsencode(f) for f in files])
+        self.labels, self.classes, self.name = torch.as_tensor(labels), classes, name
 
     def __len__(self) -> int:
         return len(self.files)
 
+    def path(self, index: int) -> Path:
+        return Path(os.fsdecode(self.files[index]))
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return read_image(self.files[index]), int(self.labels[index])
+        return read_image(self.path(index)), int(self.labels[index])
 
     def subset(self, indices: torch.Tensor, name: str) -> "FileDataset":
-        return FileDataset([self.files[i] for i in indices.tolist()], self.labels[indices].tolist(),
-                           self.classes, name)
+        return FileDataset(self.files[indices.numpy()], self.labels[indices], self.classes, name)
 
 
 # Larger images are refused before they are decoded (Pillow's own limit: a 3-byte-per-pixel image of
@@ -136,9 +144,10 @@ def held_out(size: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch
 
 
 def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
-                 spec: SplitSpec | None = None, corrupt: str = "fail") -> Dataset:
-    """The ``split`` of dataset ``name`` (see module doc); ``corrupt`` is ``fail`` or ``skip`` for
-    image folders."""
+                 spec: SplitSpec | None = None, corrupt: str = "fail"):
+    """The ``split`` of dataset ``name`` (see module doc): a map-style ``Dataset``, or for sharded data
+    (``webdataset:``, ``hf:``) a ``shards.ShardedSplit``, whose index pass applies ``corrupt`` to the
+    unusable samples it finds."""
     spec = spec or SplitSpec()
     if split not in SPLITS:
         raise DatasetError(f"unknown split {split!r}; expected one of {SPLITS}")
@@ -149,11 +158,33 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     elif name.startswith("npz:"):
         return _npz_split(Path(name[4:]), split, spec)
     elif name.startswith("imagefolder:"):
-        return _folder_split(Path(name[len("imagefolder:"):]), split, spec, corrupt)
+        return _folder_split(Path(name[len("imagefolder:"):]), split, spec)
+    elif name.startswith("webdataset:"):
+        from .shards import webdataset_split  # shards builds on this module
+        return webdataset_split(name[len("webdataset:"):], split, corrupt)
+    elif name.startswith("hf:"):
+        from .hf import hf_split
+        return hf_split(name[len("hf:"):], split, corrupt)
     else:
         raise DatasetError(f"unknown dataset {name!r}; expected digits, {', '.join(TORCHVISION)}, "
-                           f"npz:PATH or imagefolder:PATH")
+                           f"npz:PATH, imagefolder:PATH, webdataset:ROOT or hf:PATH")
     return _with_val(train, test, split, spec)
+
+
+def split_names(name: str) -> tuple[str, ...]:
+    """The splits dataset ``name`` can give: every one, held out where need be, except for shards, which
+    have the splits their files name."""
+    if name.startswith("webdataset:"):
+        from .shards import shard_files
+        return tuple(split for split, files in shard_files(name[len("webdataset:"):]).items() if files)
+    if name.startswith("hf:"):
+        from .hf import hf_root, split_files
+        return tuple(split_files(hf_root(name[len("hf:"):])))
+    if name.startswith("imagefolder:"):
+        root = Path(name[len("imagefolder:"):])
+        if (root / "train").is_dir() and not (root / "test").is_dir():  # ImageNet's layout: train/ and val/
+            return ("train", "val")
+    return SPLITS
 
 
 def _with_val(train, test, split: str, spec: SplitSpec):
@@ -230,49 +261,59 @@ def _npz_split(path: Path, split: str, spec: SplitSpec) -> ArrayDataset:
     return _with_val(part("train"), None, split, spec)
 
 
-def _folder_split(root: Path, split: str, spec: SplitSpec, corrupt: str) -> FileDataset:
+def _folder_split(root: Path, split: str, spec: SplitSpec) -> FileDataset:
     """``root/<class>/*`` images, or ``root/{train,val,test}/<class>/*``; missing splits are held out
-    (test from train with the validation fraction, then val from the rest)."""
+    (test from train with the validation fraction, then val from the rest). The split folders share one
+    class list, the union of their class folders, so that a label means the same class in each."""
     if not root.is_dir():
         raise DatasetError(f"{root}: no such image folder")
-    if (root / split).is_dir():
-        return scan_folder(root / split, corrupt)
     if not (root / "train").is_dir():
-        whole = scan_folder(root, corrupt)
+        whole = scan_folder(root)
         kept, test = held_out(len(whole), spec.val_fraction, spec.seed + 1)
         if split == "test":
             return whole.subset(test, f"{root}[test]")
         return _with_val(whole.subset(kept, f"{root}[train]"), None, split, spec)
+    classes = sorted({name for part in SPLITS if (root / part).is_dir() for name in class_folders(root / part)})
+    if (root / split).is_dir() and (split != "train" or (root / "val").is_dir()):  # else val is held out of train
+        return scan_folder(root / split, classes)
     if split == "test":
         raise DatasetError(f"{root}: has train/ but no test/ folder")
-    return _with_val(scan_folder(root / "train", corrupt), None, split, spec)
+    return _with_val(scan_folder(root / "train", classes), None, split, spec)
 
 
-def scan_folder(root: Path, corrupt: str = "fail") -> FileDataset:
-    """One sub-folder per class; every file is decoded once so that bad files are found up front and
-    reported by name (``corrupt='fail'`` raises, ``'skip'`` warns with the count and leaves them out)."""
-    if corrupt not in ("fail", "skip"):
-        raise DatasetError(f"corrupt={corrupt!r}; expected 'fail' or 'skip'")
-    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
-    if not classes:
+def class_folders(root: Path) -> list[str]:
+    return sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+
+
+def scan_folder(root: Path, classes: list[str] | None = None) -> FileDataset:
+    """One sub-folder per class, listed (names and labels only: nothing is opened; hidden files are left
+    out), so a folder of any size is ready at once. ``classes`` (default: the sub-folders) fixes the
+    labels; a class without a folder here has no image in this split."""
+    root = Path(root)
+    present = class_folders(root)
+    if not present:
         raise DatasetError(f"{root}: no class folders (expected {root}/<class>/<image>)")
-    files, labels, bad = [], [], []
-    for label, name in enumerate(classes):
-        found = sorted(p for p in (root / name).rglob("*") if p.is_file() and not p.name.startswith("."))
+    classes = classes or present
+    files, labels = [], []
+    for name in present:
+        found = sorted(listed_files(os.fsencode(root / name)))
         if not found:
             raise DatasetError(f"{root / name}: class folder is empty")
-        for path in found:
-            try:
-                read_image(path)
-            except DatasetError as error:
-                if corrupt == "fail":
-                    raise DatasetError(f"{error} (pass corrupt='skip' / --corrupt skip to leave such "
-                                       f"files out)") from None
-                bad.append(path)
+        files += found
+        labels += [classes.index(name)] * len(found)
+    return FileDataset(np.array(files), labels, classes, str(root))
+
+
+def listed_files(folder: bytes) -> list[bytes]:
+    """The files under ``folder``, hidden ones left out, as bytes paths (joined by ``scandir``, in C: a
+    million files are listed in about a second)."""
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith(b"."):
                 continue
-            files.append(path)
-            labels.append(label)
-    if bad:
-        listed = ", ".join(str(p) for p in bad[:10]) + (" ..." if len(bad) > 10 else "")
-        warnings.warn(f"{root}: skipped {len(bad)} unreadable file(s): {listed}", stacklevel=2)
-    return FileDataset(files, labels, classes, str(root))
+            if entry.is_dir():
+                found += listed_files(entry.path)
+            else:
+                found.append(entry.path)
+    return found

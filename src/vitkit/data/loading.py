@@ -8,44 +8,101 @@ the same crop whichever rank, worker or resumed process loads it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DatasetError
 from .transforms import Preset
 
 Key = tuple[int, int]  # (index, epoch)
+CORRUPT = ("fail", "skip")
+Item = tuple[torch.Tensor | None, int, tuple[str, ...]]  # (image, label, names of the files skipped for it)
+
+
+def check_corrupt(corrupt: str) -> str:
+    if corrupt not in CORRUPT:
+        raise DatasetError(f"corrupt={corrupt!r}; expected one of {CORRUPT}")
+    return corrupt
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    return hash((seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF  # hash of ints: the same in every process
+
+
+def seeded_transform(preset: Preset, image: torch.Tensor, seed: int) -> torch.Tensor:
+    """``preset.per_image(image)`` with torchvision's random draws seeded, leaving the global RNG as it was."""
+    generator = torch.default_generator  # what torchvision's random transforms draw from
+    state = generator.get_state()
+    try:
+        generator.manual_seed(seed)
+        return preset.per_image(image)
+    finally:
+        generator.set_state(state)
+
+
+def collate_training(preset: Preset, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """A training micro-batch and the names of the files replaced in it."""
+    images, labels, skipped = zip(*items)
+    return preset.per_batch(torch.stack(images)), torch.tensor(labels), [n for names in skipped for n in names]
+
+
+def collate_evaluation(preset: Preset, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An evaluation batch; the images that could not be read (``--corrupt skip``) are left out, with a warning."""
+    kept = [item for item in items if item[0] is not None]
+    skipped = [name for item in items for name in item[2]]
+    if skipped:
+        warnings.warn(f"left out {len(skipped)} unreadable image(s): {', '.join(skipped)}", stacklevel=2)
+    if not kept:  # nothing to give the model a batch's shape
+        raise DatasetError(f"a whole evaluation batch is unreadable ({', '.join(skipped[:5])}, ...); check the "
+                           f"data with `vitkit data verify`")
+    images, labels, _ = zip(*kept)
+    return preset.per_batch(torch.stack(images)), torch.tensor(labels)
 
 
 class Transformed(Dataset):
     """Apply a transform preset to a dataset's images: its per-image part here, seeded by keys
-    ``(index, epoch)``, its per-batch part in ``collate``."""
+    ``(index, epoch)``, its per-batch part in ``collate``.
 
-    def __init__(self, dataset: Dataset, preset: Preset, seed: int = 0):
-        self.dataset, self.preset, self.seed = dataset, preset, seed
+    An image that fails to decode stops the run naming its file (``corrupt='fail'``), or with
+    ``'skip'``: in training (keys with an epoch) the next readable index stands in for it, a choice
+    fixed by the data alone so that resume stays exact; in evaluation (plain indices) it is left out.
+    Either way its name travels with the item."""
+
+    def __init__(self, dataset: Dataset, preset: Preset, seed: int = 0, corrupt: str = "fail"):
+        self.dataset, self.preset, self.seed, self.corrupt = dataset, preset, seed, check_corrupt(corrupt)
         self.classes = getattr(dataset, "classes", None)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: int | Key) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: int | Key) -> Item:
         index, epoch = (key, None) if isinstance(key, int) else key
-        image, label = self.dataset[index]
+        skipped: list[str] = []
+        while True:
+            try:
+                image, label = self.dataset[index]
+                break
+            except DatasetError as error:
+                if self.corrupt == "fail":
+                    raise DatasetError(f"{error} (pass --corrupt skip to go on without such files)") from None
+                skipped.append(str(self.dataset.path(index)) if hasattr(self.dataset, "path") else str(error))
+                if epoch is None:
+                    return None, -1, tuple(skipped)
+                if len(skipped) == len(self.dataset):
+                    raise DatasetError(f"{getattr(self.dataset, 'name', 'dataset')}: no image is readable") from None
+                index = (index + 1) % len(self.dataset)
         if epoch is None:
-            return self.preset.per_image(image), label
-        generator = torch.default_generator  # what torchvision's random transforms draw from
-        state = generator.get_state()
-        try:
-            generator.manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
-            return self.preset.per_image(image), label
-        finally:
-            generator.set_state(state)
+            return self.preset.per_image(image), label, tuple(skipped)
+        return seeded_transform(self.preset, image, sample_seed(self.seed, epoch, key[0])), label, tuple(skipped)
 
-    def collate(self, items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = zip(*items)
-        return self.preset.per_batch(torch.stack(images)), torch.tensor(labels)
+    def collate(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
+        return collate_evaluation(self.preset, items)
+
+    def collate_training(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        return collate_training(self.preset, items)
 
 
 class StepSampler(Sampler[list[Key]]):
@@ -53,16 +110,22 @@ class StepSampler(Sampler[list[Key]]):
 
     def __init__(self, size: int, global_batch: int, total_steps: int, *, seed: int = 0,
                  start_step: int = 0, accum_steps: int = 1, rank: int = 0, world_size: int = 1):
-        per_rank, rest = divmod(global_batch, world_size * accum_steps)
-        if rest or per_rank == 0:
-            raise ConfigError(f"global batch {global_batch} must be a positive multiple of "
-                             f"world size {world_size} x accumulation steps {accum_steps}")
+        self.micro_batch(global_batch, world_size, accum_steps)
         if size < global_batch:
             raise ConfigError(f"dataset of {size} images is smaller than the global batch {global_batch}")
         self.size, self.global_batch, self.total_steps = size, global_batch, total_steps
         self.seed, self.start_step, self.accum_steps = seed, start_step, accum_steps
         self.rank, self.world_size = rank, world_size
         self.steps_per_epoch = size // global_batch
+
+    @staticmethod
+    def micro_batch(global_batch: int, world_size: int, accum_steps: int) -> int:
+        """The images of one rank's micro-batch: the global batch shared by ranks and accumulation steps."""
+        per_rank, rest = divmod(global_batch, world_size * accum_steps)
+        if rest or per_rank == 0:
+            raise ConfigError(f"global batch {global_batch} must be a positive multiple of "
+                             f"world size {world_size} x accumulation steps {accum_steps}")
+        return per_rank
 
     def __len__(self) -> int:
         return max(0, self.total_steps - self.start_step) * self.accum_steps
@@ -84,13 +147,19 @@ class StepSampler(Sampler[list[Key]]):
                 yield [(index, epoch) for index in mine[offset:offset + micro]]
 
 
+def worker_options(num_workers: int) -> dict:
+    """Decoding in ``num_workers`` processes kept alive across passes; pinned host memory for non-blocking
+    copies when a GPU is there."""
+    return dict(num_workers=num_workers, persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available())
+
+
 def step_loader(dataset: Transformed, sampler: StepSampler, num_workers: int = 0) -> DataLoader:
-    """A loader over ``sampler``'s micro-batches; its own generator leaves the global RNG untouched."""
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=dataset.collate,
-                      generator=torch.Generator().manual_seed(sampler.seed),
-                      persistent_workers=False, pin_memory=torch.cuda.is_available())
+    """A loader over ``sampler``'s micro-batches ``(images, labels, skipped file names)``; its own
+    generator leaves the global RNG untouched."""
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=dataset.collate_training,
+                      generator=torch.Generator().manual_seed(sampler.seed), **worker_options(num_workers))
 
 
 def eval_loader(dataset: Transformed, batch_size: int, num_workers: int = 0) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                      collate_fn=dataset.collate, generator=torch.Generator())
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=dataset.collate,
+                      generator=torch.Generator(), **worker_options(num_workers))

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
+from ..data.loading import CORRUPT
 from ..data.transforms import AUGREG_LEVELS
 from ..data.transforms import PRESETS as TRANSFORMS
 from ..errors import ConfigError
@@ -29,7 +30,6 @@ from .loop import PRECISIONS
 from .mpp import TARGETS as MPP_TARGETS
 from .optim import SCHEDULES
 
-CORRUPT = ("fail", "skip")
 OBJECTIVES = ("classification", "mpp")
 NORMALIZATIONS = ("", "google", "imagenet")
 OPTIMIZERS = ("adamw", "sgd")
@@ -45,8 +45,8 @@ class Recipe:
     data_dir: str | None = None
     val_fraction: float = 0.1
     train_subset: int = 0  # >0: train on this many images only (quick checks)
-    corrupt: Literal[CORRUPT] = "fail"  # image folders: 'fail' on an unreadable file, or 'skip' it
-    num_workers: int = 0
+    corrupt: Literal[CORRUPT] = "fail"  # an unreadable image or sample: 'fail', or 'skip' (replaced, counted)
+    num_workers: int = -1  # decoding processes; -1: none for in-memory data, else the cores of a rank
     threads: int = 0  # intra-op CPU threads; 0: torch's default. Small models run best on 1.
     # model: a named variant ('ViT-B/16') or '' for a custom one, plus ViTConfig overrides
     model: str = ""
@@ -204,7 +204,7 @@ def _fraction(open_top: bool = False) -> tuple[typing.Callable[[Any], bool], str
 
 # Ranges of the fields beyond their types: (test, what was expected).
 _RANGES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
-    "val_fraction": _fraction(open_top=True), "train_subset": _at_least(0), "num_workers": _at_least(0),
+    "val_fraction": _fraction(open_top=True), "train_subset": _at_least(0), "num_workers": _at_least(-1),
     "threads": _at_least(0), "image_size": _at_least(1), "mpp_bits": ((lambda v: 1 <= v <= 8), "1 to 8 bits"),
     "mpp_ratio": ((lambda v: 0 < v <= 1), "a number in (0, 1]"), "mpp_mask_prob": _fraction(),
     "mpp_random_prob": _fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),

@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +18,9 @@ import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
-from ..data import (SplitSpec, StepSampler, Transformed, build_transform, checkpoint_transform, eval_loader,
-                    load_dataset, step_loader, trained_normalization, trained_statistics)
+from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, checkpoint_transform, default_num_workers,
+                    evaluation_loader, load_dataset, split_names, trained_normalization, trained_statistics,
+                    training_loader)
 from ..data.transforms import augreg_level
 from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
@@ -29,6 +32,7 @@ from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
 from .recipes import Recipe
+from .skipped import SkippedFiles
 
 RECIPE_FILE = "recipe.json"
 
@@ -59,6 +63,16 @@ def total_steps(recipe: Recipe, train_size: int) -> int:
     return recipe.steps or max(1, math.ceil(recipe.epochs * (train_size // recipe.batch_size)))
 
 
+def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
+    """The splits a run measures: validation when it has one, and the test split after classification."""
+    if recipe.objective not in ("classification", "mpp"):
+        raise ValueError(f"objective={recipe.objective!r}, expected 'classification' or 'mpp'")
+    if pretraining:
+        return ()
+    has_val = recipe.val_fraction > 0 and "val" in split_names(recipe.dataset)
+    return ("val", "test") if has_val else ("test",)
+
+
 @dataclass
 class Experiment:
     """A recipe made concrete: the trainer, the class names and how to measure a model on a split."""
@@ -68,6 +82,7 @@ class Experiment:
     trainer: Trainer
     classes: list[str]
     measure: Callable[[VisionTransformer, str], Evaluation]
+    skipped: SkippedFiles
 
 
 def prepare(recipe: Recipe) -> Experiment:
@@ -78,18 +93,16 @@ def prepare(recipe: Recipe) -> Experiment:
     torch.manual_seed(recipe.seed)
     run_dir = Path(recipe.run_dir or default_run_dir(recipe))
     spec = SplitSpec(recipe.val_fraction, seed=0)
-
-    def split(name: str):
-        return load_dataset(recipe.dataset, name, recipe.data_dir, spec, recipe.corrupt)
-
-    train_set = split("train")
+    pretraining = recipe.objective == "mpp"
+    splits = {name: load_dataset(recipe.dataset, name, recipe.data_dir, spec, recipe.corrupt)  # once per run
+              for name in ("train", *evaluated_splits(recipe, pretraining))}
+    train_set = splits["train"]
     if recipe.train_subset:
+        if isinstance(train_set, ShardedSplit):
+            raise ValueError(f"train_subset needs a dataset with random access, not the shards of {recipe.dataset}")
         keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(recipe.seed))
         train_set = train_set.subset(keep[:recipe.train_subset].sort().values, f"{train_set.name}[subset]")
     classes = train_set.classes
-    if recipe.objective not in ("classification", "mpp"):
-        raise ValueError(f"objective={recipe.objective!r}, expected 'classification' or 'mpp'")
-    pretraining = recipe.objective == "mpp"
     model = build_model(recipe, [] if pretraining else classes)
     config = model.config
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
@@ -102,20 +115,30 @@ def prepare(recipe: Recipe) -> Experiment:
                                       trained_normalization(config), recipe.hflip, recipe.crop_scale, recipe.aug_level)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
-    training_images = Transformed(train_set, train_transform, recipe.seed)
+    if recipe.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
+    workers = recipe.num_workers
+    skipped = SkippedFiles(run_dir, env.rank)
 
     def batches(start_step: int):
-        sampler = StepSampler(len(train_set), recipe.batch_size, steps, seed=recipe.seed, start_step=start_step,
-                              accum_steps=recipe.accum_steps, rank=env.rank, world_size=env.world_size)
-        return step_loader(training_images, sampler, recipe.num_workers)
+        loader = training_loader(train_set, train_transform, global_batch=recipe.batch_size, total_steps=steps,
+                                 start_step=start_step, seed=recipe.seed, accum_steps=recipe.accum_steps,
+                                 rank=env.rank, world_size=env.world_size, num_workers=workers, corrupt=recipe.corrupt)
+        skipped.resume(start_step)
+        for index, (images, labels, names) in enumerate(loader):
+            if names:
+                skipped.record(start_step + index // recipe.accum_steps + 1, names, trainer.log)
+            yield images, labels
+
+    loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt)
+               for name, dataset in splits.items() if name != "train"}
 
     def measure(network: VisionTransformer, split_name: str) -> Evaluation:
-        dataset = Transformed(split(split_name), eval_transform)
-        loader = eval_loader(dataset, recipe.eval_batch_size, recipe.num_workers)
-        return evaluate(network, loader, len(classes), env.device)
+        return evaluate(network, loaders[split_name], len(classes), env.device)
 
     def validate(network: VisionTransformer) -> dict[str, float]:
-        return measure(network, "val").summary("val") if recipe.val_fraction > 0 and not pretraining else {}
+        return measure(network, "val").summary("val") if "val" in loaders else {}
 
     optimizer = make_optimizer(model, recipe.optimizer, recipe.lr, recipe.weight_decay, recipe.betas, recipe.momentum)
     lr_at = functools.partial(learning_rate, base_lr=recipe.lr, total_steps=steps, warmup_steps=recipe.warmup_steps,
@@ -128,7 +151,7 @@ def prepare(recipe: Recipe) -> Experiment:
                       eval_every=recipe.eval_every, checkpoint_every=recipe.checkpoint_every,
                       checkpoint_minutes=recipe.checkpoint_minutes, keep_last=recipe.keep_last, compile=recipe.compile)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
-    return Experiment(recipe, run_dir, trainer, classes, measure)
+    return Experiment(recipe, run_dir, trainer, classes, measure, skipped)
 
 
 def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
@@ -140,9 +163,16 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
     if found and not resume:
         raise ConfigError(f"{run_dir} already holds a run (checkpoints up to {found[-1].name}); continue it with "
                           f"--resume, or choose another --run-dir")
+    saved = run_dir / RECIPE_FILE
+    if resume and trainer.env.is_main and saved.is_file():
+        before = json.loads(saved.read_text()).get("num_workers")
+        if before != experiment.recipe.num_workers and recipe.dataset.startswith(STREAMED):
+            warnings.warn(f"{run_dir} was trained with {before} data workers, resumed with "
+                          f"{experiment.recipe.num_workers}: the shards' sample order, which depends on it, "
+                          f"will not be the uninterrupted run's", stacklevel=2)
     if trainer.env.is_main:
         with atomic_file(run_dir / RECIPE_FILE) as handle:
-            json.dump(recipe.to_dict(), handle, indent=1)
+            json.dump(experiment.recipe.to_dict(), handle, indent=1)
     started = time.perf_counter()
     last = trainer.fit(resume=resume)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
@@ -155,6 +185,8 @@ def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
                 report = write_report(experiment.measure(final, "test"), experiment.classes, run_dir, "test")
                 summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
                                 "test/images": report["images"]})
+            names = experiment.skipped.all_ranks()
+            summary.update({"data/skipped": len(names), "data/skipped_files": names})
             with atomic_file(run_dir / "summary.json") as handle:
                 json.dump(summary, handle, indent=1)
     trainer.env.barrier()

@@ -1,0 +1,256 @@
+"""The data loader alone, as training uses it: decode + the ``pretrain`` transform at 224 px of JPEGs of
+realistic size (CIFAR-10 images upscaled to 256-500 px, quality 90), batch 64.
+
+Measured in one run, interleaved over rounds (medians reported), so that the ratios hold on a shared machine:
+- vitkit's loader over an image folder and over the same images in WebDataset shards, against
+  torchvision's ``ImageFolder`` + ``DataLoader`` with the same workers and transform, and against the
+  single-core decode + transform rate times the workers (the decode limit);
+- time to the first batch for a 10k-file and a 1M-file folder (hard links to the same JPEGs);
+- resident memory of the loader (main process + workers) at step 10 and step 1,000.
+
+    PYTHONPATH=src python benchmarks/bench_data.py [--workers 2] [--large 1000000] [--rss-steps 1000]
+
+Writes ``benchmarks/results/data.json`` and ``data.md``; the folders live in a temporary directory that
+is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from PIL import Image
+from torch.utils.data import default_collate
+from torchvision.transforms import v2
+
+from vitkit.data import Transformed, build_transform, load_dataset, training_loader
+from vitkit.data.convert import write_webdataset
+from vitkit.data.datasets import read_image
+from vitkit.data.loading import collate_training
+
+ROOT = Path(__file__).resolve().parents[1]
+CIFAR = ROOT.parent / "shared" / "data" / "cifar10-subset" / "cifar10_subset.npz"
+RESULTS = ROOT / "benchmarks" / "results"
+BATCH, SIZE = 64, (224, 224)
+
+
+def make_jpegs(folder: Path, count: int) -> list[Path]:
+    """``count`` CIFAR-10 training images upscaled to a random 256-500 px side, JPEG quality 90, one folder
+    per class."""
+    arrays = np.load(CIFAR, allow_pickle=False)
+    rng = np.random.default_rng(0)
+    files = []
+    for index in range(count):
+        label = int(arrays["y_train"][index])
+        width, height = rng.integers(256, 501, size=2)
+        image = Image.fromarray(arrays["x_train"][index]).resize((int(width), int(height)), Image.BICUBIC)
+        path = folder / f"{label}" / f"{index:07d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path, quality=90)
+        files.append(path)
+    return files
+
+
+def linked_folder(files: list[Path], folder: Path, count: int) -> Path:
+    """A folder of ``count`` hard links to ``files`` (cycled), in the same class folders."""
+    for name in {f.parent.name for f in files}:
+        (folder / name).mkdir(parents=True)
+    for index in range(count):
+        source = files[index % len(files)]
+        os.link(source, folder / source.parent.name / f"{index:08d}.jpg")
+    return folder
+
+
+def preset():
+    return build_transform("pretrain", SIZE, 3, "google")
+
+
+def timed_images(iterator, batches: int, prefetched: int) -> float:
+    """Images per second over ``batches`` batches, once the ``prefetched`` ones waiting in the queue are taken,
+    then a pause while the workers fill it again (so that they do not slow down the next loader's turn)."""
+    for _ in range(prefetched):
+        next(iterator)
+    started = time.perf_counter()
+    images = sum(len(next(iterator)[0]) for _ in range(batches))
+    elapsed = time.perf_counter() - started
+    time.sleep(prefetched * elapsed / batches + 0.5)
+    return images / elapsed
+
+
+def vitkit_loader(dataset, workers: int, steps: int = 10_000):
+    return training_loader(dataset, preset(), global_batch=BATCH, total_steps=steps, start_step=0, seed=0,
+                           num_workers=workers)
+
+
+def torchvision_loader(folder: Path, workers: int):
+    """The plain torchvision way: ImageFolder decodes with PIL, the same v2 steps, a shuffling DataLoader."""
+    ours = preset()
+    transform = v2.Compose([v2.PILToTensor(), ours.per_image, ours.per_batch])
+    dataset = torchvision.datasets.ImageFolder(str(folder), transform=transform)
+    epochs = torch.utils.data.RandomSampler(dataset, num_samples=10**7)  # reshuffled epochs, one after another
+    return torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=epochs, num_workers=workers,
+                                       persistent_workers=workers > 0)
+
+
+def single_core_rate(files: list[Path], batches: int = 2) -> float:
+    """Decode + transform in this process alone, as a worker does it: per image, then per batch."""
+    ours = preset()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    for batch in range(batches):
+        images = [ours.per_image(read_image(path)) for path in files[batch * BATCH:(batch + 1) * BATCH]]
+        ours.per_batch(torch.stack(images))
+    return batches * BATCH / (time.perf_counter() - started)
+
+
+def in_process_ratio(folder: Path, rounds: int, images: int = 128) -> dict:
+    """vitkit's per-image work (decode, seeded transform, batch collation) against torchvision's ImageFolder
+    item + default collation, in this process, alternated: the number a busy machine disturbs least."""
+    ours = preset()
+    vitkit_items = Transformed(load_dataset(f"imagefolder:{folder}", "train"), ours)
+    torchvision_items = torchvision_loader(folder, 0).dataset
+
+    def vitkit_rate():
+        started = time.perf_counter()
+        for start in range(0, images, BATCH):
+            collate_training(ours, [vitkit_items[(i, 0)] for i in range(start, start + BATCH)])
+        return images / (time.perf_counter() - started)
+
+    def torchvision_rate():
+        started = time.perf_counter()
+        for start in range(0, images, BATCH):
+            default_collate([torchvision_items[i] for i in range(start, start + BATCH)])
+        return images / (time.perf_counter() - started)
+    samples = [(vitkit_rate(), torchvision_rate()) for _ in range(rounds)]
+    ratio = float(np.median([a / b for a, b in samples]))
+    return {"vitkit_images_per_s": [round(a, 1) for a, _ in samples],
+            "torchvision_images_per_s": [round(b, 1) for _, b in samples], "median_ratio": round(ratio, 3)}
+
+
+def first_batch_seconds(folder: Path, workers: int) -> float:
+    started = time.perf_counter()
+    next(iter(vitkit_loader(load_dataset(f"imagefolder:{folder}", "train"), workers)))
+    return time.perf_counter() - started
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children (the DataLoader workers), from /proc."""
+    def own(p: int) -> int:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return (own(pid) + sum(own(c) for c in children)) / 1024
+
+
+def rss_over_steps(dataset, workers: int, steps: int) -> dict[str, float]:
+    loader = training_loader(dataset, build_transform("pretrain", (64, 64), 3, "google"), global_batch=16,
+                             total_steps=steps, start_step=0, seed=0, num_workers=workers)
+    marks = {}
+    for step, _ in enumerate(loader, start=1):
+        if step in (10, steps):
+            marks[f"step_{step}"] = round(rss_mb(os.getpid()), 1)
+    return marks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--unique", type=int, default=1000, help="distinct JPEGs written")
+    parser.add_argument("--batches", type=int, default=8, help="batches timed per loader and round")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds; medians are reported")
+    parser.add_argument("--large", type=int, default=1_000_000, help="files of the large folder (hard links)")
+    parser.add_argument("--rss-steps", type=int, default=1000)
+    args = parser.parse_args()
+    workers = args.workers
+    result = {"workers": workers, "batch": BATCH, "image_size": SIZE[0], "cpu_count": os.cpu_count(),
+              "loadavg_before": os.getloadavg()}
+    scratch = Path(tempfile.mkdtemp(prefix="vitkit-bench-data-"))
+    try:
+        files = make_jpegs(scratch / "jpegs", args.unique)
+        result["jpeg_kb_mean"] = round(sum(f.stat().st_size for f in files) / len(files) / 1024, 1)
+        folder = scratch / "jpegs"
+        shards = scratch / "shards"
+        total = sum(f.stat().st_size for f in files)  # 8 shards a worker
+        write_webdataset({"train": load_dataset(f"imagefolder:{folder}", "train")}, shards, total // (8 * workers))
+
+        loaders = {"vitkit_folder": vitkit_loader(load_dataset(f"imagefolder:{folder}", "train"), workers),
+                   "vitkit_shards": vitkit_loader(load_dataset(f"webdataset:{shards}", "train"), workers),
+                   "torchvision_imagefolder": torchvision_loader(folder, workers)}
+        iterators = {name: iter(loader) for name, loader in loaders.items()}
+        prefetched = 2 * workers  # the DataLoader's prefetch_factor (2) per worker
+        for iterator in iterators.values():  # workers started, queues full
+            timed_images(iterator, 1, prefetched)
+        samples = {name: [] for name in [*loaders, "single_core"]}
+        for _ in range(args.rounds):  # interleaved, so that every loader meets the same load
+            samples["single_core"].append(single_core_rate(files))
+            for name, iterator in iterators.items():
+                samples[name].append(timed_images(iterator, args.batches, prefetched))
+        median = {name: float(np.median(values)) for name, values in samples.items()}
+        single = median.pop("single_core")
+        result["single_core_images_per_s"] = round(single, 1)
+        result["decode_limit_images_per_s"] = round(single * workers, 1)
+        result["images_per_s"] = rates = {name: round(value, 1) for name, value in median.items()}
+        result["rounds"] = {name: [round(v, 1) for v in values] for name, values in samples.items()}
+        del iterators, loaders
+        result["vs_torchvision"] = round(rates["vitkit_folder"] / rates["torchvision_imagefolder"], 3)
+        result["in_process_vs_torchvision"] = in_process_ratio(folder, args.rounds + 1)
+        result["vs_decode_limit"] = {k: round(v / result["decode_limit_images_per_s"], 3) for k, v in rates.items()}
+
+        small, large = linked_folder(files, scratch / "small", 10_000), None
+        result["first_batch_s_10k"] = round(first_batch_seconds(small, workers), 2)
+        started = time.perf_counter()
+        large = linked_folder(files, scratch / "large", args.large)
+        result["hard_links_s"] = round(time.perf_counter() - started, 1)
+        result[f"first_batch_s_{args.large // 1000}k"] = round(first_batch_seconds(large, workers), 2)
+        result["first_batch_ratio"] = round(result[f"first_batch_s_{args.large // 1000}k"] /
+                                            result["first_batch_s_10k"], 2)
+        result["rss_mb_large_folder"] = rss_over_steps(load_dataset(f"imagefolder:{large}", "train"), workers,
+                                                    args.rss_steps)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result["loadavg_after"] = os.getloadavg()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "data.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / "data.md").write_text(markdown(result, args.large))
+    print(json.dumps(result, indent=1))
+
+
+def markdown(result: dict, large: int) -> str:
+    rates, limit = result["images_per_s"], result["decode_limit_images_per_s"]
+    rows = [f"| {name} | {value:.0f} | {value / limit:.2f}x |" for name, value in rates.items()]
+    return "\n".join([
+        f"# Data loader: decode + `pretrain` transform at 224 px, batch {result['batch']}, "
+        f"{result['workers']} workers",
+        "",
+        f"JPEGs: CIFAR-10 upscaled to 256-500 px, quality 90 ({result['jpeg_kb_mean']} kB on average). "
+        f"Load average {result['loadavg_before'][0]:.1f} before, {result['loadavg_after'][0]:.1f} after, "
+        f"{result['cpu_count']} cores.",
+        "",
+        "| loader | images/s | of the decode limit |",
+        "|---|---:|---:|",
+        *rows,
+        f"| decode limit (1 core x {result['workers']}) | {limit:.0f} | 1.00x |",
+        "",
+        f"vitkit folder / torchvision ImageFolder: {result['vs_torchvision']:.2f}x through the loaders; "
+        f"{result['in_process_vs_torchvision']['median_ratio']:.2f}x for the same work in one process "
+        f"(median of {len(result['in_process_vs_torchvision']['vitkit_images_per_s'])} alternated repeats).",
+        f"Time to the first batch: {result['first_batch_s_10k']} s for 10k files, "
+        f"{result[f'first_batch_s_{large // 1000}k']} s for {large:,} files "
+        f"(ratio {result['first_batch_ratio']}).",
+        f"Resident memory (main + workers), {large:,}-file folder: {result['rss_mb_large_folder']} MB.",
+        "",
+    ])
+
+
+if __name__ == "__main__":
+    main()

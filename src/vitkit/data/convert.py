@@ -1,0 +1,92 @@
+"""Write any dataset vitkit reads as WebDataset shards (``vitkit data convert SRC DST --to webdataset``):
+``DST/{train,val,test}-NNNNNN.tar`` of ``KEY.EXT`` + ``KEY.cls``, and ``DST/classes.txt``.
+
+Files keep their encoded bytes (a JPEG stays the same JPEG); images held in memory or read from other
+shards are written as PNG, losslessly. The shards are written into a hidden sibling folder that is
+renamed to ``DST`` at the end, so an interrupted conversion leaves no half-written dataset behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from PIL import Image
+from webdataset import ShardWriter
+
+from ..errors import DatasetError
+from .shards import IMAGE_EXTENSIONS, ShardedSplit
+
+SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """``256MB``, ``1.5GB``, ``64MiB`` or a byte count."""
+    number = text.strip().upper().rstrip("S")
+    unit = next((u for u in sorted(SIZE_UNITS, key=len, reverse=True) if u and number.endswith(u)), "")
+    try:
+        value = float(number[:len(number) - len(unit)]) * SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"shard size {text!r}: expected a size such as 256MB, 1GB or 64MiB") from None
+    if value < 1:
+        raise ValueError(f"shard size {text!r} must be positive")
+    return int(value)
+
+
+def png_bytes(image: torch.Tensor) -> bytes:
+    array = image.permute(1, 2, 0).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
+    """(extension, encoded image, label) of every sample, in the dataset's order."""
+    if isinstance(dataset, ShardedSplit):
+        for shard in dataset.shards:
+            for key, payload in dataset.raw(shard):
+                image, label = dataset.decode(shard, key, payload)
+                yield "png", png_bytes(image), label
+        return
+    for index in range(len(dataset)):
+        if hasattr(dataset, "path"):  # a listed file: keep its bytes when shards may hold its format
+            path = dataset.path(index)
+            extension = path.suffix.lower().lstrip(".")
+            if extension in IMAGE_EXTENSIONS:
+                dataset[index]  # decoded once, so that an unreadable file stops the conversion by name
+                yield extension, path.read_bytes(), int(dataset.labels[index])
+                continue
+        image, label = dataset[index]
+        yield "png", png_bytes(image), label
+
+
+def write_webdataset(splits: dict[str, object], destination: str | Path, shard_size: int) -> dict[str, int]:
+    """Write ``splits`` (name -> dataset) as shards of about ``shard_size`` bytes of images and labels (a new
+    shard starts once it is reached; tar headers add about 1 kB a file); returns the samples per split."""
+    destination = Path(destination)
+    if destination.exists():
+        raise FileExistsError(f"{destination} exists; choose a new folder for the shards")
+    staging = destination.with_name(f".{destination.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    written, classes = {}, None
+    try:
+        for split, dataset in splits.items():
+            classes = classes or dataset.classes
+            if dataset.classes != classes:
+                raise DatasetError(f"{split} split has classes {dataset.classes[:5]}..., the others {classes[:5]}...")
+            count = 0
+            with ShardWriter(str(staging / f"{split}-%06d.tar"), maxsize=shard_size, maxcount=10**9,
+                             verbose=0) as sink:
+                for count, (extension, data, label) in enumerate(encoded_samples(dataset), start=1):
+                    sink.write({"__key__": f"{split}{count - 1:09d}", extension: data, "cls": str(label)})
+            written[split] = count
+        (staging / "classes.txt").write_text("".join(f"{name}\n" for name in classes))
+        os.replace(staging, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written

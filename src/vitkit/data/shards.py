@@ -1,0 +1,314 @@
+"""Datasets kept in shards and read as streams: WebDataset tar files (``webdataset:``) and, through
+``hf.py``, HF parquet / arrow files (``hf:``).
+
+A split is a list of shards with their sample counts, found by an index pass that reads tar headers
+and the small ``.cls`` members only (no image is decoded), so bad labels are reported up front and
+``len()`` is known for schedules. Training reads each shard front to back:
+
+- the shards are split across ``ranks x workers`` slots (rank-major), a new permutation each epoch,
+  so within a slot's epoch every sample of its shards comes once; a shuffle buffer seeded by
+  (seed, epoch, slot) mixes samples across its shards;
+- slot ``w`` of a rank makes its micro-batches ``w, w + W, ...`` (the DataLoader's round robin over
+  ``W`` workers), so the stream position of every slot is a function of the step: resume fast-forwards
+  each slot's stream (reading, not decoding) to where the checkpoint's step left it, and the run goes
+  on bit for bit with the same number of ranks and workers.
+
+Evaluation reads every shard once, in order, split across workers only.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import itertools
+import os
+import random
+import re
+import tarfile
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import braceexpand
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+from webdataset.filters import _shuffle
+from webdataset.handlers import ignore_and_stop
+from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
+
+from ..errors import DatasetError
+from .datasets import SPLITS, read_image
+from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
+                      seeded_transform)
+from .transforms import Preset
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+SHUFFLE_BUFFER = 1000
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: str
+    size: int  # samples, counted by the index pass
+    offset: int  # index of its first sample in the split: samples are numbered for seeding
+
+
+@dataclass
+class ShardedSplit:
+    """One split of a sharded dataset: its shards, class names, and how to read a shard.
+
+    ``read(shard)`` yields raw samples ``(key, payload)``; ``decode(shard, key, payload)`` returns
+    ``(image uint8 (C, H, W), label)`` or raises ``DatasetError`` naming the shard and key."""
+
+    name: str
+    shards: list[Shard]
+    classes: list[str]
+    read: Callable[[Shard], Iterator[tuple[str, object]]]
+    decode: Callable[[Shard, str, object], tuple[torch.Tensor, int]]
+    class_counts: Counter = field(default_factory=Counter)
+    bad: list[str] = field(default_factory=list)  # samples found unusable by the index pass
+
+    def __len__(self) -> int:
+        return sum(shard.size for shard in self.shards)
+
+    def raw(self, shard: Shard) -> Iterator[tuple[str, object]]:
+        """The shard's samples, exactly as many as the index counted (a shard cut short by truncation
+        ends where its last whole sample did)."""
+        count = 0
+        for count, sample in enumerate(itertools.islice(self.read(shard), shard.size), start=1):
+            yield sample
+        if count != shard.size:
+            raise DatasetError(f"{shard.path}: {count} samples, but {shard.size} when it was indexed; "
+                               f"has the shard changed?")
+
+    def item(self, shard: Shard, key: str, payload: object, corrupt: str, replace: bool
+             ) -> tuple[torch.Tensor | None, int, tuple[str, ...]]:
+        """Decode one sample. Unusable with ``corrupt='skip'``: in training (``replace``) the first usable
+        sample of the same shard stands in (fixed by the data, so resume stays exact); else None."""
+        try:
+            return *self.decode(shard, key, payload), ()
+        except DatasetError as error:
+            if corrupt == "fail":
+                raise DatasetError(f"{error} (pass --corrupt skip to go on without such samples)") from None
+        name = f"{shard.path}:{key}"
+        if not replace:
+            return None, -1, (name,)
+        for other_key, other in self.read(shard):
+            try:
+                return *self.decode(shard, other_key, other), (name,)
+            except DatasetError:
+                continue
+        raise DatasetError(f"{shard.path}: no readable sample to stand in for {key}")
+
+
+def split_by_slot(shards: list[Shard], slot: int, slots: int, seed: int, epoch: int) -> list[Shard]:
+    """The shards that ``slot`` of ``slots`` reads in ``epoch``: a share of that epoch's permutation."""
+    return random.Random(seed * 100_003 + epoch).sample(shards, len(shards))[slot::slots]
+
+
+class TrainingStream(IterableDataset):
+    """This rank's training samples from ``start_micro_batch`` on, for a DataLoader with batch size
+    ``micro_batch`` and ``num_workers`` workers (see the module doc)."""
+
+    def __init__(self, split: ShardedSplit, preset: Preset, *, seed: int, micro_batch: int, start_micro_batch: int,
+                 rank: int = 0, world_size: int = 1, num_workers: int = 0, corrupt: str = "fail",
+                 buffer: int = SHUFFLE_BUFFER):
+        self.split, self.preset, self.seed, self.micro_batch = split, preset, seed, micro_batch
+        self.start, self.rank, self.world_size = start_micro_batch, rank, world_size
+        self.workers, self.corrupt, self.buffer = max(1, num_workers), check_corrupt(corrupt), buffer
+        slots = world_size * self.workers
+        if len(split.shards) < slots:
+            raise DatasetError(f"{split.name}: {len(split.shards)} shard(s) cannot feed {world_size} rank(s) x "
+                               f"{self.workers} worker(s) without repeating samples; write smaller shards "
+                               f"(vitkit data convert --shard-size) or use fewer workers")
+        self.classes = split.classes
+
+    def epoch(self, epoch: int, slot: int, slots: int) -> Iterator[tuple[int, Shard, str, object]]:
+        """One epoch of a slot: its shards read in turn, mixed by the seeded shuffle buffer."""
+        mine = split_by_slot(self.split.shards, slot, slots, self.seed, epoch)
+        samples = ((shard.offset + i, shard, key, payload) for shard in mine
+                   for i, (key, payload) in enumerate(self.split.raw(shard)))
+        rng = random.Random(f"{self.seed}/{epoch}/{slot}")
+        return _shuffle(samples, bufsize=self.buffer, initial=self.buffer, rng=rng)
+
+    def __iter__(self) -> Iterator[Item]:
+        info = get_worker_info()
+        # the DataLoader's round robin starts at worker 0 whatever the start: worker w of a loader begun at
+        # micro-batch `start` makes batches start + w, start + w + W, ..., which slot (start + w) % W made
+        # in the run from the beginning; that slot had made ceil((start - slot) / W) batches before
+        within = (self.start + (info.id if info is not None else 0)) % self.workers
+        slots, slot = self.world_size * self.workers, self.rank * self.workers + within
+        to_skip = max(0, -(-(self.start - within) // self.workers)) * self.micro_batch
+        for epoch in itertools.count():
+            length = sum(s.size for s in split_by_slot(self.split.shards, slot, slots, self.seed, epoch))
+            if to_skip >= length:  # a whole epoch already trained on: no need to read it
+                to_skip -= length
+                continue
+            for index, shard, key, payload in itertools.islice(self.epoch(epoch, slot, slots), to_skip, None):
+                image, label, skipped = self.split.item(shard, key, payload, self.corrupt, replace=True)
+                yield seeded_transform(self.preset, image, sample_seed(self.seed, epoch, index)), label, skipped
+            to_skip = 0
+
+    def collate_training(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        return collate_training(self.preset, items)
+
+
+class EvaluationStream(IterableDataset):
+    """Every sample of a split once, in shard order; the DataLoader's workers share out the shards."""
+
+    def __init__(self, split: ShardedSplit, preset: Preset, corrupt: str = "fail"):
+        self.split, self.preset, self.corrupt = split, preset, check_corrupt(corrupt)
+        self.classes = split.classes
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __iter__(self) -> Iterator[Item]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for shard in self.split.shards[worker::workers]:
+            for key, payload in self.split.raw(shard):
+                image, label, skipped = self.split.item(shard, key, payload, self.corrupt, replace=False)
+                yield (None if image is None else self.preset.per_image(image)), label, skipped
+
+    def collate(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
+        return collate_evaluation(self.preset, items)
+
+
+# ---------------------------------------------------------------------------------------- WebDataset tar
+def shard_files(spec: str) -> dict[str, list[str]]:
+    """``ROOT`` (``train-*.tar``, ``val-*.tar``, ``test-*.tar``) or a brace pattern / single file; a file
+    belongs to the split named by a ``-``/``_``/``.`` separated word of its name, else to train."""
+    if os.path.isdir(spec):
+        found = {split: sorted(str(p) for p in Path(spec).glob(f"{split}-*.tar")) for split in SPLITS}
+        if not any(found.values()):
+            raise DatasetError(f"{spec}: no shards (expected {spec}/train-000000.tar, val-..., test-...)")
+        return found
+    files = list(braceexpand.braceexpand(spec))
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise DatasetError(f"{spec}: {len(missing)} of {len(files)} shard(s) not found, e.g. {missing[0]}")
+    found = {split: [] for split in SPLITS}
+    for file in sorted(files):
+        words = set(re.split(r"[-_.]", os.path.basename(file)))
+        found[next((split for split in SPLITS if split in words), "train")].append(file)
+    return found
+
+
+def tar_members(tar: tarfile.TarFile, size: int) -> tuple[dict[str, dict[str, tarfile.TarInfo]], str | None]:
+    """The shard's files grouped by sample key, and the key at which the file is cut short (None if whole:
+    tarfile stops quietly at a missing header, hence the check of every member's extent)."""
+    keys: dict[str, dict[str, tarfile.TarInfo]] = {}
+    members = iter(tar)
+    while True:
+        try:
+            member = next(members)
+        except StopIteration:
+            return keys, None
+        except tarfile.ReadError:
+            if not keys:
+                raise
+            return keys, next(reversed(keys))  # a header cut short: the sample before it may be too
+        key, extension = base_plus_ext(member.name)
+        if member.isfile() and key is not None:
+            if member.offset_data + member.size > size:
+                return keys, key
+            keys.setdefault(key, {})[extension.lower()] = member
+
+
+def tar_index(path: str, classes: int | None, corrupt: str) -> tuple[int, Counter, list[str]]:
+    """(samples, labels counted, unusable samples) of one tar shard, from its headers and ``.cls`` members."""
+    counts, bad = Counter(), []
+    try:
+        with tarfile.open(path) as tar:
+            keys, cut = tar_members(tar, os.path.getsize(path))
+            if cut is not None:
+                if corrupt == "fail":
+                    raise DatasetError(f"{path}: truncated in sample {cut} (pass --corrupt skip to keep the "
+                                       f"samples before it)")
+                keys.pop(cut, None)  # the sample cut in two is not used
+                bad.append(f"{path}:{cut}: truncated shard")
+            for key, members in keys.items():
+                problem = None
+                if not any(e in members for e in IMAGE_EXTENSIONS):
+                    problem = f"sample {key} has no image (.{'/.'.join(IMAGE_EXTENSIONS)})"
+                elif "cls" not in members:
+                    problem = f"sample {key} has no .cls label"
+                else:
+                    label, problem = parse_label(tar.extractfile(members["cls"]).read(), key, classes)
+                if problem is None:
+                    counts[label] += 1
+                elif corrupt == "fail":
+                    raise DatasetError(f"{path}: {problem} (pass --corrupt skip to go on without it)")
+                else:
+                    bad.append(f"{path}:{key}: {problem}")
+    except (tarfile.TarError, OSError) as error:
+        raise DatasetError(f"{path}: not a readable tar shard ({error})") from error
+    return len(keys), counts, bad
+
+
+def parse_label(text: bytes, key: str, classes: int | None) -> tuple[int, str | None]:
+    """The integer of a ``.cls`` member, and what is wrong with it (None when nothing is)."""
+    try:
+        label = int(text.decode().strip())
+    except (UnicodeDecodeError, ValueError):
+        return -1, f"sample {key}: .cls is {text[:20]!r}, not an integer"
+    if label < 0 or (classes is not None and label >= classes):
+        return label, f"sample {key}: label {label} out of range 0..{(classes or 0) - 1}"
+    return label, None
+
+
+def decode_tar_sample(classes: int, shard: Shard, key: str, sample: dict) -> tuple[torch.Tensor, int]:
+    image = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
+    if image is None or "cls" not in sample:
+        raise DatasetError(f"{shard.path}: sample {key} lacks an image or its .cls label")
+    label, problem = parse_label(sample["cls"], key, classes)
+    if problem is not None:
+        raise DatasetError(f"{shard.path}: {problem}")
+    try:
+        return read_image(io.BytesIO(image)), label
+    except DatasetError as error:
+        raise DatasetError(f"{shard.path}: sample {key}: {str(error).split(': ', 1)[-1]}") from None
+
+
+def read_tar(shard: Shard) -> Iterator[tuple[str, dict]]:
+    """The samples of a tar shard in file order (webdataset groups the members by key); a read error ends
+    the stream, which ``ShardedSplit.raw`` then finds short."""
+    with open(shard.path, "rb") as handle:
+        members = tar_file_expander([{"url": shard.path, "stream": handle}], handler=ignore_and_stop)
+        for sample in group_by_keys(members, handler=ignore_and_stop):
+            yield sample["__key__"], {k.lower(): v for k, v in sample.items() if not k.startswith("__")}
+
+
+def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
+    """The ``split`` of ``webdataset:ROOT`` or ``webdataset:PATTERN`` (see ``shard_files``)."""
+    check_corrupt(corrupt)
+    files = shard_files(spec)[split]
+    if not files:
+        raise DatasetError(f"{spec}: no {split} shards ({split}-NNNNNN.tar)")
+    root = spec if os.path.isdir(spec) else os.path.dirname(files[0])
+    names_file = Path(root) / "classes.txt"
+    names = names_file.read_text().splitlines() if names_file.is_file() else None
+    shards, counts, bad, offset = [], Counter(), [], 0
+    for path in files:
+        size, found, unusable = tar_index(path, len(names) if names else None, corrupt)
+        if size == 0 and corrupt == "fail":
+            raise DatasetError(f"{path}: the shard holds no sample")
+        if size:
+            shards.append(Shard(path, size, offset))
+        offset += size
+        counts.update(found)
+        bad += unusable
+    if not shards:
+        raise DatasetError(f"{spec}: the {split} split holds no usable sample")
+    if bad:
+        warnings.warn(f"{spec}[{split}]: {len(bad)} unusable sample(s) will be replaced in training and left out "
+                      f"of evaluation: {'; '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}", stacklevel=2)
+    classes = names or [str(c) for c in range(max(counts) + 1 if counts else 0)]
+    decode = functools.partial(decode_tar_sample, len(classes))
+    return ShardedSplit(f"{spec}[{split}]", shards, classes, read_tar, decode, counts, bad)
+
+
+__all__ = ["EvaluationStream", "Shard", "ShardedSplit", "TrainingStream", "webdataset_split"]

@@ -1,0 +1,84 @@
+"""hf:PATH: folders written by the `datasets` library itself (save_to_disk, and parquet in the hub's layout),
+read back as streams."""
+
+import pytest
+from data_helpers import number_of, numbered_image
+
+from vitkit.data import DatasetError, evaluation_loader, load_dataset, split_names, training_loader
+from vitkit.data.survey import AS_IS
+from vitkit.train import Recipe
+from vitkit.train.run import run
+
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("pyarrow")
+CLASSES = ["ant", "bee", "cat", "dog"]
+
+
+def numbered(start: int, count: int, label=lambda n: n % 4):
+    from PIL import Image
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
+    rows = {"image": [Image.fromarray(numbered_image(n)) for n in range(start, start + count)],
+            "label": [label(n) for n in range(start, start + count)]}
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def read_back(split) -> list[tuple[int, int]]:
+    return sorted((number_of(image.permute(1, 2, 0)), int(label))
+                  for images, labels in evaluation_loader(split, AS_IS, batch_size=8, num_workers=2)
+                  for image, label in zip(images, labels))
+
+
+def test_save_to_disk_and_parquet_folders_read_back_exactly(tmp_path):
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": numbered(0, 40), "test": numbered(100, 10)}).save_to_disk(str(saved),
+                                                                                              num_shards={"train": 3,
+                                                                                                          "test": 1})
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    for index, start in enumerate((0, 20)):  # the hub's layout: data/<split>-NNNNN-of-NNNNN.parquet
+        numbered(start, 20).to_parquet(str(hub / "data" / f"train-{index:05d}-of-00002.parquet"))
+    numbered(100, 10).to_parquet(str(hub / "data" / "validation-00000-of-00001.parquet"))
+    for root, splits in ((saved, ("train", "test")), (hub, ("train", "val"))):
+        assert split_names(f"hf:{root}") == splits
+        train = load_dataset(f"hf:{root}", "train")
+        assert train.classes == CLASSES and len(train) == 40 and len(train.shards) in (2, 3)
+        assert read_back(train) == [(n, n % 4) for n in range(40)]
+        assert read_back(load_dataset(f"hf:{root}", splits[1])) == [(n, n % 4) for n in range(100, 110)]
+
+
+def test_hf_trains_and_resumes_its_stream(tmp_path):
+    root = tmp_path / "saved"
+    datasets.DatasetDict({"train": numbered(0, 48), "test": numbered(100, 8)}).save_to_disk(str(root),
+                                                                                             num_shards={"train": 4,
+                                                                                                         "test": 1})
+    split = load_dataset(f"hf:{root}", "train")
+
+    def order(start):
+        loader = training_loader(split, AS_IS, global_batch=8, total_steps=9, start_step=start, seed=2,
+                                 num_workers=2)
+        return [number_of(image.permute(1, 2, 0)) for _, (images, _, _) in zip(range(9 - start), loader)
+                for image in images]
+    straight = order(0)
+    assert sorted(straight[:48]) == list(range(48)) and order(5) == straight[40:]
+    model = {"patch_size": 2, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32, "in_chans": 3}
+    summary = run(Recipe(dataset=f"hf:{root}", image_size=4, model_args=model, steps=3, batch_size=8,
+                         num_workers=2, threads=1, run_dir=str(tmp_path / "run")))
+    assert summary["test/images"] == 8
+
+
+def test_labels_outside_the_classes_name_the_file_and_row(tmp_path):
+    root = tmp_path / "hub"
+    (root / "data").mkdir(parents=True)
+    table = numbered(0, 6).cast_column("label", datasets.Value("int64"))
+    table.map(lambda row, i: {"label": -1 if i == 4 else row["label"]}, with_indices=True).to_parquet(
+        str(root / "data" / "train-00000-of-00001.parquet"))  # -1: how the hub marks an unlabelled image
+    with pytest.raises(DatasetError, match=r"train-00000-of-00001.parquet: row 4: label -1 out of range 0..3") as e:
+        load_dataset(f"hf:{root}", "train")
+    assert "skip" in str(e.value)
+    with pytest.raises(DatasetError, match="no test split"):
+        load_dataset(f"hf:{root}", "test")
+    (root / "data" / "train-00000-of-00001.parquet").unlink()
+    numbered(0, 3).rename_column("image", "picture").to_parquet(str(root / "data" / "train-00000-of-00001.parquet"))
+    renamed = load_dataset(f"hf:{root}", "train")  # the index pass reads labels only
+    with pytest.raises(DatasetError, match="no column 'image'; it has .*picture"):
+        read_back(renamed)
