@@ -483,7 +483,10 @@ def describe(error: BaseException) -> str:
         names = " -> ".join(os.fsdecode(name) if isinstance(name, bytes) else str(name)
                             for name in (error.filename, error.filename2) if name is not None)
         return f"{names}: {error.strerror}" if names else error.strerror
-    return str(error) or type(error).__name__
+    text = str(error) or type(error).__name__
+    if "\nOriginal Traceback" in text:  # raised in a DataLoader worker: torch put its traceback into the message
+        text = text.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1]
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

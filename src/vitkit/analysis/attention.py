@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..errors import ConfigError
+
 HEAD_FUSIONS = ("mean", "max", "min")
 READOUTS = ("token", "mean")
 
@@ -28,7 +30,7 @@ def capture_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[i
     chosen = range(depth) if layers is None else list(layers)
     bad = [layer for layer in chosen if not -depth <= layer < depth]
     if bad:
-        raise ValueError(f"layers {bad} out of range for a model with {depth} blocks "
+        raise ConfigError(f"layers {bad} out of range for a model with {depth} blocks "
                          f"(expected 0..{depth - 1} or -{depth}..-1)")
     return torch.stack([seen.attentions[layer] for layer in chosen]), tuple(seen.grid)
 

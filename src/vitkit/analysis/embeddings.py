@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
+
 
 def position_similarity(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """Cosine similarity of each patch's position embedding with every other, (rows, cols, rows, cols):
@@ -24,7 +26,7 @@ def position_table(model: nn.Module) -> tuple[torch.Tensor, tuple[int, int]]:
     2-D and sine-cosine tables alike."""
     embedding = getattr(model, "pos_embed", None)
     if embedding is None:
-        raise ValueError("the model has no position embeddings (pos_embed='none')")
+        raise ConfigError("the model has no position embeddings (pos_embed='none')")
     grid = tuple(embedding.grid)
     with torch.no_grad():
         table = embedding(grid)
@@ -53,6 +55,6 @@ def patch_filters(model: nn.Module) -> torch.Tensor:
     projection = getattr(getattr(model, "patch_embed", None), "proj", None)
     channels = model.config.in_chans
     if not isinstance(projection, nn.Conv2d) or projection.in_channels != channels:
-        raise ValueError("the model has no pixel patch projection to analyse (a hybrid embeds CNN features, "
+        raise ConfigError("the model has no pixel patch projection to analyse (a hybrid embeds CNN features, "
                          f"expected patch_embed.proj to be a Conv2d over {channels} image channels)")
     return projection.weight.detach()

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig, backbone_stride, pair
 from ..models.registry import FAMILY_SIZES, SIZES
 
@@ -38,7 +38,7 @@ def normalization(family: str, channels: int) -> tuple[tuple[float, ...], tuple[
     """A family's (mean, std) for ``channels`` channels: grey takes the mean over RGB, and statistics
     that are the same for every channel (Google's) fit any number of channels."""
     if family not in NORMALIZATION:
-        raise ValueError(f"unknown normalisation {family!r}; expected one of {list(NORMALIZATION)}")
+        raise ConfigError(f"unknown normalisation {family!r}; expected one of {list(NORMALIZATION)}")
     mean, std = NORMALIZATION[family]
     if channels == len(mean):
         return mean, std
@@ -46,7 +46,7 @@ def normalization(family: str, channels: int) -> tuple[tuple[float, ...], tuple[
         return (sum(mean) / 3,), (sum(std) / 3,)
     if len(set(mean)) == len(set(std)) == 1:
         return (mean[0],) * channels, (std[0],) * channels
-    raise ValueError(f"the {family!r} normalisation has statistics for 1 or 3 channels, not {channels}")
+    raise ConfigError(f"the {family!r} normalisation has statistics for 1 or 3 channels, not {channels}")
 
 
 def known_normalization(mean: Any, std: Any, source: Any) -> str:

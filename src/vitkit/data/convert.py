@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from webdataset import ShardWriter
 
-from ..errors import DatasetError
+from ..errors import ConfigError, DatasetError
 from .shards import IMAGE_EXTENSIONS, ShardedSplit
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -31,9 +31,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(number[:len(number) - len(unit)]) * SIZE_UNITS[unit]
     except ValueError:
-        raise ValueError(f"shard size {text!r}: expected a size such as 256MB, 1GB or 64MiB") from None
+        raise ConfigError(f"shard size {text!r}: expected a size such as 256MB, 1GB or 64MiB") from None
     if value < 1:
-        raise ValueError(f"shard size {text!r} must be positive")
+        raise ConfigError(f"shard size {text!r} must be positive")
     return int(value)
 
 

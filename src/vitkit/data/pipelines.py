@@ -10,6 +10,7 @@ import os
 import torch
 from torch.utils.data import DataLoader
 
+from ..errors import ConfigError
 from .loading import StepSampler, Transformed, eval_loader, step_loader, worker_options
 from .shards import EvaluationStream, ShardedSplit, TrainingStream
 from .transforms import Preset
@@ -39,7 +40,7 @@ def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: 
         return step_loader(Transformed(dataset, preset, seed, corrupt), sampler, num_workers)
     micro = StepSampler.micro_batch(global_batch, world_size, accum_steps)
     if len(dataset) < global_batch:
-        raise ValueError(f"dataset of {len(dataset)} images is smaller than the global batch {global_batch}")
+        raise ConfigError(f"dataset of {len(dataset)} images is smaller than the global batch {global_batch}")
     stream = TrainingStream(dataset, preset, seed=seed, micro_batch=micro, start_micro_batch=start_step * accum_steps,
                             rank=rank, world_size=world_size, num_workers=num_workers, corrupt=corrupt)
     return DataLoader(stream, batch_size=micro, collate_fn=stream.collate_training,  # leaves the global RNG alone

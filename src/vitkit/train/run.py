@@ -99,7 +99,7 @@ def prepare(recipe: Recipe) -> Experiment:
     train_set = splits["train"]
     if recipe.train_subset:
         if isinstance(train_set, ShardedSplit):
-            raise ValueError(f"train_subset needs a dataset with random access, not the shards of {recipe.dataset}")
+            raise ConfigError(f"train_subset needs a dataset with random access, not the shards of {recipe.dataset}")
         keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(recipe.seed))
         train_set = train_set.subset(keep[:recipe.train_subset].sort().values, f"{train_set.name}[subset]")
     classes = train_set.classes
