@@ -6,28 +6,39 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..models.vit import VisionTransformer
 from .common import CheckpointError
 from .google import write_npz
 from .hf import write_hf
 from .loading import load
+from .onnx import OnnxExport, write_onnx
 
 WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "native": lambda model, path: model.save(path),
     "npz": write_npz,
     "hf": write_hf,
 }
+FORMATS = (*WRITERS, "onnx")
 
 
-def export(model: VisionTransformer, path: str | Path, to: str) -> Path:
-    """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz`` or an HF directory."""
+def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | None = None,
+           device: torch.device | str = "cpu") -> Path | OnnxExport:
+    """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory, or ONNX (traced on
+    ``device``, checked by ONNX Runtime, optionally with int8 weights: its report is returned)."""
+    if to == "onnx":
+        return write_onnx(model, path, quantize, device)
+    if quantize:
+        raise CheckpointError(f"quantize={quantize!r} applies to ONNX export only, not to {to!r}")
     if to not in WRITERS:
-        raise CheckpointError(f"unknown export format {to!r}; expected one of {sorted(WRITERS)}")
+        raise CheckpointError(f"unknown export format {to!r}; expected one of {sorted(FORMATS)}")
     return WRITERS[to](model, Path(path))
 
 
-def convert(source: str | Path, destination: str | Path, to: str, **overrides: Any) -> VisionTransformer:
+def convert(source: str | Path, destination: str | Path, to: str, quantize: str | None = None,
+            device: torch.device | str = "cpu", **overrides: Any) -> VisionTransformer:
     """Read ``source`` in whatever format it is, write it to ``destination`` in format ``to``."""
     model = load(source, **overrides)
-    export(model, destination, to)
+    export(model, destination, to, quantize, device)
     return model

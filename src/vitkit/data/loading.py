@@ -92,4 +92,4 @@ def step_loader(dataset: Transformed, sampler: StepSampler, num_workers: int = 0
 
 def eval_loader(dataset: Transformed, batch_size: int, num_workers: int = 0) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                      collate_fn=dataset.collate, generator=torch.Generator())
+                      collate_fn=dataset.collate, generator=torch.Generator(), pin_memory=torch.cuda.is_available())
