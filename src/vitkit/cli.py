@@ -20,7 +20,7 @@ from .checkpoints.convert import FORMATS
 from .checkpoints.onnx import QUANTIZATIONS
 from .data import trained_normalization, trained_statistics
 from .evaluate.fewshot import DEFAULT_L2_REGS
-from .models import list_models, model_config
+from .models import create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .errors import VitkitError
@@ -293,6 +293,36 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Inference and training-step throughput of a model in every runtime and precision available here."""
+    from .benchmark import bench
+
+    device = select_device(args.device)
+    if Path(args.model).exists():
+        model = load(args.model)
+        if args.image_size:
+            model.resize_image(args.image_size)
+    else:
+        model = create_model(args.model, **({"image_size": args.image_size} if args.image_size else {}))
+    rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
+                          peak_size=args.peak_size)
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows], indent=1))
+        return 0
+    height, width = model.config.image_size
+    print(f"{args.model} at {height}x{width}, batch {args.batch_size} on {device} ({torch.get_num_threads()} threads, "
+          f"load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved repeats; GEMM peak at n={args.peak_size}")
+    print_table(["runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
+                 "vs timm fp32"],
+                [[r.runtime, r.precision, r.phase, f"{r.images_per_s:.1f}", f"{r.gflops_per_s:.1f}",
+                  f"{r.peak_gflops_per_s:.1f}", f"{100 * r.fraction_of_peak:.0f}%",
+                  "-" if r.peak_memory_mib is None else f"{r.peak_memory_mib:.0f}",
+                  "-" if r.speedup_vs_timm is None else f"{r.speedup_vs_timm:.2f}x"] for r in rows])
+    for runtime, reason in skipped.items():
+        print(f"skipped {runtime}: {reason}")
+    return 0
+
+
 def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     if precision:
@@ -401,6 +431,21 @@ def build_parser() -> argparse.ArgumentParser:
     predict_.add_argument("--top-k", type=int, default=5)
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
+
+    from .benchmark import RUNTIMES
+
+    bench_ = sub.add_parser("bench", help="throughput per runtime and precision, against the GEMM peak and timm")
+    bench_.add_argument("model", help="a named variant (ViT-S/16: random weights) or a checkpoint")
+    bench_.add_argument("--batch-size", type=_positive, default=8)
+    bench_.add_argument("--image-size", type=_image_size, help="input size (default: the model's)")
+    bench_.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
+                        help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
+    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
+    bench_.add_argument("--repeats", type=_positive, default=5)
+    bench_.add_argument("--peak-size", type=_positive, default=2048, help="side of the GEMM that measures the peak")
+    bench_.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    bench_.set_defaults(run=cmd_bench)
     return parser
 
 

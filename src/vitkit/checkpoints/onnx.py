@@ -58,7 +58,9 @@ def session(path: str | Path, device: torch.device | None = None):
     _, ort = _require_runtime()
     wanted = ["CUDAExecutionProvider"] if device is not None and device.type == "cuda" else []
     providers = [p for p in wanted if p in ort.get_available_providers()] + ["CPUExecutionProvider"]
-    return ort.InferenceSession(str(path), providers=providers)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # as many threads as torch uses (OMP_NUM_THREADS)
+    return ort.InferenceSession(str(path), options, providers=providers)
 
 
 def _metadata(config: ViTConfig) -> dict[str, str]:
