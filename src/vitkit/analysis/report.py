@@ -87,7 +87,7 @@ def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarra
     except ValueError as error:
         analysis.summary["skipped"]["position_similarity"] = str(error)
     else:
-        similarity = position_similarity(table, pos_grid)
+        similarity = position_similarity(table.cpu(), pos_grid)
         analysis.save_numbers("position_similarity", similarity)
         analysis.save_figure("position_similarity.png", plots.similarity_figure(similarity),
                              f"Cosine similarity of the position embeddings ({config.pos_embed}, "
@@ -97,7 +97,7 @@ def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarra
     except ValueError as error:
         analysis.summary["skipped"]["filter_components"] = str(error)
     else:
-        components, explained = filter_components(weights, filters)
+        components, explained = filter_components(weights.cpu(), filters)
         analysis.summary["filter_explained_variance"] = [round(v, 5) for v in explained.tolist()]
         analysis.save_numbers("filter_components", components)
         analysis.save_figure("filters.png", plots.filters_figure(components),
