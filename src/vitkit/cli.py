@@ -19,11 +19,11 @@ from .checkpoints import CheckpointError, export, load
 from .checkpoints.convert import FORMATS
 from .checkpoints.onnx import QUANTIZATIONS
 from .data import trained_normalization, trained_statistics
+from .errors import VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS
 from .models import create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
-from .errors import VitkitError
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
 from .train.loop import TrainingDiverged
 
@@ -303,7 +303,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.image_size:
             model.resize_image(args.image_size)
     else:
-        model = create_model(args.model, **({"image_size": args.image_size} if args.image_size else {}))
+        try:
+            model = create_model(args.model, **({"image_size": args.image_size} if args.image_size else {}))
+        except ValueError as error:
+            raise ValueError(f"{args.model} is no checkpoint path and no model name: {error}") from None
     rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
                           peak_size=args.peak_size)
     if args.json:
@@ -438,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_.add_argument("model", help="a named variant (ViT-S/16: random weights) or a checkpoint")
     bench_.add_argument("--batch-size", type=_positive, default=8)
     bench_.add_argument("--image-size", type=_image_size, help="input size (default: the model's)")
-    bench_.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    _runtime_flags(bench_, precision=False)
     bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
                         help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
     bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
