@@ -56,9 +56,10 @@ def main() -> None:
             memory = "-" if row["peak_memory_mib"] is None else f"{row['peak_memory_mib']:.0f}"
             speedup = "-" if row["speedup_vs_timm"] is None else f"{row['speedup_vs_timm']:.2f}x"
             lines.append(f"| {name} | {row['runtime']} | {row['precision']} | {row['phase']} | "
-                         f"{row['images_per_s']:.1f} | {row['gflops_per_s']:.0f} | {100 * row['fraction_of_peak']:.0f}% "
-                         f"| {memory} | {speedup} |")
-        lines += [f"| {name} | {runtime} | skipped: {reason} | | | | | | |" for runtime, reason in result["skipped"].items()]
+                         f"{row['images_per_s']:.1f} | {row['gflops_per_s']:.0f} | "
+                         f"{100 * row['fraction_of_peak']:.0f}% | {memory} | {speedup} |")
+        lines += [f"| {name} | {runtime} | skipped: {reason} | | | | | | |"
+                  for runtime, reason in result["skipped"].items()]
     with atomic_file(RESULTS / f"{stem}.md") as handle:
         handle.write("\n".join(lines) + "\n")
     print("\n".join(lines))

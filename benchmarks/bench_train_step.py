@@ -73,8 +73,8 @@ def main() -> None:
              f"interleaved repeats, {record['threads']} thread(s), load {load_before[0]:.1f} -> "
              f"{record['loadavg_after'][0]:.1f}", "",
              "| variant | ms/step | images/s | vs slowest |", "|---|---:|---:|---:|"]
-    lines += [f"| {name} | {row['ms_per_step']:.2f} | {row['images_per_s']:.0f} | {row['images_per_s'] / slowest:.2f}x |"
-              for name, row in rows.items()]
+    lines += [f"| {name} | {row['ms_per_step']:.2f} | {row['images_per_s']:.0f} | "
+              f"{row['images_per_s'] / slowest:.2f}x |" for name, row in rows.items()]
     with atomic_file(RESULTS / f"train_step_{args.preset}.md") as handle:
         handle.write("\n".join(lines) + "\n")
     print("\n".join(lines))

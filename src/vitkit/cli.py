@@ -314,7 +314,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     height, width = model.config.image_size
     print(f"{args.model} at {height}x{width}, batch {args.batch_size} on {device} ({torch.get_num_threads()} threads, "
-          f"load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved repeats; GEMM peak at n={args.peak_size}")
+          f"load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved repeats; "
+          f"GEMM peak at n={args.peak_size}")
     print_table(["runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
                  "vs timm fp32"],
                 [[r.runtime, r.precision, r.phase, f"{r.images_per_s:.1f}", f"{r.gflops_per_s:.1f}",
