@@ -12,16 +12,21 @@ import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
 from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
-from .checkpoints import convert, load
+from .checkpoints import export, load
+from .checkpoints.convert import FORMATS
+from .checkpoints.onnx import QUANTIZATIONS
 from .data import trained_normalization, trained_statistics
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS
-from .models import list_models, model_config
+from .models import create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
+from .runtime import PRECISIONS, autocast, resolve_precision, select_device
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -55,10 +60,12 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Config, parameter count and input size of a checkpoint of any format."""
-    model = load(args.path, **dict(args.set))
+    device = select_device(args.device)
+    model = load(args.path, **dict(args.set)).to(device)
     config = model.config
     if args.json:
-        print(json.dumps({"config": config.to_dict(), "parameters": count_parameters(model)}, indent=2))
+        print(json.dumps({"config": config.to_dict(), "parameters": count_parameters(model), "device": str(device)},
+                         indent=2))
         return 0
     height, width = config.image_size
     print(f"checkpoint   {args.path}" + (f" ({config.extra['format']})" if "format" in config.extra else ""))
@@ -77,16 +84,24 @@ def cmd_info(args: argparse.Namespace) -> int:
           f"std {[round(v, 3) for v in std]}")
     print(f"output       {config.num_classes} classes, pooling '{config.pool}'"
           + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
-    print(f"parameters   {count_parameters(model):,}")
+    print(f"parameters   {count_parameters(model):,} on {device}")
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory or a
-    timm state dict."""
-    model = convert(args.src, args.dst, args.to, **dict(args.set))
+    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
+    timm state dict or ONNX (checked by ONNX Runtime after writing)."""
+    model = load(args.src, **dict(args.set))
+    written = export(model, args.dst, args.to, args.quantize, select_device(args.device))
     print(f"wrote {args.dst} ({args.to}): {model.config.extra.get('format', 'vitkit')} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
+    if args.to == "onnx":
+        print(f"opset {written.opset}, dynamic batch; ONNX Runtime vs PyTorch on a probe batch: max |difference| "
+              f"{written.max_difference:.2g}")
+        if written.quantized_difference is not None:
+            print(f"{args.quantize} weights: max |difference| {written.quantized_difference:.3g}, top-1 kept on "
+                  f"{100 * written.quantized_agreement:.0f}% of the probe images (random; check accuracy with "
+                  f"`vitkit eval {args.dst}`)")
     return 0
 
 
@@ -104,7 +119,8 @@ def _override(text: str) -> tuple[str, object]:
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
-    model = load(args.checkpoint)
+    device = select_device(args.device)
+    model = load(args.checkpoint).to(device)
     if args.dataset:
         pictures = inputs.dataset_sample(args.dataset, args.data_dir, args.num_images, args.seed)
     elif args.images:
@@ -119,7 +135,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     images, shown = inputs.prepare(pictures, size, config.in_chans, mean, std)
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                     title=str(args.checkpoint))
+                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device))
     print(f"analysed {len(images)} images at {size[0]}x{size[1]}: {len(result.figures)} figures, "
           f"report {result.out / REPORT_FILE}")
     return 0
@@ -224,7 +240,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import run
     from .train.distributed import leave
 
-    summary = run(recipe_from_args(args), resume=args.resume)
+    summary = run(recipe_from_args(args), resume=args.resume, device=args.device and str(select_device(args.device)))
     leave()
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
         return 0
@@ -237,7 +253,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug"}
+_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
+
+
+def inference_model(args: argparse.Namespace):
+    """The model ``eval``/``predict`` run: a checkpoint on ``--device`` in ``--precision``, or an ``.onnx``
+    file run by ONNX Runtime as it was exported; with its device and compute dtype."""
+    device = select_device(args.device)
+    if Path(args.checkpoint).suffix == ".onnx":
+        from .checkpoints.onnx import OnnxModel
+
+        if args.precision not in ("fp32", "auto"):
+            raise ConfigError(f"--precision {args.precision}: an ONNX model runs in the precision it was exported in")
+        return OnnxModel(args.checkpoint, device), torch.device("cpu"), torch.float32
+    return load(args.checkpoint).to(device), device, resolve_precision(args.precision, device)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -245,7 +274,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_dataset
     from .evaluate.metrics import evaluate, write_report
 
-    model = load(args.checkpoint)
+    model, device, dtype = inference_model(args)
     config = model.config
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
     transform = checkpoint_transform(config)
@@ -253,7 +282,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
     loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt)
-    report = write_report(evaluate(model, loader, config.num_classes), dataset.classes, args.out, args.split)
+    report = write_report(evaluate(model, loader, config.num_classes, device, dtype), dataset.classes, args.out,
+                          args.split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
                                         for name, acc in report["per_class"].items()])
     print(f"{args.dataset} [{args.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
@@ -266,14 +296,16 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_dataset
     from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
 
-    model = load(args.checkpoint)
+    device = select_device(args.device)
+    model = load(args.checkpoint).to(device)
     config = model.config
     transform = checkpoint_transform(config)
     features = {}
     for split in ("train", "test"):
         dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(0.0), "fail")
         loader = evaluation_loader(dataset, transform, args.batch_size)
-        features[split] = extract_features(model, loader)
+        with autocast(device, resolve_precision(args.precision, device)):
+            features[split] = extract_features(model, loader, device)
     results = fewshot_evaluate(*features["train"], *features["test"], shots=args.shots, seeds=range(args.seeds),
                                l2_regs=args.l2)
     rows = [[r.shots, f"{100 * r.mean:.2f}%", f"{100 * r.std:.2f}", f"{r.selected_l2:g}"] for r in results]
@@ -344,10 +376,52 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Top-k labels with probabilities for each image file."""
     from .evaluate import predict
 
-    for prediction in predict(load(args.checkpoint), args.images, args.top_k):
+    model, device, dtype = inference_model(args)
+    for prediction in predict(model, args.images, args.top_k, device, dtype):
         ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
         print(f"{prediction.path}: {ranked}")
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Inference and training-step throughput of a model in every runtime and precision available here."""
+    from .benchmark import bench
+
+    device = select_device(args.device)
+    if Path(args.model).exists():
+        model = load(args.model)
+        if args.image_size:
+            model.resize_image(args.image_size)
+    else:
+        try:
+            model = create_model(args.model, **({"image_size": args.image_size} if args.image_size else {}))
+        except ValueError as error:
+            raise ValueError(f"{args.model} is no checkpoint path and no model name: {error}") from None
+    rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
+                          peak_size=args.peak_size)
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows], indent=1))
+        return 0
+    height, width = model.config.image_size
+    print(f"{args.model} at {height}x{width}, batch {args.batch_size} on {device} ({torch.get_num_threads()} threads, "
+          f"load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved repeats; "
+          f"GEMM peak at n={args.peak_size}")
+    print_table(["runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
+                 "vs timm fp32"],
+                [[r.runtime, r.precision, r.phase, f"{r.images_per_s:.1f}", f"{r.gflops_per_s:.1f}",
+                  f"{r.peak_gflops_per_s:.1f}", f"{100 * r.fraction_of_peak:.0f}%",
+                  "-" if r.peak_memory_mib is None else f"{r.peak_memory_mib:.0f}",
+                  "-" if r.speedup_vs_timm is None else f"{r.speedup_vs_timm:.2f}x"] for r in rows])
+    for runtime, reason in skipped.items():
+        print(f"skipped {runtime}: {reason}")
+    return 0
+
+
+def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> None:
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    if precision:
+        parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                            help="compute precision (autocast); auto: bf16 where the hardware runs it natively")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -363,12 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="describe a checkpoint")
     info.add_argument("path")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+    _runtime_flags(info, precision=False)
     info.set_defaults(run=cmd_info)
 
     conv = sub.add_parser("convert", help="convert a checkpoint between formats")
     conv.add_argument("src", help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
     conv.add_argument("dst")
-    conv.add_argument("--to", choices=["native", "npz", "hf", "timm"], default="native")
+    conv.add_argument("--to", choices=FORMATS, default="native")
+    conv.add_argument("--quantize", choices=QUANTIZATIONS, help="ONNX only: int8 weights (dynamic quantisation)")
+    _runtime_flags(conv, precision=False)
     conv.set_defaults(run=cmd_convert)
     for command in (info, conv):
         command.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",
@@ -395,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="fraction of the weakest attention weights dropped before rollout")
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
+    _runtime_flags(analyze)
     analyze.set_defaults(run=cmd_analyze)
     from .train.recipes import PRESETS
 
@@ -410,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
         parser_.add_argument("--resume", action="store_true",
                              help="continue the run in --run-dir from its last checkpoint")
+        _runtime_flags(parser_, precision=False)  # --precision is a recipe field
         _recipe_flags(parser_)
         parser_.set_defaults(run=cmd_train, **({"objective": "mpp"} if name == "pretrain" else {}))
 
@@ -423,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--batch-size", type=_positive, default=256)
     evaluate_.add_argument("--num-workers", type=_count, default=0)
     evaluate_.add_argument("--out", default=".", help="folder for eval-<split>.json and confusion-<split>.png")
+    _runtime_flags(evaluate_)
     evaluate_.set_defaults(run=cmd_eval)
 
     fewshot = sub.add_parser("fewshot", help="few-shot linear evaluation of frozen representations")
@@ -436,6 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
     fewshot.add_argument("--batch-size", type=_positive, default=256)
     fewshot.add_argument("--out", help="write the numbers to this JSON file")
+    _runtime_flags(fewshot)
     fewshot.set_defaults(run=cmd_fewshot)
 
     data = sub.add_parser("data", help="inspect, check and convert datasets").add_subparsers(dest="data_command",
@@ -463,7 +544,23 @@ def build_parser() -> argparse.ArgumentParser:
     predict_.add_argument("checkpoint")
     predict_.add_argument("images", nargs="+")
     predict_.add_argument("--top-k", type=_positive, default=5)
+    _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
+
+    from .benchmark import RUNTIMES
+
+    bench_ = sub.add_parser("bench", help="throughput per runtime and precision, against the GEMM peak and timm")
+    bench_.add_argument("model", help="a named variant (ViT-S/16: random weights) or a checkpoint")
+    bench_.add_argument("--batch-size", type=_positive, default=8)
+    bench_.add_argument("--image-size", type=_image_size, help="input size (default: the model's)")
+    _runtime_flags(bench_, precision=False)
+    bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
+                        help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
+    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
+    bench_.add_argument("--repeats", type=_positive, default=5)
+    bench_.add_argument("--peak-size", type=_positive, default=2048, help="side of the GEMM that measures the peak")
+    bench_.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    bench_.set_defaults(run=cmd_bench)
 
     debug = dict(action="store_true", help="show the traceback of an error (also: VITKIT_DEBUG=1)")
     parser.add_argument("--debug", **debug)

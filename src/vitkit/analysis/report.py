@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
+from ..runtime import autocast
 from . import plots
 from .attention import attention_rollout, capture_attention, mean_attention_distance
 from .embeddings import filter_components, patch_filters, position_similarity, position_table
@@ -48,15 +49,18 @@ class Analysis:
 
 def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarray], out: str | Path, *,
             batch_size: int = 8, head_fusion: str = "mean", discard_ratio: float = 0.0, overlays: int = 8,
-            filters: int = 28, title: str = "") -> Analysis:
+            filters: int = 28, title: str = "", dtype: torch.dtype = torch.float32) -> Analysis:
     """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W)) whose uint8 crops are ``pictures``
-    and write the results into ``out``."""
+    and write the results into ``out``; the model runs where its weights are, computing in ``dtype``."""
+    device = next(model.parameters()).device
     config = model.config
     readout = "token" if config.pool == "token" else "mean"
     rollouts, distance_sum = [], 0.0
     for start in range(0, len(images), batch_size):  # batches bound the memory the attention maps take
         batch = images[start:start + batch_size]
-        attn, grid = capture_attention(model, batch)
+        with autocast(device, dtype):
+            attn, grid = capture_attention(model, batch.to(device))
+        attn = attn.float().cpu()
         stride = (batch.shape[-2] / grid[0], batch.shape[-1] / grid[1])  # pixels per token, hybrids too
         rollouts.append(attention_rollout(attn, grid, head_fusion, discard_ratio, readout))
         distance_sum = distance_sum + mean_attention_distance(attn, grid, stride) * len(batch)
@@ -83,7 +87,7 @@ def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarra
     except ValueError as error:
         analysis.summary["skipped"]["position_similarity"] = str(error)
     else:
-        similarity = position_similarity(table, pos_grid)
+        similarity = position_similarity(table.cpu(), pos_grid)
         analysis.save_numbers("position_similarity", similarity)
         analysis.save_figure("position_similarity.png", plots.similarity_figure(similarity),
                              f"Cosine similarity of the position embeddings ({config.pos_embed}, "
@@ -93,7 +97,7 @@ def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarra
     except ValueError as error:
         analysis.summary["skipped"]["filter_components"] = str(error)
     else:
-        components, explained = filter_components(weights, filters)
+        components, explained = filter_components(weights.cpu(), filters)
         analysis.summary["filter_explained_variance"] = [round(v, 5) for v in explained.tolist()]
         analysis.save_numbers("filter_components", components)
         analysis.save_figure("filters.png", plots.filters_figure(components),

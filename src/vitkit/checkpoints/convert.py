@@ -6,6 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..models.vit import VisionTransformer
 from .common import CheckpointError
 from .google import write_npz
@@ -13,6 +15,7 @@ from .hf import write_hf
 from .hf_families import hf_family_of, write_hf_family
 from .timm import write_timm
 from .loading import load
+from .onnx import OnnxExport, write_onnx
 
 WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "native": lambda model, path: model.save(path),
@@ -20,17 +23,25 @@ WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "hf": lambda model, path: (write_hf_family if hf_family_of(model.config) else write_hf)(model, path),
     "timm": write_timm,
 }
+FORMATS = (*WRITERS, "onnx")
 
 
-def export(model: VisionTransformer, path: str | Path, to: str) -> Path:
-    """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory or a timm state dict."""
+def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | None = None,
+           device: torch.device | str = "cpu") -> Path | OnnxExport:
+    """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory, a timm state dict,
+    or ONNX (traced on ``device``, checked by ONNX Runtime, optionally with int8 weights: its report is returned)."""
+    if to == "onnx":
+        return write_onnx(model, path, quantize, device)
+    if quantize:
+        raise CheckpointError(f"quantize={quantize!r} applies to ONNX export only, not to {to!r}")
     if to not in WRITERS:
-        raise CheckpointError(f"unknown export format {to!r}; expected one of {sorted(WRITERS)}")
+        raise CheckpointError(f"unknown export format {to!r}; expected one of {sorted(FORMATS)}")
     return WRITERS[to](model, Path(path))
 
 
-def convert(source: str | Path, destination: str | Path, to: str, **overrides: Any) -> VisionTransformer:
+def convert(source: str | Path, destination: str | Path, to: str, quantize: str | None = None,
+            device: torch.device | str = "cpu", **overrides: Any) -> VisionTransformer:
     """Read ``source`` in whatever format it is, write it to ``destination`` in format ``to``."""
     model = load(source, **overrides)
-    export(model, destination, to)
+    export(model, destination, to, quantize, device)
     return model

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..runtime import autocast
+
 
 @dataclass
 class Evaluation:
@@ -43,14 +45,18 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, num_classes: int, device: torch.device | str = "cpu") -> Evaluation:
-    """Run ``model`` (switched to eval mode) over ``(images, labels)`` batches."""
+def evaluate(model: nn.Module, loader, num_classes: int, device: torch.device | str = "cpu",
+             dtype: torch.dtype = torch.float32) -> Evaluation:
+    """Run ``model`` (switched to eval mode, already on ``device``) over ``(images, labels)`` batches, its matrix
+    products in ``dtype``."""
+    device = torch.device(device)
     model.eval()
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
     top5, loss_sum = 0, 0.0
     k = min(5, num_classes)
     for images, labels in loader:
-        logits = model(images.to(device)).float().cpu()
+        with autocast(device, dtype):
+            logits = model(images.to(device, non_blocking=True)).float().cpu()
         loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
         predicted = logits.argmax(dim=-1)
         confusion += torch.bincount(labels * num_classes + predicted, minlength=num_classes ** 2).view(

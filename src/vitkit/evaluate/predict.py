@@ -10,6 +10,7 @@ import torch
 from ..data.datasets import read_image
 from ..data.transforms import checkpoint_transform
 from ..models.vit import VisionTransformer
+from ..runtime import autocast
 
 
 @dataclass
@@ -25,9 +26,11 @@ def class_names(model: VisionTransformer) -> list[str]:
 
 
 @torch.no_grad()
-def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5) -> list[Prediction]:
+def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5, device: torch.device | str = "cpu",
+            dtype: torch.dtype = torch.float32) -> list[Prediction]:
     """Resize each image to the model's resolution, normalise it as the model was trained, and return
-    the ``top_k`` classes by softmax probability."""
+    the ``top_k`` classes by softmax probability (``model`` already on ``device``, computing in ``dtype``)."""
+    device = torch.device(device)
     config = model.config
     transform = checkpoint_transform(config)
     names = class_names(model)
@@ -35,7 +38,8 @@ def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5) -
     results = []
     for path in paths:
         image = transform(read_image(Path(path)))
-        probabilities = model(image[None]).float().softmax(dim=-1)[0]
+        with autocast(device, dtype):
+            probabilities = model(image[None].to(device)).float().softmax(dim=-1)[0].cpu()
         top = probabilities.topk(min(top_k, len(probabilities)))
         results.append(Prediction(Path(path), [names[i] for i in top.indices.tolist()], top.values.tolist()))
     return results

@@ -24,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..runtime import select_device
+
 PARALLEL = ("ddp", "fsdp")
 
 @dataclass(frozen=True)
@@ -66,8 +68,13 @@ def setup(device: str | None = None) -> Distributed:
     """Join the process group torchrun describes (if any) and pick this rank's device."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
-    target = torch.device("cuda", local_rank) if use_cuda else torch.device(device or "cpu")
+    chosen = select_device(device) if device else None
+    use_cuda = torch.cuda.is_available() if chosen is None else chosen.type == "cuda"
+    if use_cuda:  # under torchrun each rank takes the GPU of its local rank
+        index = local_rank if world_size > 1 or chosen is None or chosen.index is None else chosen.index
+        target = torch.device("cuda", index)
+    else:
+        target = chosen or torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(target)
     if world_size > 1 and not dist.is_initialized():

@@ -32,13 +32,14 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file, name_the_file
-from ..errors import TrainingDiverged
+from ..errors import ConfigError, TrainingDiverged
+from ..runtime import autocast, resolve_precision
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
                           sharded_like, wrap)
 from .objectives import Objective
 
-PRECISIONS = ("fp32", "bf16", "auto")
+TRAINING_PRECISIONS = ("fp32", "bf16", "auto")
 
 
 @dataclass
@@ -188,14 +189,12 @@ class StopRequest:
         signal.raise_signal(signum)
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 where asked (``auto``: on GPUs that support it); None means full fp32."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
-    if precision == "auto":
-        supported = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if supported else None
-    return torch.bfloat16 if precision == "bf16" else None
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The training compute dtype (``vitkit.runtime`` decides what ``auto`` means on this hardware).
+    fp16 is left out: without loss scaling its gradients underflow."""
+    if precision not in TRAINING_PRECISIONS:
+        raise ConfigError(f"precision={precision!r} for training; expected one of {', '.join(TRAINING_PRECISIONS)}")
+    return resolve_precision(precision, device)
 
 
 class Trainer:
@@ -331,8 +330,7 @@ class Trainer:
             images += len(batch[0])
             last = index == accum - 1
             with contextlib.nullcontext() if last else no_gradient_sync(self.network):
-                with torch.autocast(self.env.device.type, dtype=self.dtype or torch.float32,
-                                    enabled=self.dtype is not None):
+                with autocast(self.env.device, self.dtype):
                     loss, metrics = self.objective(self.network, batch)
                 (loss / accum).backward()
             for key, value in {"loss": loss.detach(), **metrics}.items():
@@ -340,11 +338,12 @@ class Trainer:
         clip = self.config.clip_norm or math.inf
         norm = clip_gradients(self.model.parameters(), clip)
         keys = sorted(totals)
-        averaged = self.env.mean(torch.stack([totals[k] for k in keys] + [norm.float()]))
-        values = dict(zip(keys, averaged.tolist()))
-        if not math.isfinite(values["loss"]) or not math.isfinite(averaged[-1].item()):
+        # the one host sync of the step: the weights must not be updated from a non-finite gradient
+        *averaged, grad_norm = self.env.mean(torch.stack([totals[k] for k in keys] + [norm.float()])).tolist()
+        values = dict(zip(keys, averaged))
+        if not math.isfinite(values["loss"]) or not math.isfinite(grad_norm):
             raise TrainingDiverged(
-                f"step {self.step}: loss {values['loss']} / gradient norm {averaged[-1].item()} is not finite; "
+                f"step {self.step}: loss {values['loss']} / gradient norm {grad_norm} is not finite; "
                 f"stopped without updating the weights. The last good checkpoint is kept in "
                 f"{self.run_dir / 'checkpoints'}; lower the learning rate or check the data.")
         self.optimizer.step()
@@ -352,7 +351,7 @@ class Trainer:
             self.ema.update(self.model)
         self.step += 1
         return {**{f"train/{k}": v for k, v in values.items()}, "train/lr": lr,
-                "train/grad_norm": averaged[-1].item(), "train/images": images * self.env.world_size}
+                "train/grad_norm": grad_norm, "train/images": images * self.env.world_size}
 
     def _evaluate(self) -> dict[str, float]:
         if self.evaluate is None:

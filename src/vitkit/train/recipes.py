@@ -26,7 +26,7 @@ from ..data.transforms import PRESETS as TRANSFORMS
 from ..errors import ConfigError
 from ..models import ViTConfig
 from .distributed import PARALLEL
-from .loop import PRECISIONS
+from .loop import TRAINING_PRECISIONS
 from .mpp import TARGETS as MPP_TARGETS
 from .optim import SCHEDULES
 
@@ -82,7 +82,7 @@ class Recipe:
     end_lr: float = 0.0
     clip_norm: float = 1.0
     label_smoothing: float = 0.0
-    precision: Literal[PRECISIONS] = "fp32"
+    precision: Literal[TRAINING_PRECISIONS] = "fp32"
     ema_decay: float = 0.0
     grad_checkpointing: bool = False
     compile: bool = False

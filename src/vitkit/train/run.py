@@ -85,9 +85,10 @@ class Experiment:
     skipped: SkippedFiles
 
 
-def prepare(recipe: Recipe) -> Experiment:
-    """Data, model, optimiser, schedule and objective of ``recipe``, wired into a ``Trainer``."""
-    env = setup()
+def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
+    """Data, model, optimiser, schedule and objective of ``recipe``, wired into a ``Trainer`` on ``device``
+    (default: a GPU when there is one)."""
+    env = setup(device)
     if recipe.threads:
         torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
@@ -154,10 +155,10 @@ def prepare(recipe: Recipe) -> Experiment:
     return Experiment(recipe, run_dir, trainer, classes, measure, skipped)
 
 
-def run(recipe: Recipe, resume: bool = False) -> dict[str, Any]:
+def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict[str, Any]:
     """Train (or fine-tune) as ``recipe`` says, then save the final model and evaluate it on the test
     split; returns the summary also written to ``summary.json``."""
-    experiment = prepare(recipe)
+    experiment = prepare(recipe, device)
     trainer, run_dir = experiment.trainer, experiment.run_dir
     found = list_checkpoints(run_dir)
     if found and not resume:

@@ -1,0 +1,211 @@
+"""Throughput of one model in every runtime and precision the machine offers: what ``vitkit bench`` measures.
+
+Rows: torch eager, ``torch.compile``, ONNX Runtime (fp32 and int8 weights) and timm holding the same
+weights, each in fp32 and, for torch and timm, in the low precision the device runs natively (bf16,
+or fp16 on GPUs without bf16); inference and, for the torch models, a training step (forward, backward,
+AdamW). Beside images/s each row gives GFLOP/s (2 x multiply-adds, counted by torch; a training step
+counts as 3 forward passes), the GEMM peak of its dtype measured on square matrices in the same run, the
+fraction of that peak reached, and the peak GPU memory. Every candidate is timed once per repeat, in
+turn, so that load from other processes hits all alike; medians are reported, and speed against timm's
+fp32 row of the same phase is the median of the per-repeat ratios.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .models.stats import forward_flops
+from .models.vit import VisionTransformer
+from .runtime import autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory, timed
+
+RUNTIMES = ("eager", "compile", "onnxruntime", "timm")
+PHASES = ("inference", "train_step")
+TRAIN_STEP_PASSES = 3  # backward costs about twice the forward
+
+
+@dataclass
+class Row:
+    runtime: str
+    precision: str
+    phase: str
+    batch_size: int
+    images_per_s: float
+    gflops_per_s: float
+    peak_gflops_per_s: float
+    fraction_of_peak: float
+    peak_memory_mib: float | None
+    median_s: float
+    speedup_vs_timm: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Candidate:
+    runtime: str
+    precision: str
+    phase: str
+    step: Callable[[], None]
+    peak_dtype: str  # whose GEMM peak the row is measured against
+
+
+def low_precision(device: torch.device) -> torch.dtype | None:
+    """The reduced precision ``device`` computes natively, if any."""
+    if native_bf16(device):
+        return torch.bfloat16
+    return torch.float16 if device.type == "cuda" else None
+
+
+def _torch_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype,
+                 wrap: Callable[[nn.Module], nn.Module]) -> dict[str, Callable[[], None]]:
+    """Inference and a training step of ``model`` (wrapped, e.g. compiled); training runs on a copy, so
+    that the model keeps the weights every runtime shares."""
+    device = images.device
+    evaluated = wrap(model.eval())
+
+    @torch.no_grad()
+    def inference() -> None:
+        with autocast(device, dtype):
+            evaluated(images)
+
+    copied = copy.deepcopy(model).train()
+    trained = wrap(copied)
+    optimizer = torch.optim.AdamW(copied.parameters(), lr=1e-5, fused=device.type in ("cpu", "cuda"))
+
+    def train_step() -> None:
+        with autocast(device, dtype):
+            loss = nn.functional.cross_entropy(trained(images).float(), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return {"inference": inference, "train_step": train_step}
+
+
+def timm_twin(model: VisionTransformer) -> nn.Module:
+    """timm's ``VisionTransformer`` holding ``model``'s weights (plain ViTs with timm's numerics); raises
+    ValueError for a model timm cannot mirror."""
+    import timm.models.vision_transformer as timm_vit
+
+    config = model.config
+    if config.backbone is not None or config.pos_embed != "learned" or config.gelu != "exact" or \
+            config.representation_size:
+        raise ValueError("timm's plain ViT mirrors learned 1-D position embeddings, exact GELU, no hybrid stem "
+                         "and no pre-logits layer")
+    twin = timm_vit.VisionTransformer(
+        img_size=config.image_size, patch_size=config.patch_size, in_chans=config.in_chans,
+        num_classes=config.num_classes, embed_dim=config.dim, depth=config.depth, num_heads=config.num_heads,
+        mlp_ratio=config.mlp_dim / config.dim, class_token=config.class_token, fc_norm=config.fc_norm,
+        global_pool="token" if config.pool == "token" else "avg", dynamic_img_size=False)
+    state = {("pos_embed" if name == "pos_embed.weight" else name): t for name, t in model.state_dict().items()}
+    try:
+        twin.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(f"timm's layout differs: {str(error).splitlines()[0]}") from None
+    return twin.to(next(model.parameters()).device)
+
+
+def gemm_peak_step(dtype: str, device: torch.device, size: int) -> tuple[Callable[[], None], float]:
+    """One ``size``-square matrix product in ``dtype`` (int8 products accumulate in int32) and its FLOPs."""
+    if dtype == "int8":
+        a = torch.randint(-128, 128, (size, size), dtype=torch.int8, device=device)
+        return (lambda: torch._int_mm(a, a)), 2.0 * size ** 3
+    a = torch.randn(size, size, device=device).to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16",
+                                                                  "fp16": "float16"}[dtype]))
+    return (lambda: torch.mm(a, a)), 2.0 * size ** 3
+
+
+def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, runtimes: Sequence[str],
+               precisions: Sequence[str] | None, workdir: Path) -> tuple[list[Candidate], dict[str, str]]:
+    """What can run here, and why the rest cannot."""
+    device = images.device
+    dtypes = [torch.float32] + [d for d in [low_precision(device)] if d is not None]
+    found, skipped = [], {}
+
+    def wanted(precision: str) -> bool:
+        return precisions is None or precision in precisions
+
+    def add(runtime: str, network: nn.Module, wrap: Callable[[nn.Module], nn.Module] = lambda module: module) -> None:
+        for dtype in dtypes:
+            name = precision_name(dtype)
+            if wanted(name):
+                for phase, step in _torch_steps(network, images, labels, dtype, wrap).items():
+                    found.append(Candidate(runtime, name, phase, step, name))
+
+    if "eager" in runtimes:
+        add("eager", model)
+    if "compile" in runtimes:
+        add("compile", model, torch.compile)
+    if "timm" in runtimes:
+        try:
+            add("timm", timm_twin(model))
+        except (ImportError, ValueError) as error:
+            skipped["timm"] = str(error)
+    if "onnxruntime" in runtimes:
+        try:
+            from .checkpoints.onnx import OnnxModel, write_onnx
+
+            for precision, quantize in (("fp32", None), ("int8", "int8")):
+                if wanted(precision):
+                    path = workdir / f"{precision}.onnx"
+                    write_onnx(model, path, quantize, device)
+                    session = OnnxModel(path, device)
+                    found.append(Candidate("onnxruntime", precision, "inference",
+                                           lambda s=session: s(images), precision))
+        except ImportError as error:
+            skipped["onnxruntime"] = str(error)
+    return found, skipped
+
+
+def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | str = "cpu",
+          runtimes: Sequence[str] = RUNTIMES, precisions: Sequence[str] | None = None, repeats: int = 5,
+          warmup: int = 2, peak_size: int = 2048) -> tuple[list[Row], dict[str, str]]:
+    """Time ``model`` in each runtime and precision available; returns the rows and the runtimes skipped
+    (with the reason)."""
+    unknown = set(runtimes) - set(RUNTIMES)
+    if unknown:
+        raise ValueError(f"unknown runtimes {sorted(unknown)}; expected some of {RUNTIMES}")
+    device = torch.device(device)
+    model = model.to(device)
+    config = model.config
+    images = torch.randn(batch_size, config.in_chans, *config.image_size, device=device)
+    labels = torch.randint(0, max(config.num_classes, 1), (batch_size,), device=device)
+    flops = forward_flops(config) * batch_size
+    with tempfile.TemporaryDirectory(prefix="vitkit-bench-") as workdir:
+        found, skipped = candidates(model, images, labels, runtimes, precisions, Path(workdir))
+        peaks = {dtype: gemm_peak_step(dtype, device, peak_size) for dtype in sorted({c.peak_dtype for c in found})}
+        for candidate in found:  # compilation, allocator, caches
+            for _ in range(warmup):
+                candidate.step()
+        seconds: dict[int, list[float]] = {index: [] for index in range(len(found))}
+        memory: dict[int, float | None] = {}
+        peak_seconds: dict[str, list[float]] = {dtype: [] for dtype in peaks}
+        for _ in range(repeats):
+            for dtype, (step, _) in peaks.items():
+                peak_seconds[dtype].append(timed(step, device))
+            for index, candidate in enumerate(found):
+                reset_peak_memory(device)
+                seconds[index].append(timed(candidate.step, device))
+                memory[index] = peak_memory_mib(device)
+    peak = {dtype: flop / statistics.median(peak_seconds[dtype]) / 1e9 for dtype, (_, flop) in peaks.items()}
+    rows = []
+    for index, candidate in enumerate(found):
+        median = statistics.median(seconds[index])
+        work = flops * (TRAIN_STEP_PASSES if candidate.phase == "train_step" else 1) / 1e9
+        reference = next((i for i, c in enumerate(found) if (c.runtime, c.precision, c.phase) ==
+                          ("timm", "fp32", candidate.phase)), None)
+        speedup = None if reference is None else statistics.median(
+            [theirs / ours for theirs, ours in zip(seconds[reference], seconds[index])])
+        rows.append(Row(candidate.runtime, candidate.precision, candidate.phase, batch_size, batch_size / median,
+                        work / median, peak[candidate.peak_dtype], work / median / peak[candidate.peak_dtype],
+                        memory[index], median, speedup))
+    return rows, skipped

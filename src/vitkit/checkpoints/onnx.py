@@ -1,0 +1,153 @@
+"""ONNX: one more format ``vitkit convert`` writes and ``vitkit eval`` / ``predict`` read, so it sits beside
+the other formats. Every export is checked by ONNX Runtime before it replaces anything: a probe batch
+of another size than the traced one (the batch axis is dynamic) must give PyTorch's logits.
+
+The model's ``ViTConfig`` (class names and input normalisation included) travels in the file's metadata
+(``vitkit.config``), with ``classes``, ``mean`` and ``std`` also as plain entries for other readers.
+``quantize="int8"`` stores the weights of the dense layers in int8 (ONNX Runtime's dynamic quantisation:
+activations are quantised on the fly, attention products stay in fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..atomic import atomic_file
+from ..models.config import ViTConfig
+from ..models.vit import VisionTransformer
+from .common import CheckpointError, normalization
+
+OPSET = 17
+INPUT, OUTPUT = "images", "logits"
+CONFIG_KEY = "vitkit.config"
+TOLERANCE = 1e-4  # of the logits' scale: max |ONNX - PyTorch| / max(1, max |logit|)
+QUANTIZATIONS = ("int8",)
+_TRACE_BATCH, _PROBE_BATCH = 2, 3
+
+
+@dataclass
+class OnnxExport:
+    path: Path
+    opset: int
+    max_difference: float  # of the fp32 graph against PyTorch, on the probe batch
+    quantized_difference: float | None = None  # of the int8 graph, for information
+    quantized_agreement: float | None = None  # share of probe images whose top-1 class int8 keeps
+
+
+def _require_runtime():
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as error:
+        raise ImportError(f"ONNX export and inference need onnx and onnxruntime: pip install 'vitkit[export]' "
+                          f"({error})") from None
+    return onnx, onnxruntime
+
+
+def session(path: str | Path, device: torch.device | None = None):
+    """An ONNX Runtime session on ``device``'s execution provider (CUDA when asked and installed, else CPU)."""
+    _, ort = _require_runtime()
+    wanted = ["CUDAExecutionProvider"] if device is not None and device.type == "cuda" else []
+    providers = [p for p in wanted if p in ort.get_available_providers()] + ["CPUExecutionProvider"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # as many threads as torch uses (OMP_NUM_THREADS)
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def _metadata(config: ViTConfig) -> dict[str, str]:
+    mean, std = normalization(config.extra.get("normalization", "google"), config.in_chans)
+    classes = config.extra.get("classes") or [str(i) for i in range(config.num_classes)]
+    return {CONFIG_KEY: config.to_json(), "classes": json.dumps(list(classes)), "mean": json.dumps(list(mean)),
+            "std": json.dumps(list(std))}
+
+
+def _trace(model: VisionTransformer, path: Path, device: torch.device) -> None:
+    onnx, _ = _require_runtime()
+    config = model.config
+    example = torch.randn(_TRACE_BATCH, config.in_chans, *config.image_size, device=device)
+    with warnings.catch_warnings():  # the tracer's notes on shape checks that are constant for a fixed size
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=OPSET, input_names=[INPUT],
+                          output_names=[OUTPUT], dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}})
+    graph = onnx.load(str(path))
+    for key, value in _metadata(config).items():
+        graph.metadata_props.add(key=key, value=value)
+    onnx.save(graph, str(path))
+
+
+def _quantize(source: Path, target: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process graphs: the traced graph is already shape-inferred
+    try:
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+
+
+def _logits(graph: Path, images: torch.Tensor, device: torch.device) -> np.ndarray:
+    return session(graph, device).run([OUTPUT], {INPUT: images.cpu().numpy()})[0]
+
+
+def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
+               device: torch.device | str = "cpu") -> OnnxExport:
+    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place."""
+    if quantize not in (None, *QUANTIZATIONS):
+        raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
+    path, device = Path(path), torch.device(device)
+    model = model.to(device).eval()
+    config = model.config
+    probe = torch.randn(_PROBE_BATCH, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = model(probe.to(device)).float().cpu().numpy()
+    scale = max(1.0, float(np.abs(reference).max()))
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent if path.parent.exists() else None) as tmp:
+        exported = Path(tmp) / "fp32.onnx"
+        _trace(model, exported, device)
+        difference = float(np.abs(_logits(exported, probe, device) - reference).max())
+        if difference > TOLERANCE * scale:
+            raise CheckpointError(f"{path}: ONNX Runtime's logits differ from PyTorch's by {difference:.3g} on a probe "
+                                  f"batch of {_PROBE_BATCH} (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
+        report = OnnxExport(path, OPSET, difference)
+        if quantize:
+            quantized = Path(tmp) / "int8.onnx"
+            _quantize(exported, quantized)
+            logits = _logits(quantized, probe, device)
+            report.quantized_difference = float(np.abs(logits - reference).max())
+            report.quantized_agreement = float((logits.argmax(-1) == reference.argmax(-1)).mean())
+            exported = quantized
+        with atomic_file(path, "wb") as handle:
+            handle.write(exported.read_bytes())
+    return report
+
+
+class OnnxModel(nn.Module):
+    """An exported model run by ONNX Runtime behind a module's face: ``model(images)`` gives logits and
+    ``model.config`` the exported ``ViTConfig``, so evaluation and prediction take either."""
+
+    def __init__(self, path: str | Path, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.path, self.device = Path(path), torch.device(device)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no ONNX file at {self.path}")
+        self.session = session(self.path, self.device)
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        if CONFIG_KEY not in metadata:
+            raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the ONNX metadata; only files written by "
+                                  f"`vitkit convert --to onnx` carry the classes and normalisation vitkit needs")
+        self.config = ViTConfig.from_json(metadata[CONFIG_KEY])
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits = self.session.run([OUTPUT], {INPUT: images.detach().float().cpu().numpy()})[0]
+        return torch.from_numpy(logits).to(images.device)

@@ -1,0 +1,91 @@
+"""`vitkit bench`: the rows' structure and internal consistency (not a timed test: tiny model, few repeats)."""
+
+import json
+
+import pytest
+import torch
+
+from vitkit.benchmark import bench, timm_twin
+from vitkit.cli import main
+from vitkit.models import ViTConfig, VisionTransformer
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("timm")
+
+TINY = dict(image_size=16, patch_size=4, dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+
+
+def closed_form_flops(image: int, patch: int, dim: int, depth: int, mlp_dim: int, num_classes: int,
+                      channels: int = 3) -> int:
+    """2 x multiply-adds of a [class]-token ViT by hand: patch projection, per block qkv, q k^T, attention
+    times v, output projection and the MLP, then the head."""
+    patches = (image // patch) ** 2
+    tokens = patches + 1
+    block = 3 * tokens * dim * dim + 2 * tokens * tokens * dim + tokens * dim * dim + 2 * tokens * dim * mlp_dim
+    return 2 * (patches * patch * patch * channels * dim + depth * block + dim * num_classes)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    checkpoint = tmp_path_factory.mktemp("bench") / "model"
+    VisionTransformer(ViTConfig(**TINY)).save(checkpoint)
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", str(checkpoint), "--batch-size", "4", "--runtimes", "eager", "onnxruntime", "timm",
+                     "--repeats", "2", "--peak-size", "128", "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_rows_cover_each_runtime_precision_and_phase(rows):
+    kinds = {(r["runtime"], r["precision"], r["phase"]) for r in rows}
+    expected = {("eager", "fp32", "inference"), ("eager", "fp32", "train_step"), ("timm", "fp32", "inference"),
+                ("timm", "fp32", "train_step"), ("onnxruntime", "fp32", "inference"),
+                ("onnxruntime", "int8", "inference")}
+    assert expected <= kinds
+    low = {precision for _, precision, _ in kinds} - {"fp32", "int8"}
+    from vitkit.benchmark import low_precision
+
+    native = low_precision(torch.device("cpu"))
+    assert low == (set() if native is None else {"bf16"})  # bf16 rows only where the CPU runs it natively
+    assert len(kinds) == len(rows)
+    for row in rows:
+        assert {"runtime", "precision", "images_per_s", "gflops_per_s", "peak_gflops_per_s"} <= set(row)
+
+
+def test_rows_are_internally_consistent(rows):
+    per_image = closed_form_flops(16, 4, 32, 2, 64, 10)
+    peaks = {}
+    for row in rows:
+        assert row["batch_size"] == 4 and row["median_s"] > 0
+        assert row["images_per_s"] == pytest.approx(4 / row["median_s"])
+        passes = 3 if row["phase"] == "train_step" else 1
+        assert row["gflops_per_s"] == pytest.approx(row["images_per_s"] * per_image * passes / 1e9)
+        assert row["fraction_of_peak"] == pytest.approx(row["gflops_per_s"] / row["peak_gflops_per_s"])
+        assert row["peak_memory_mib"] is None  # the CPU: torch does not track it
+        peaks.setdefault(row["precision"], set()).add(row["peak_gflops_per_s"])
+        if row["runtime"] == "timm" and row["precision"] == "fp32":
+            assert row["speedup_vs_timm"] == 1.0
+        else:
+            assert row["speedup_vs_timm"] > 0
+    assert all(len(values) == 1 for values in peaks.values())  # one measured GEMM peak per dtype
+
+
+def test_timm_twin_holds_the_same_weights():
+    model = VisionTransformer(ViTConfig(**TINY)).eval()
+    torch.nn.init.normal_(model.head.weight)
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(timm_twin(model).eval()(images), model(images), atol=1e-5, rtol=1e-5)
+
+
+def test_what_cannot_run_is_skipped_with_the_reason():
+    model = VisionTransformer(ViTConfig(**TINY, gelu="tanh"))
+    rows, skipped = bench(model, batch_size=2, runtimes=("eager", "timm"), precisions=["fp32"], repeats=1,
+                          warmup=1, peak_size=64)
+    assert {(r.runtime, r.phase) for r in rows} == {("eager", "inference"), ("eager", "train_step")}
+    assert "exact GELU" in skipped["timm"]
+    with pytest.raises(ValueError, match="unknown runtimes \\['tensorrt'\\]"):
+        bench(model, runtimes=("tensorrt",))

@@ -1,0 +1,101 @@
+"""ONNX export: logits equal to PyTorch's through ONNX Runtime at any batch, metadata, int8 accuracy, the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from vitkit.checkpoints import CheckpointError, export
+from vitkit.checkpoints.onnx import CONFIG_KEY, OPSET, OnnxModel
+from vitkit.cli import main
+from vitkit.models import ViTConfig, VisionTransformer
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+
+def small_model(**changes) -> VisionTransformer:
+    config = ViTConfig(image_size=(16, 24), patch_size=4, dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=7,
+                       extra={"classes": list("abcdefg"), "normalization": "imagenet"}, **changes)
+    model = VisionTransformer(config).eval()
+    torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would make every logit 0
+    return model
+
+
+@pytest.mark.parametrize("changes", [{}, {"pool": "gap", "class_token": False, "fc_norm": True, "gelu": "tanh"}])
+def test_onnx_logits_equal_pytorch_at_batch_1_3_64(tmp_path, changes):
+    model = small_model(**changes)
+    report = export(model, tmp_path / "m.onnx", "onnx")
+    assert report.opset == OPSET and report.max_difference <= 1e-4
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape[0] == "batch"  # the dynamic axis, traced at another batch size
+    for batch in (1, 3, 64):
+        images = torch.randn(batch, 3, 16, 24)
+        with torch.no_grad():
+            expected = model(images).numpy()
+        got = session.run(["logits"], {"images": images.numpy()})[0]
+        assert got.shape == (batch, 7)
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+        assert np.abs(expected).max() > 0.5  # the comparison is of real, non-zero logits
+
+
+def test_classes_and_normalisation_travel_in_the_metadata(tmp_path):
+    model = small_model()
+    export(model, tmp_path / "m.onnx", "onnx")
+    metadata = {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
+    assert json.loads(metadata["classes"]) == list("abcdefg")
+    np.testing.assert_allclose(json.loads(metadata["mean"]), [0.485, 0.456, 0.406])
+    np.testing.assert_allclose(json.loads(metadata["std"]), [0.229, 0.224, 0.225])
+    loaded = OnnxModel(tmp_path / "m.onnx")
+    assert loaded.config == model.config
+    images = torch.randn(5, 3, 16, 24)
+    torch.testing.assert_close(loaded(images), model(images).detach(), atol=1e-4, rtol=0)
+
+
+def test_bad_requests_are_clear_errors_and_keep_existing_files(tmp_path):
+    model = small_model()
+    with pytest.raises(CheckpointError, match="quantize='int8' applies to ONNX export only"):
+        export(model, tmp_path / "x", "native", quantize="int8")
+    with pytest.raises(CheckpointError, match="quantize='int4'; expected one of"):
+        export(model, tmp_path / "m.onnx", "onnx", quantize="int4")
+    bare = tmp_path / "bare.onnx"
+    torch.onnx.export(model, (torch.randn(1, 3, 16, 24),), str(bare), dynamo=False)
+    with pytest.raises(CheckpointError, match=f"no '{CONFIG_KEY}' in the ONNX metadata"):
+        OnnxModel(bare)
+    previous = tmp_path / "kept.onnx"
+    previous.write_bytes(b"previous export")
+    with pytest.raises(CheckpointError):
+        export(model, previous, "onnx", quantize="int4")
+    assert previous.read_bytes() == b"previous export"
+
+
+def test_int8_keeps_digits_accuracy_and_eval_runs_onnx(tmp_path, capsys):
+    """A trained digits model: `vitkit eval` of the fp32 ONNX gives the checkpoint's accuracy, int8 within
+    1 point of it; `vitkit predict` reads the class names from the ONNX metadata."""
+    run = tmp_path / "run"
+    assert main(["train", "--steps", "300", "--batch-size", "64", "--warmup-steps", "30", "--lr", "0.003",
+                 "--model-args", '{"dim": 32, "mlp_dim": 64, "depth": 2}', "--run-dir", str(run),
+                 "--log-every", "300"]) == 0
+    assert main(["convert", str(run / "model"), str(tmp_path / "fp32.onnx"), "--to", "onnx"]) == 0
+    assert main(["convert", str(run / "model"), str(tmp_path / "int8.onnx"), "--to", "onnx", "--quantize", "int8"]) == 0
+    graph = onnx.load(str(tmp_path / "int8.onnx")).graph
+    int8_weights = [t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2]
+    assert len(int8_weights) == 2 * 4 + 1  # per block qkv, proj, fc1, fc2; the head
+    assert sum(node.op_type == "MatMulInteger" for node in graph.node) == len(int8_weights)
+    top1 = {}
+    for name in ("model", "fp32.onnx", "int8.onnx"):
+        path = run / name if name == "model" else tmp_path / name
+        assert main(["eval", str(path), "--out", str(tmp_path / name.replace(".", "-"))]) == 0
+        top1[name] = json.loads((tmp_path / name.replace(".", "-") / "eval-test.json").read_text())["top1"]
+    assert top1["model"] > 0.6, top1  # learned something: the comparison means something
+    assert top1["fp32.onnx"] == top1["model"]
+    assert abs(top1["int8.onnx"] - top1["model"]) <= 0.01, top1
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "blank.png")
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "fp32.onnx"), str(tmp_path / "blank.png"), "--top-k", "2"]) == 0
+    onnx_line = capsys.readouterr().out
+    assert main(["predict", str(run / "model"), str(tmp_path / "blank.png"), "--top-k", "2"]) == 0
+    assert capsys.readouterr().out == onnx_line
