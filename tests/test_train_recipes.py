@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import vitkit
 from vitkit.cli import build_parser, main, recipe_from_args
 from vitkit.errors import ConfigError
 from vitkit.train import PRESETS, Recipe, resolve
@@ -45,6 +46,16 @@ def test_command_line_flags_become_recipe_fields():
     assert recipe.model_args["depth"] == 1 and recipe.model_args["dim"] == PRESETS["mnist"]["model_args"]["dim"]
     finetune = recipe_from_args(build_parser().parse_args(["finetune", "runs/x/model", "--dataset", "mnist"]))
     assert finetune.init == "runs/x/model" and finetune.optimizer == "sgd"
+
+
+def test_short_and_timm_style_flag_names(capsys):
+    recipe = recipe_from_args(build_parser().parse_args(["train", "-b", "64", "-j", "3", "--smoothing", "0.1",
+                                                         "--opt", "sgd", "--sched", "linear"]))
+    assert (recipe.batch_size, recipe.num_workers, recipe.label_smoothing, recipe.optimizer, recipe.schedule) == (
+        64, 3, 0.1, "sgd", "linear")
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--version"])
+    assert stopped.value.code == 0 and capsys.readouterr().out.startswith(f"vitkit {vitkit.__version__} ")
 
 
 def test_resume_reads_the_runs_recipe(tmp_path, capsys):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from . import __version__
 from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
@@ -193,6 +194,11 @@ def _image_size(text: str) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------ train, finetune, eval, predict
+# Short forms, and the names a timm user would type, of some recipe fields' flags.
+FLAG_ALIASES = {"batch_size": ("-b",), "num_workers": ("-j",), "label_smoothing": ("--smoothing",),
+                "optimizer": ("--opt",), "schedule": ("--sched",)}
+
+
 def _recipe_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--field`` flag per recipe field, typed by its default; unset flags leave the preset alone."""
     from .train.recipes import Recipe, field_types
@@ -201,19 +207,19 @@ def _recipe_flags(parser: argparse.ArgumentParser) -> None:
     hints = field_types()
     for item in dataclasses.fields(Recipe):
         default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-        flag = "--" + item.name.replace("_", "-")
+        flag = ("--" + item.name.replace("_", "-"), *FLAG_ALIASES.get(item.name, ()))
         if typing.get_origin(hints[item.name]) is typing.Literal:
-            group.add_argument(flag, choices=typing.get_args(hints[item.name]), default=argparse.SUPPRESS)
+            group.add_argument(*flag, choices=typing.get_args(hints[item.name]), default=argparse.SUPPRESS)
         elif isinstance(default, bool):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+            group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
         elif isinstance(default, tuple):
-            group.add_argument(flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X")
+            group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X")
         elif isinstance(default, dict):
-            group.add_argument(flag, type=_json_object, default=argparse.SUPPRESS, metavar="JSON",
+            group.add_argument(*flag, type=_json_object, default=argparse.SUPPRESS, metavar="JSON",
                                help='e.g. \'{"dim": 192, "depth": 12}\'')
         else:
             kind = type(default) if default is not None else str
-            group.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper())
+            group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper())
 
 
 def recipe_from_args(args: argparse.Namespace):
@@ -426,6 +432,7 @@ def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> N
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
 
     models = sub.add_parser("models", help="list the named ViT variants")
@@ -466,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="per-channel input mean (default: the checkpoint's normalisation's)")
     analyze.add_argument("--std", type=float, nargs="+",
                          help="per-channel input std (default: the checkpoint's; each flag falls back on its own)")
-    analyze.add_argument("--batch-size", type=_positive, default=8)
+    analyze.add_argument("--batch-size", "-b", type=_positive, default=8)
     analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     analyze.add_argument("--discard-ratio", type=_fraction, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")
@@ -499,8 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
     evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
     evaluate_.add_argument("--corrupt", default="fail", choices=("fail", "skip"))
-    evaluate_.add_argument("--batch-size", type=_positive, default=256)
-    evaluate_.add_argument("--num-workers", type=_count, default=0)
+    evaluate_.add_argument("--batch-size", "-b", type=_positive, default=256)
+    evaluate_.add_argument("--num-workers", "-j", type=_count, default=0)
     evaluate_.add_argument("--out", default=".", help="folder for eval-<split>.json and confusion-<split>.png")
     _runtime_flags(evaluate_)
     evaluate_.set_defaults(run=cmd_eval)
@@ -514,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     fewshot.add_argument("--l2", type=float, nargs="+", default=list(DEFAULT_L2_REGS),
                          help="regularisers tried; one is chosen on held-out training images")
     fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
-    fewshot.add_argument("--batch-size", type=_positive, default=256)
+    fewshot.add_argument("--batch-size", "-b", type=_positive, default=256)
     fewshot.add_argument("--out", help="write the numbers to this JSON file")
     _runtime_flags(fewshot)
     fewshot.set_defaults(run=cmd_fewshot)
@@ -534,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     info_.add_argument("--json", action="store_true", help="machine-readable output")
     info_.add_argument("--corrupt", default="fail", choices=("fail", "skip"),
                        help="skip: list shards' unusable samples instead of stopping at the first")
-    verify.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
+    verify.add_argument("--num-workers", "-j", type=_positive, default=os.cpu_count() or 1)
     convert_.add_argument("dst", metavar="DST", help="a new folder for the shards")
     convert_.add_argument("--to", choices=["webdataset"], default="webdataset")
     convert_.add_argument("--shard-size", default="256MB",
@@ -551,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_ = sub.add_parser("bench", help="throughput per runtime and precision, against the GEMM peak and timm")
     bench_.add_argument("model", help="a named variant (ViT-S/16: random weights) or a checkpoint")
-    bench_.add_argument("--batch-size", type=_positive, default=8)
+    bench_.add_argument("--batch-size", "-b", type=_positive, default=8)
     bench_.add_argument("--image-size", type=_image_size, help="input size (default: the model's)")
     _runtime_flags(bench_, precision=False)
     bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
