@@ -37,7 +37,7 @@ def test_cuda_without_gpu_is_a_one_line_error(name, tmp_path, capsys):
                                 in_chans=1, num_classes=10)).save(vitkit_model)
     for command in (["eval", str(vitkit_model)], ["predict", str(vitkit_model), "x.png"], ["info", str(vitkit_model)],
                     ["train", "--steps", "1"]):
-        assert main([*command, "--device", name]) == 2
+        assert main([*command, "--device", name]) == 1  # the machine lacks it: a runtime error, not a usage one
         error = capsys.readouterr().err.strip()
         assert "\n" not in error and f"--device {name}: no CUDA GPU" in error, error
 
