@@ -613,5 +613,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED
 
 
+def program() -> typing.NoReturn:
+    """The ``vitkit`` program. A process that torchrun started ends at once when its command has
+    returned (``os._exit``): the interpreter's teardown is skipped, since gloo's threads, torn down
+    there, could still abort a run that had finished ("terminate called without an active exception")."""
+    code = main()
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -11,6 +11,7 @@ functions below.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ def leave() -> None:
     one group, and re-joining a group left in the same process races on its stale rendezvous keys.
     Not called after an error: leaving while other ranks wait in a collective can hang them."""
     if dist.is_initialized():
+        gc.collect()  # the group's last holders (DDP's reducer, in reference cycles) go first: it is destroyed now
         dist.destroy_process_group()
 
 
