@@ -82,3 +82,17 @@ def test_labels_outside_the_classes_name_the_file_and_row(tmp_path):
     renamed = load_dataset(f"hf:{root}", "train")  # the index pass reads labels only
     with pytest.raises(DatasetError, match="no column 'image'; it has .*picture"):
         read_back(renamed)
+
+
+def test_a_saved_validation_split_is_val_and_string_labels_are_refused(tmp_path):
+    """A DatasetDict's `validation` split (HF's usual name) is vitkit's val, in saved folders as in parquet;
+    a label column that is not integers is named, not a traceback."""
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": numbered(0, 8), "validation": numbered(100, 4)}).save_to_disk(str(saved))
+    assert split_names(f"hf:{saved}") == ("train", "val")
+    assert read_back(load_dataset(f"hf:{saved}", "val")) == [(n, n % 4) for n in range(100, 104)]
+    words = numbered(0, 4).cast_column("label", datasets.Value("string"))
+    (tmp_path / "words" / "data").mkdir(parents=True)
+    words.to_parquet(str(tmp_path / "words" / "data" / "train-00000-of-00001.parquet"))
+    with pytest.raises(DatasetError, match="column 'label' holds string, expected integers"):
+        load_dataset(f"hf:{tmp_path / 'words'}", "train")

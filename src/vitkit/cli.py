@@ -45,10 +45,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     given = {key: value for key, value in (("image_size", args.image_size), ("num_classes", args.num_classes))
              if value is not None}
     for name in args.names or list_models():
-        try:
-            config = model_config(name, **given)
-        except ValueError as error:  # an unknown name, or a size the variant cannot take
-            raise ConfigError(str(error)) from error
+        config = model_config(name, **given)
         params = config_parameters(config)
         height, width = config.image_size
         rows.append([config.extra["name"], config.depth, config.dim, config.mlp_dim, config.num_heads,
@@ -399,10 +396,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.image_size:
             model.resize_image(args.image_size)
     else:
-        try:
-            model = create_model(args.model, **({"image_size": args.image_size} if args.image_size else {}))
-        except ValueError as error:
-            raise ValueError(f"{args.model} is no checkpoint path and no model name: {error}") from None
+        model = create_model(args.model, **({"image_size": args.image_size} if args.image_size else {}))
     rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
                           peak_size=args.peak_size)
     if args.json:
@@ -535,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("dataset", metavar="SRC" if command is convert_ else "DATASET",
                              help="imagefolder:PATH, webdataset:ROOT, hf:PATH, mnist, npz:PATH, ...")
         command.add_argument("--data-dir", help="where torchvision's datasets lie")
-        command.add_argument("--val-fraction", type=float, default=0.1,
+        command.add_argument("--val-fraction", type=_fraction, default=0.1,
                              help="validation images held out of train where the dataset has no val split")
         command.set_defaults(run=run_)
     info_.add_argument("--json", action="store_true", help="machine-readable output")

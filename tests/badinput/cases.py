@@ -324,6 +324,15 @@ CASES = [
          1, "needs arrays x_train and y_train"),
     Case("eval on a dataset of other classes", lambda t: ["eval", str(model_dir(t)), "--dataset", "digits"], 2,
          "predicts 3 classes but digits has 10"),
+    Case("ONNX file of noise", lambda t: ["eval", str(write(t / "m.onnx", RANDOM))], 1,
+         "not a model ONNX Runtime can read"),
+    Case("shard size NaN", lambda t: ["data", "convert", "digits", str(t / "shards"), "--shard-size", "nan"], 2,
+         "expected a positive, finite size"),
+    Case("data info with a NaN validation fraction", lambda t: ["data", "info", "digits", "--val-fraction", "nan"],
+         2, "expected a number in [0, 1)"),
+    Case("bench of an unknown model", lambda t: ["bench", "NoSuch-Model"], 2, "unknown model 'NoSuch-Model'"),
+    Case("hf: parquet of noise", lambda t: ["data", "info", "hf:" + str(write(
+        t / "hf" / "train" / "train-0.parquet", RANDOM).parents[1])], 1, "not a readable parquet file"),
 ]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..errors import VitkitError
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from . import hub
@@ -42,8 +43,18 @@ def load(path: str | Path, **overrides: Any) -> VisionTransformer:
 
 def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
                     ) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
-    """The config and the vitkit-named weights that ``path`` holds, whatever its format."""
-    overrides = overrides or {}
+    """The config and the vitkit-named weights that ``path`` holds, whatever its format. A file whose
+    fields are missing or of the wrong kind, met deep inside a format's reader, is a CheckpointError."""
+    try:
+        return _read_checkpoint(path, overrides or {})
+    except VitkitError:
+        raise
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, ArithmeticError, NotImplementedError,
+            RuntimeError) as error:
+        raise CheckpointError(f"{path}: malformed checkpoint ({type(error).__name__}: {error})") from error
+
+
+def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
     if isinstance(path, str) and hub.is_remote(path):
         path = hub.resolve(path)
     path = Path(path)

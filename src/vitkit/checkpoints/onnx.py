@@ -141,12 +141,18 @@ class OnnxModel(nn.Module):
         self.path, self.device = Path(path), torch.device(device)
         if not self.path.is_file():
             raise FileNotFoundError(f"no ONNX file at {self.path}")
-        self.session = session(self.path, self.device)
+        try:  # onnxruntime's own errors (InvalidProtobuf, ...) derive from Exception alone
+            self.session = session(self.path, self.device)
+        except Exception as error:
+            raise CheckpointError(f"{self.path}: not a model ONNX Runtime can read ({error})") from error
         metadata = self.session.get_modelmeta().custom_metadata_map
         if CONFIG_KEY not in metadata:
             raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the ONNX metadata; only files written by "
                                   f"`vitkit convert --to onnx` carry the classes and normalisation vitkit needs")
-        self.config = ViTConfig.from_json(metadata[CONFIG_KEY])
+        try:
+            self.config = ViTConfig.from_json(metadata[CONFIG_KEY])
+        except ValueError as error:  # not JSON, or not a valid config
+            raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' metadata ({error})") from error
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         logits = self.session.run([OUTPUT], {INPUT: images.detach().float().cpu().numpy()})[0]

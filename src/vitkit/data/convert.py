@@ -9,6 +9,7 @@ renamed to ``DST`` at the end, so an interrupted conversion leaves no half-writt
 from __future__ import annotations
 
 import io
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -32,8 +33,8 @@ def parse_size(text: str) -> int:
         value = float(number[:len(number) - len(unit)]) * SIZE_UNITS[unit]
     except ValueError:
         raise ConfigError(f"shard size {text!r}: expected a size such as 256MB, 1GB or 64MiB") from None
-    if value < 1:
-        raise ConfigError(f"shard size {text!r} must be positive")
+    if not math.isfinite(value) or value < 1:
+        raise ConfigError(f"shard size {text!r}: expected a positive, finite size")
     return int(value)
 
 

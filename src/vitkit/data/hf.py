@@ -50,17 +50,27 @@ def hub_folder(name: str) -> Path:
         raise DatasetError(f"hf:{name}: not a local folder, and the hub did not give it ({error})") from error
 
 
+def split_of(name: str) -> str | None:
+    """vitkit's name for an HF split (``validation`` is ``val``), or None for one vitkit has no use for."""
+    name = "val" if name == "validation" else name
+    return name if name in SPLITS else None
+
+
 def split_files(root: Path) -> dict[str, list[Path]]:
     """The arrow or parquet files of each split under ``root``."""
     if (root / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict
-        names = json.loads((root / "dataset_dict.json").read_text())["splits"]
-        return {split: sorted((root / split).glob("*.arrow")) for split in names if split in SPLITS}
+        try:
+            names = json.loads((root / "dataset_dict.json").read_text())["splits"]
+            found = {split_of(name): sorted((root / name).glob("*.arrow")) for name in names}
+        except (ValueError, KeyError, TypeError) as error:
+            raise DatasetError(f"{root / 'dataset_dict.json'}: expected {{\"splits\": [names]}} ({error!r})") from None
+        return {split: files for split, files in found.items() if split is not None}
     if (root / "state.json").is_file():  # save_to_disk of one Dataset: its only split is train
         return {"train": sorted(root.glob("*.arrow"))}
     found: dict[str, list[Path]] = {split: [] for split in SPLITS}
     for path in sorted(root.rglob("*.parquet")):
         words = {path.parent.name, path.stem.split("-")[0]}
-        split = next((s for s in SPLITS if s in words or (s == "val" and "validation" in words)), None)
+        split = next((s for s in SPLITS if s in {split_of(word) for word in words}), None)
         if split is not None:
             found[split].append(path)
     return {split: files for split, files in found.items() if files}
@@ -84,17 +94,28 @@ def class_names(schema) -> list[str] | None:
     return list(names) if names else None
 
 
+def schema_of(table):
+    return table.schema_arrow if hasattr(table, "schema_arrow") else table.schema
+
+
 def batches(path: Path, columns: tuple[str, ...]):
-    table = open_table(path)
-    schema = table.schema_arrow if hasattr(table, "schema_arrow") else table.schema
-    missing = [c for c in columns if c not in schema.names]
-    if missing:
-        raise DatasetError(f"{path}: no column {missing[0]!r}; it has {schema.names} (expected {list(COLUMNS)})")
-    if hasattr(table, "iter_batches"):
-        yield from table.iter_batches(batch_size=ROWS_PER_READ, columns=list(columns))
-    else:
-        for batch in table:
-            yield batch.select(list(columns))
+    """The ``columns`` of a file, in record batches; a damaged file or a column of the wrong kind is named."""
+    pa, _ = _pyarrow()
+    try:
+        table = open_table(path)
+        schema = schema_of(table)
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise DatasetError(f"{path}: no column {missing[0]!r}; it has {schema.names} (expected {list(COLUMNS)})")
+        if "label" in columns and not pa.types.is_integer(schema.field("label").type):
+            raise DatasetError(f"{path}: column 'label' holds {schema.field('label').type}, expected integers")
+        if hasattr(table, "iter_batches"):
+            yield from table.iter_batches(batch_size=ROWS_PER_READ, columns=list(columns))
+        else:
+            for batch in table:
+                yield batch.select(list(columns))
+    except (pa.ArrowException, OSError) as error:  # truncated or not arrow/parquet at all
+        raise DatasetError(f"{path}: not a readable {path.suffix[1:]} file ({error})") from None
 
 
 def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | None, int | None]]]:
@@ -109,8 +130,8 @@ def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | None, int
     image, label = row
     if label is None or not 0 <= label < classes:
         raise DatasetError(f"{shard.path}: {key}: label {label} out of range 0..{classes - 1}")
-    if not image or not (image.get("bytes") or image.get("path")):
-        raise DatasetError(f"{shard.path}: {key}: no image")
+    if not isinstance(image, dict) or not (image.get("bytes") or image.get("path")):
+        raise DatasetError(f"{shard.path}: {key}: no image (expected the Image feature's bytes or path)")
     try:
         return read_image(io.BytesIO(image["bytes"]) if image.get("bytes") else Path(image["path"])), label
     except DatasetError as error:
@@ -130,7 +151,7 @@ def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
         raise DatasetError(f"hf:{spec}: no {split} split (found {sorted(split_files(root)) or 'none'})")
     labels = {path: labels_of(path) for path in files}
     table = open_table(files[0])
-    names = class_names(table.schema_arrow if hasattr(table, "schema_arrow") else table.schema)
+    names = class_names(schema_of(table))
     largest = max((label for column in labels.values() for label in column if label is not None), default=-1)
     classes = names or [str(c) for c in range(largest + 1)]
     shards, counts, bad, offset = [], Counter(), [], 0

@@ -58,8 +58,8 @@ class Distributed:
 
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         """Average a tensor over ranks (identity on one process)."""
-        if self.enabled:
-            values = values.clone()
+        if self.enabled:  # on the rank's device: NCCL groups reduce no CPU tensors
+            values = values.to(self.device, copy=True)
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
             values /= self.world_size
         return values

@@ -31,7 +31,7 @@ from .loop import LoopConfig, Trainer
 from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
-from .recipes import Recipe
+from .recipes import Recipe, read_config_file
 from .skipped import SkippedFiles
 
 RECIPE_FILE = "recipe.json"
@@ -65,8 +65,6 @@ def total_steps(recipe: Recipe, train_size: int) -> int:
 
 def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
     """The splits a run measures: validation when it has one, and the test split after classification."""
-    if recipe.objective not in ("classification", "mpp"):
-        raise ValueError(f"objective={recipe.objective!r}, expected 'classification' or 'mpp'")
     if pretraining:
         return ()
     has_val = recipe.val_fraction > 0 and "val" in split_names(recipe.dataset)
@@ -166,7 +164,7 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
                           f"--resume, or choose another --run-dir")
     saved = run_dir / RECIPE_FILE
     if resume and trainer.env.is_main and saved.is_file():
-        before = json.loads(saved.read_text()).get("num_workers")
+        before = read_config_file(saved).get("num_workers")
         if before != experiment.recipe.num_workers and recipe.dataset.startswith(STREAMED):
             warnings.warn(f"{run_dir} was trained with {before} data workers, resumed with "
                           f"{experiment.recipe.num_workers}: the shards' sample order, which depends on it, "
