@@ -182,3 +182,20 @@ def test_normalisation_statistics_fit_the_channel_count():
     assert mean == pytest.approx((0.485 + 0.456 + 0.406) / 3) and std == pytest.approx((0.229 + 0.224 + 0.225) / 3)
     with pytest.raises(ValueError, match="'imagenet' normalisation has statistics for 1 or 3 channels, not 4"):
         normalization("imagenet", 4)
+
+
+def test_load_splits_lists_a_flat_folder_once_and_gives_load_datasets_splits(tmp_path, monkeypatch):
+    import vitkit.data.datasets as datasets
+
+    root, spec = _folder(tmp_path), SplitSpec(0.2, seed=3)
+    alone = {split: load_dataset(f"imagefolder:{root}", split, spec=spec) for split in ("train", "val", "test")}
+    listed = []
+    real = datasets._list_folder
+    monkeypatch.setattr(datasets, "_list_folder", lambda *args: listed.append(args[0]) or real(*args))
+    together = datasets.load_splits(f"imagefolder:{root}", ("train", "val", "test"), spec=spec)
+    assert listed == [root]  # once, not once per split
+    for split in together:
+        assert list(together[split].files) == list(alone[split].files)
+        assert torch.equal(together[split].labels, alone[split].labels)
+    load_dataset(f"imagefolder:{root}", "train", spec=spec)
+    assert len(listed) == 2  # outside load_splits nothing is kept: a folder that changes is listed afresh

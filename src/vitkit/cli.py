@@ -296,7 +296,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
-    from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_dataset
+    from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_splits
     from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
 
     device = select_device(args.device)
@@ -304,8 +304,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     config = model.config
     transform = checkpoint_transform(config)
     features = {}
-    for split in ("train", "test"):
-        dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(0.0), "fail")
+    for split, dataset in load_splits(args.dataset, ("train", "test"), args.data_dir, SplitSpec(0.0)).items():
         loader = evaluation_loader(dataset, transform, args.batch_size)
         with autocast(device, resolve_precision(args.precision, device)):
             features[split] = extract_features(model, loader, device)
@@ -330,10 +329,9 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
 
 def _data_splits(args: argparse.Namespace, corrupt: str) -> dict:
-    from .data import SplitSpec, load_dataset, split_names
+    from .data import SplitSpec, load_splits, split_names
 
-    return {split: load_dataset(args.dataset, split, args.data_dir, SplitSpec(args.val_fraction), corrupt)
-            for split in split_names(args.dataset)}
+    return load_splits(args.dataset, split_names(args.dataset), args.data_dir, SplitSpec(args.val_fraction), corrupt)
 
 
 def cmd_data_info(args: argparse.Namespace) -> int:

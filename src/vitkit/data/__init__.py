@@ -1,7 +1,7 @@
 """Datasets (in memory, listed image folders, sharded streams), transform presets and the loaders of a
 run, whose batches are fixed by (seed, step)."""
 
-from .datasets import STREAMED, DatasetError, SplitSpec, load_dataset, read_image, scan_folder, split_names
+from .datasets import STREAMED, DatasetError, SplitSpec, load_dataset, load_splits, read_image, scan_folder, split_names
 from .loading import CORRUPT, StepSampler, Transformed, eval_loader, step_loader
 from .pipelines import default_num_workers, evaluation_loader, training_loader
 from .shards import ShardedSplit
@@ -10,5 +10,5 @@ from .transforms import (AUGREG_LEVELS, augreg_level, build_transform, checkpoin
 
 __all__ = ["AUGREG_LEVELS", "CORRUPT", "STREAMED", "DatasetError", "ShardedSplit", "SplitSpec", "StepSampler",
            "Transformed", "augreg_level", "build_transform", "checkpoint_transform", "default_num_workers",
-           "eval_loader", "evaluation_loader", "load_dataset", "read_image", "scan_folder", "split_names", "step_loader",
+           "eval_loader", "evaluation_loader", "load_dataset", "load_splits", "read_image", "scan_folder", "split_names", "step_loader",
            "trained_normalization", "trained_statistics", "training_loader"]

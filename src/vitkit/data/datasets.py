@@ -11,6 +11,7 @@ call, so a run's validation images never leak into its training images.
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,6 +26,8 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from ..errors import DatasetError
 
 SPLITS = ("train", "val", "test")
+# The folders listed so far inside one load_splits call: a flat image folder gives every split from one listing.
+_LISTINGS: ContextVar[dict | None] = ContextVar("vitkit_folder_listings", default=None)
 TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
                "cifar100": tvd.CIFAR100}
 DIGITS_TEST_FRACTION = 0.2
@@ -285,11 +288,30 @@ def class_folders(root: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
 
 
+def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None = None,
+                spec: SplitSpec | None = None, corrupt: str = "fail") -> dict:
+    """Several splits of dataset ``name`` (as :func:`load_dataset` gives each), its folders listed once for
+    all of them rather than once per split."""
+    token = _LISTINGS.set({})
+    try:
+        return {split: load_dataset(name, split, data_dir, spec, corrupt) for split in splits}
+    finally:
+        _LISTINGS.reset(token)
+
+
 def scan_folder(root: Path, classes: list[str] | None = None) -> FileDataset:
     """One sub-folder per class, listed (names and labels only: nothing is opened; hidden files are left
     out), so a folder of any size is ready at once. ``classes`` (default: the sub-folders) fixes the
     labels; a class without a folder here has no image in this split."""
-    root = Path(root)
+    listings, key = _LISTINGS.get(), (str(root), tuple(classes or ()))
+    if listings is None:
+        return _list_folder(Path(root), classes)
+    if key not in listings:
+        listings[key] = _list_folder(Path(root), classes)
+    return listings[key]
+
+
+def _list_folder(root: Path, classes: list[str] | None) -> FileDataset:
     present = class_folders(root)
     if not present:
         raise DatasetError(f"{root}: no class folders (expected {root}/<class>/<image>)")

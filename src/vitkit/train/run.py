@@ -19,7 +19,7 @@ import torch
 from ..atomic import atomic_file
 from ..checkpoints import load
 from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, checkpoint_transform, default_num_workers,
-                    evaluation_loader, load_dataset, split_names, trained_normalization, trained_statistics,
+                    evaluation_loader, load_splits, split_names, trained_normalization, trained_statistics,
                     training_loader)
 from ..data.transforms import augreg_level
 from ..errors import ConfigError
@@ -93,8 +93,8 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     run_dir = Path(recipe.run_dir or default_run_dir(recipe))
     spec = SplitSpec(recipe.val_fraction, seed=0)
     pretraining = recipe.objective == "mpp"
-    splits = {name: load_dataset(recipe.dataset, name, recipe.data_dir, spec, recipe.corrupt)  # once per run
-              for name in ("train", *evaluated_splits(recipe, pretraining))}
+    splits = load_splits(recipe.dataset, ("train", *evaluated_splits(recipe, pretraining)), recipe.data_dir, spec,
+                         recipe.corrupt)  # once per run, every evaluation reuses them
     train_set = splits["train"]
     if recipe.train_subset:
         if isinstance(train_set, ShardedSplit):
