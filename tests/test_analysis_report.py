@@ -16,6 +16,7 @@ from vitkit.analysis.inputs import dataset_sample, prepare, read_images, sample_
 from vitkit.analysis.report import analyze
 from vitkit.cli import main
 from vitkit.data import DatasetError
+from vitkit.models import Provenance
 
 FIGURES = ["attention_distance.png", "filters.png", "position_similarity.png", "rollout_000.png", "rollout_001.png"]
 
@@ -141,7 +142,7 @@ def test_analyze_a_grey_model_on_mnist(tmp_path, shared_data):
 def test_analyze_normalises_as_the_checkpoint_was_trained(tmp_path):
     model = vitkit.create_model(vitkit.ViTConfig(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2,
                                                  mlp_dim=32, num_classes=3))
-    model.config = model.config.replace(extra={"normalization": "imagenet"})
+    model.config = model.config.replace(provenance=Provenance(normalization="imagenet"))
     model.save(tmp_path / "ckpt")
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "a.png")
 

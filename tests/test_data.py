@@ -9,7 +9,7 @@ from PIL import Image
 
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
                          scan_folder, split_names)
-from vitkit.checkpoints.common import normalization
+from vitkit.normalization import normalization
 from vitkit.data.transforms import ToChannels
 
 

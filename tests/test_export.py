@@ -9,7 +9,7 @@ import torch
 from vitkit.checkpoints import CheckpointError, export
 from vitkit.checkpoints.onnx import CONFIG_KEY, OPSET, OnnxModel
 from vitkit.cli import main
-from vitkit.models import ViTConfig, VisionTransformer
+from vitkit.models import Provenance, ViTConfig, VisionTransformer
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -17,7 +17,7 @@ ort = pytest.importorskip("onnxruntime")
 
 def small_model(**changes) -> VisionTransformer:
     config = ViTConfig(image_size=(16, 24), patch_size=4, dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=7,
-                       extra={"classes": list("abcdefg"), "normalization": "imagenet"}, **changes)
+                       provenance=Provenance(classes=tuple("abcdefg"), normalization="imagenet"), **changes)
     model = VisionTransformer(config).eval()
     torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would make every logit 0
     return model

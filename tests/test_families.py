@@ -37,7 +37,7 @@ TINY = dict(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=3
     ("image_size", (16, 16, 3), "image_size=\\(16, 16, 3\\)"),
     ("image_size", 0, "image_size=\\(0, 0\\), expected positive sides"),
     ("backbone", (3, 0), "backbone=\\(3, 0\\)"),
-    ("extra", [], "extra=\\[\\], expected a dict"),
+    ("provenance", [], "provenance=\\[\\], expected a Provenance or a JSON object"),
 ])
 def test_every_field_is_checked_when_built(field, value, expected):
     with pytest.raises(ConfigError, match=f"invalid ViTConfig: {expected}"):

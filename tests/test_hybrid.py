@@ -23,7 +23,7 @@ def test_parameter_counts_are_exact(name):
 def test_r50_b16_is_the_papers_hybrid():
     config = model_config("r50+vit-b/16")
     assert config.backbone == (3, 4, 9) and config.patch_size == 1 and config.grid_size == (14, 14)
-    assert config.extra["name"] == "R50+ViT-B/16"
+    assert config.provenance.name == "R50+ViT-B/16"
     assert vitkit.ViTConfig.from_json(config.to_json()) == config
     with pytest.raises(ValueError, match="unknown hybrid 'R26\\+ViT-B/16'"):
         model_config("R26+ViT-B/16")

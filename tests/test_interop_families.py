@@ -296,7 +296,7 @@ def test_open_clip_hub_directories_tell_heads_activation_and_statistics(tmp_path
     save_config_for_hf(peer, tmp_path / "hub" / "open_clip_config.json", model_config=config)
     with pytest.warns(UserWarning, match="text tower"):
         model = vitkit.load(tmp_path / "hub")
-    assert (model.config.num_heads, model.config.gelu, model.config.extra["normalization"]) == (4, "quick", "clip")
+    assert (model.config.num_heads, model.config.gelu, model.config.provenance.normalization) == (4, "quick", "clip")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), peer.encode_image(x), atol=1e-5, rtol=0)

@@ -92,8 +92,8 @@ def test_native_to_npz_to_native_is_bit_identical(tmp_path, name, kwargs):
     back = vitkit.load(tmp_path / "back")
     ours, theirs = model.state_dict(), back.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert {k: v for k, v in back.config.to_dict().items() if k != "extra"} == \
-        {k: v for k, v in model.config.to_dict().items() if k != "extra"}
+    assert {k: v for k, v in back.config.to_dict().items() if k != "provenance"} == \
+        {k: v for k, v in model.config.to_dict().items() if k != "provenance"}
     x = torch.randn(2, 3, 64, 64)
     assert torch.equal(back(x), model(x))
 

@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 
 import vitkit
 from vitkit.data import checkpoint_transform
+from vitkit.models import Provenance
 
 transformers = pytest.importorskip("transformers")
 
@@ -135,11 +136,11 @@ def test_input_normalisation_travels_with_the_directory(tmp_path):
     that transformers' own image processor turns into the pixels vitkit's evaluation transform makes."""
     peer = hf_model()
     peer.save_pretrained(tmp_path / "hf")
-    assert vitkit.load(tmp_path / "hf").config.extra["normalization"] == "google"  # no processor: HF's default
+    assert vitkit.load(tmp_path / "hf").config.provenance.normalization == "google"  # no processor: HF's default
     imagenet = transformers.ViTImageProcessor(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
     imagenet.save_pretrained(tmp_path / "hf")
     model = vitkit.load(tmp_path / "hf")
-    assert model.config.extra["normalization"] == "imagenet"
+    assert model.config.provenance.normalization == "imagenet"
 
     vitkit.checkpoints.export(model, tmp_path / "out", "hf")
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")
@@ -156,10 +157,10 @@ def test_processor_statistics_are_read_whatever_their_form(tmp_path):
     for stats, family in [({"image_mean": 0.5, "image_std": 0.5}, "google"), ({}, "google"),
                           ({"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}, "imagenet")]:
         processor.write_text(json.dumps(stats))
-        assert vitkit.load(tmp_path / "hf").config.extra["normalization"] == family
+        assert vitkit.load(tmp_path / "hf").config.provenance.normalization == family
     processor.write_text(json.dumps({"image_mean": [0.1, 0.2, 0.3], "image_std": [1, 1, 1]}))
     with pytest.warns(UserWarning, match="match no known normalisation"):
-        assert vitkit.load(tmp_path / "hf").config.extra["normalization"] == "google"
+        assert vitkit.load(tmp_path / "hf").config.provenance.normalization == "google"
     processor.write_text(json.dumps({"image_mean": "half", "image_std": 0.5}))
     with pytest.raises(vitkit.CheckpointError, match=r"preprocessor_config.json: mean='half'"):
         vitkit.load(tmp_path / "hf")
@@ -167,7 +168,7 @@ def test_processor_statistics_are_read_whatever_their_form(tmp_path):
 
 def test_export_names_labels_only_when_they_fit_the_head(tmp_path):
     model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=1, num_classes=3)
-    model.config = model.config.replace(extra={"classes": ["cat", "dog", "fox"]})
+    model.config = model.config.replace(provenance=Provenance(classes=("cat", "dog", "fox")))
     vitkit.checkpoints.export(model, tmp_path / "named", "hf")
     assert transformers.AutoConfig.from_pretrained(tmp_path / "named").id2label == {0: "cat", 1: "dog", 2: "fox"}
     model.reset_head(5)  # a new head: the old names no longer apply

@@ -77,7 +77,7 @@ def test_timm_hub_directories_carry_pooling_heads_and_normalisation(tmp_path, sa
     save_for_hf(peer, str(tmp_path / "hub"), safe_serialization=safetensors)
     model = vitkit.load(tmp_path / "hub")
     assert (model.config.pool, model.config.num_heads) == ("gap", 4)
-    assert model.config.extra["normalization"] == "imagenet"
+    assert model.config.provenance.normalization == "imagenet"
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), peer(x), atol=1e-5, rtol=0)

@@ -6,6 +6,7 @@ import json
 import torch
 
 import vitkit
+from vitkit.models import Provenance
 from vitkit.models.position import resample_with_prefix
 from vitkit.cli import main
 from vitkit.train import resolve
@@ -44,7 +45,7 @@ def test_finetuned_model_is_saved_at_the_new_resolution(tmp_path):
     summary = run(recipe)
     saved = vitkit.load(tmp_path / "ft" / "model")
     assert saved.config.image_size == (16, 16) and saved.pos_embed.weight.shape == (1, 1 + 64, 16)
-    assert saved.config.extra["classes"] == [str(d) for d in range(10)]
+    assert saved.config.provenance.classes == tuple(str(d) for d in range(10))
     assert json.loads((tmp_path / "ft" / "summary.json").read_text())["test/accuracy"] == summary["test/accuracy"]
 
 
@@ -57,10 +58,10 @@ def test_finetune_from_a_preset_made_for_another_architecture(tmp_path):
 
 def test_finetuning_normalises_as_the_checkpoint_was_trained(tmp_path):
     source = _pretrained(tmp_path / "pre")
-    source.config = source.config.replace(extra={"normalization": "imagenet"})  # e.g. torchvision's weights
+    source.config = source.config.replace(provenance=Provenance(normalization="imagenet"))  # as torchvision's
     source.save(tmp_path / "pre")
     recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=16, dataset="digits"))
     classes = [str(d) for d in range(10)]
-    assert build_model(recipe, classes).config.extra["normalization"] == "imagenet"
-    assert build_model(recipe.replace(normalization="google"), classes).config.extra["normalization"] == "google"
-    assert build_model(resolve("digits"), classes).config.extra["normalization"] == "google"  # a fresh model
+    assert build_model(recipe, classes).config.provenance.normalization == "imagenet"
+    assert build_model(recipe.replace(normalization="google"), classes).config.provenance.normalization == "google"
+    assert build_model(resolve("digits"), classes).config.provenance.normalization == "google"  # a fresh model

@@ -48,7 +48,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         config = model_config(name, **given)
         params = config_parameters(config)
         height, width = config.image_size
-        rows.append([config.extra["name"], config.depth, config.dim, config.mlp_dim, config.num_heads,
+        rows.append([config.provenance.name, config.depth, config.dim, config.mlp_dim, config.num_heads,
                      f"{height}x{width}", config.num_classes, f"{params:,}", f"{forward_flops(config) / 1e9:.2f}"])
     print("each variant at its own default size and head unless --image-size/--num-classes are given "
           "(224 px and 1000 classes for the paper's); GFLOPs = 2 x multiply-adds per image")
@@ -66,8 +66,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                          indent=2))
         return 0
     height, width = config.image_size
-    print(f"checkpoint   {args.path}" + (f" ({config.extra['format']})" if "format" in config.extra else ""))
-    print(f"model        {config.extra.get('name', 'custom')}: {config.depth} layers, D={config.dim}, "
+    print(f"checkpoint   {args.path}" + (f" ({config.provenance.format})" if config.provenance.format else ""))
+    print(f"model        {config.provenance.name or 'custom'}: {config.depth} layers, D={config.dim}, "
           f"MLP={config.mlp_dim}, {config.num_heads} heads, patch {config.patch_size}"
           + (f" on a ResNet {list(config.backbone)}" if config.backbone is not None else ""))
     options = config.family_options()
@@ -91,7 +91,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     timm state dict or ONNX (checked by ONNX Runtime after writing)."""
     model = load(args.src, **dict(args.set))
     written = export(model, args.dst, args.to, args.quantize, select_device(args.device))
-    print(f"wrote {args.dst} ({args.to}): {model.config.extra.get('format', 'vitkit')} -> {args.to}, "
+    print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
     if args.to == "onnx":
         print(f"opset {written.opset}, dynamic batch; ONNX Runtime vs PyTorch on a probe batch: max |difference| "

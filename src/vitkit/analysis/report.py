@@ -123,7 +123,7 @@ def write_page(analysis: Analysis) -> Path:
                    for layer, row in enumerate(summary["mean_attention_distance_px"]))
     skipped = "".join(f"<li>{html.escape(key)} skipped: {html.escape(reason)}</li>"
                       for key, reason in summary["skipped"].items())
-    name = config.get("extra", {}).get("name", "ViT")
+    name = config["provenance"]["name"] or "ViT"
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>vitkit analysis: {html.escape(summary['title'] or name)}</title>
 <style>

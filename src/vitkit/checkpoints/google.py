@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_file
-from ..models.config import ViTConfig
+from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .common import (CheckpointError, Names, fuse_qkv, infer_config, options_in_use, read_npz_arrays, split_qkv,
                      with_prefix_positions)
@@ -140,8 +140,7 @@ def read_npz(path: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str
                               + ", ".join(sorted(unknown)[:20]) + (" ..." if len(unknown) > 20 else ""))
     query = arrays.get("Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel",
                        arrays.get("Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"))
-    settings: dict[str, Any] = dict(GOOGLE_NUMERICS, extra={"format": "google-npz", "source": str(path),
-                                                            "normalization": "google"})
+    settings: dict[str, Any] = dict(GOOGLE_NUMERICS, provenance=Provenance(format="google-npz", source=str(path)))
     if query is not None and query.ndim == 3:
         settings["num_heads"] = query.shape[1]
     return infer_config(fuse_qkv(state), overrides, str(path), **settings)

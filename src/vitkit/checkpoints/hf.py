@@ -18,11 +18,12 @@ import torch
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
-from ..models.config import ViTConfig
+from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
+from ..normalization import normalization
 from .common import (HUB_WEIGHT_FILES, CheckpointError, Names, fuse_qkv, hub_weights_file, kept_overrides,
-                     known_normalization, normalization, options_in_use, read_json_object, read_weights, rename,
-                     split_qkv, with_prefix_positions)
+                     known_normalization, options_in_use, read_json_object, read_weights, rename, split_qkv,
+                     with_prefix_positions)
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -78,7 +79,7 @@ def read_hf(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict
         dropout=hf.get("hidden_dropout_prob", 0.0), attn_dropout=hf.get("attention_probs_dropout_prob", 0.0),
         ln_eps=hf.get("layer_norm_eps", 1e-12), gelu=GELUS[hf.get("hidden_act", "gelu")],
         pos_interp="bicubic", pos_interp_antialias=False,
-        extra={"format": "hf", "source": str(directory), "normalization": read_normalization(directory)},
+        provenance=Provenance(format="hf", source=str(directory), normalization=read_normalization(directory)),
     )
     try:
         return ViTConfig(**{**config, **kept_overrides(overrides)}), state
@@ -133,9 +134,7 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
 
 def hf_labels(config: ViTConfig) -> dict[str, Any]:
     """``id2label``/``label2id`` from the class names a run recorded (``LABEL_k`` without them)."""
-    names = config.extra.get("classes") or []
-    if len(names) != config.num_classes:  # no names, or those of a head since replaced
-        names = [f"LABEL_{k}" for k in range(config.num_classes)]
+    names = config.provenance.classes or [f"LABEL_{k}" for k in range(config.num_classes)]
     labels = {str(k): name for k, name in enumerate(names)}
     return {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}
 
@@ -145,7 +144,7 @@ def write_hf_directory(directory: str | Path, config: ViTConfig, hf: dict[str, A
     """An HF directory, atomically: ``config.json`` (``hf``), the weights (``state`` in HF's names) and a
     ``preprocessor_config.json`` with the checkpoint's size and input statistics."""
     height, width = config.image_size
-    mean, std = normalization(config.extra.get("normalization", "google"), config.in_chans)
+    mean, std = normalization(config.provenance.normalization, config.in_chans)
     processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": 2,
                  "size": {"height": height, "width": width}, "do_rescale": True, "rescale_factor": 1 / 255,
                  "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}

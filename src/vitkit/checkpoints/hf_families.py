@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..models.config import ViTConfig
+from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .common import (CheckpointError, Names, fuse_qkv, hub_weights_file, infer_config, read_weights, rename,
                      split_qkv, with_prefix_positions)
@@ -115,8 +115,8 @@ def read_hf_family(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfi
     settings = dict(num_heads=tower["num_attention_heads"], ln_eps=tower.get("layer_norm_eps", default_eps),
                     gelu=GELUS.get(act, "exact"), pos_interp="bicubic", pos_interp_antialias=antialias,
                     no_embed_class="reg_token" in state,
-                    extra={"format": f"hf-{family}", "source": str(directory),
-                           "normalization": read_normalization(directory)})
+                    provenance=Provenance(format=f"hf-{family}", source=str(directory),
+                                          normalization=read_normalization(directory)))
     return infer_config(state, overrides, str(weights), **settings)
 
 

@@ -24,7 +24,8 @@ from torch import nn
 from ..atomic import atomic_file
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from .common import CheckpointError, normalization
+from ..normalization import normalization
+from .common import CheckpointError
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"
@@ -64,8 +65,8 @@ def session(path: str | Path, device: torch.device | None = None):
 
 
 def _metadata(config: ViTConfig) -> dict[str, str]:
-    mean, std = normalization(config.extra.get("normalization", "google"), config.in_chans)
-    classes = config.extra.get("classes") or [str(i) for i in range(config.num_classes)]
+    mean, std = normalization(config.provenance.normalization, config.in_chans)
+    classes = config.provenance.classes or [str(i) for i in range(config.num_classes)]
     return {CONFIG_KEY: config.to_json(), "classes": json.dumps(list(classes)), "mean": json.dumps(list(mean)),
             "std": json.dumps(list(std))}
 

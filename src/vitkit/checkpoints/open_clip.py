@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..models.config import ViTConfig
+from ..models.config import Provenance, ViTConfig
 from .common import CheckpointError, Names, infer_config, known_normalization, read_json_object, read_weights, rename
 
 HUB_CONFIG = "open_clip_config.json"
@@ -68,7 +68,7 @@ def from_open_clip(state: dict[str, torch.Tensor], overrides: dict[str, Any],
         state["head.weight"] = state["head.weight"].t().contiguous()
         state["head.bias"] = state["head.weight"].new_zeros(state["head.weight"].shape[0])
     return infer_config(state, overrides, source, **OPEN_CLIP_NUMERICS,
-                        extra={"format": "open_clip", "source": source, "normalization": "clip"})
+                        provenance=Provenance(format="open_clip", source=source, normalization="clip"))
 
 
 def is_open_clip_directory(path: Path) -> bool:
@@ -92,4 +92,4 @@ def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tupl
     config, state = from_open_clip(read_weights(weights), {**told, **overrides}, str(weights))
     preprocess = hub.get("preprocess_cfg", {})
     family = known_normalization(preprocess.get("mean"), preprocess.get("std"), directory / HUB_CONFIG)
-    return config.replace(extra={**config.extra, "source": str(directory), "normalization": family}), state
+    return config.replace(provenance=config.provenance.replace(source=str(directory), normalization=family)), state

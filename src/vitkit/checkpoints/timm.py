@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save
 
 from ..atomic import atomic_file
-from ..models.config import ViTConfig
+from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .common import (CheckpointError, Names, hub_weights_file, infer_config, known_normalization,
                      read_json_object, read_weights, refuse_unsupported, rename)
@@ -70,7 +70,7 @@ def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
         numerics = {k: TIMM_NUMERICS[k] for k in ("gelu", "ln_eps", "pos_interp", "pos_interp_antialias")}
     else:
         numerics = TIMM_NUMERICS
-    return infer_config(state, overrides, source, **numerics, extra={"format": "timm", "source": source})
+    return infer_config(state, overrides, source, **numerics, provenance=Provenance(format="timm", source=source))
 
 
 def _hub_config(directory: Path) -> dict[str, Any] | None:
@@ -100,7 +100,7 @@ def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViT
     config, state = from_timm(read_weights(weights), {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
     family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG)
-    return config.replace(extra={**config.extra, "source": str(directory), "normalization": family}), state
+    return config.replace(provenance=config.provenance.replace(source=str(directory), normalization=family)), state
 
 
 def architecture_numerics(architecture: str) -> dict[str, Any]:

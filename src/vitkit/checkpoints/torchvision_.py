@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..models.config import ViTConfig
+from ..models.config import Provenance, ViTConfig
 from .common import Names, infer_config, rename
 
 _LAYER = "encoder.layers.encoder_layer_{i}."
@@ -41,4 +41,4 @@ def from_torchvision(state: dict[str, torch.Tensor], overrides: dict[str, Any],
                      source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     return infer_config(rename(state, NAMES, source), overrides, source, gelu="exact", ln_eps=1e-6,
                         pos_interp="bicubic", pos_interp_align_corners=True,
-                        extra={"format": "torchvision", "source": source, "normalization": "imagenet"})
+                        provenance=Provenance(format="torchvision", source=source, normalization="imagenet"))

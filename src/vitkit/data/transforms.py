@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torchvision.transforms import v2
 
-from ..checkpoints.common import normalization
 from ..errors import DatasetError
 from ..models.config import ViTConfig
+from ..normalization import normalization
 
 # AugReg (Steiner et al. 2021) augmentation levels: RandAugment (ops, magnitude) and Mixup alpha.
 AUGREG_LEVELS = {
@@ -91,9 +91,9 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
 
 
 def trained_normalization(config: ViTConfig) -> str:
-    """The normalisation family a checkpoint was trained with (``extra["normalization"]``, set by
-    training and by the readers); Google's [-1, 1] when the file does not say."""
-    return config.extra.get("normalization", "google")
+    """The normalisation family a checkpoint was trained with (set by training and by the readers);
+    Google's [-1, 1] when the file does not say."""
+    return config.provenance.normalization
 
 
 def trained_statistics(config: ViTConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -21,7 +21,7 @@ class Prediction:
 
 
 def class_names(model: VisionTransformer) -> list[str]:
-    names = model.config.extra.get("classes")
+    names = model.config.provenance.classes
     return list(names) if names else [str(i) for i in range(model.config.num_classes)]
 
 

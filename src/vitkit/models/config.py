@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..normalization import NORMALIZATION
 
 # "map": multi-head attention pooling with a learned probe (SigLIP's head).
 POOLINGS = ("token", "gap", "map")
@@ -64,6 +65,44 @@ def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
 
 
 @dataclass
+class Provenance:
+    """Where a checkpoint's weights come from and how its inputs are prepared; saved in ``config.json``
+    beside the architecture, so that evaluation, prediction and export treat the weights as they were
+    trained."""
+
+    name: str | None = None  # the named variant, e.g. "ViT-B/16"
+    format: str | None = None  # the file format the weights were first read from (None: made by vitkit)
+    source: str | None = None  # that file, directory or hub id
+    normalization: str = "google"  # input statistics, a family of vitkit.normalization
+    classes: tuple[str, ...] | None = None  # class names, one per output of the head
+    crop_pct: float = 1.0  # evaluation: resize the shorter side to size / crop_pct, then centre-crop
+
+    def __post_init__(self) -> None:
+        if isinstance(self.classes, list):
+            self.classes = tuple(self.classes)
+        for name in ("name", "format", "source"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"invalid provenance: {name}={value!r}, expected a string or null")
+        if self.normalization not in NORMALIZATION:
+            raise ConfigError(f"invalid provenance: normalization={self.normalization!r}, expected one of "
+                              f"{list(NORMALIZATION)}")
+        if self.classes is not None and not (isinstance(self.classes, tuple)
+                                             and all(isinstance(c, str) for c in self.classes)):
+            raise ConfigError(f"invalid provenance: classes={self.classes!r}, expected a list of strings or null")
+        if not (is_real(self.crop_pct) and 0 < self.crop_pct <= 1):
+            raise ConfigError(f"invalid provenance: crop_pct={self.crop_pct!r}, expected a number in (0, 1]")
+
+    def replace(self, **changes: Any) -> "Provenance":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Provenance":
+        check_keys(cls, data, "provenance")
+        return cls(**data)
+
+
+@dataclass
 class ViTConfig:
     """Hyper-parameters of a ViT (paper table 1 plus the options of its ablations)."""
 
@@ -109,12 +148,14 @@ class ViTConfig:
     std_conv_eps: float = 1e-5
     gn_groups: int = 32
     gn_eps: float = 1e-6
-    extra: dict[str, Any] = field(default_factory=dict)  # provenance (name, source format)
+    provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
         self.image_size = pair(self.image_size)
         if isinstance(self.backbone, list | tuple):
             self.backbone = tuple(self.backbone)
+        if isinstance(self.provenance, dict):
+            self.provenance = Provenance.from_dict(self.provenance)
         self._check()
 
     def _check(self) -> None:
@@ -157,7 +198,10 @@ class ViTConfig:
              f"representation_size={size!r}, expected null or an int >= 1")
         need(self.backbone is None or all(is_int(blocks) and blocks > 0 for blocks in self.backbone),
              f"backbone={self.backbone!r}, expected null or a list of positive block counts")
-        need(isinstance(self.extra, dict), f"extra={self.extra!r}, expected a dict")
+        need(isinstance(self.provenance, Provenance), f"provenance={self.provenance!r}, expected a Provenance or a JSON object")
+        classes = self.provenance.classes
+        need(classes is None or len(classes) == self.num_classes,
+             f"{len(classes or ())} class names in provenance for num_classes={self.num_classes}")
 
         need(self.dim % self.num_heads == 0, f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
         need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
@@ -213,10 +257,15 @@ class ViTConfig:
         data["image_size"] = list(self.image_size)
         if self.backbone is not None:
             data["backbone"] = list(self.backbone)
+        if self.provenance.classes is not None:
+            data["provenance"]["classes"] = list(self.provenance.classes)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+        if "extra" in data and "provenance" not in data:  # written when provenance was an untyped dict
+            data = {**data}
+            data["provenance"] = data.pop("extra")
         check_keys(cls, data, "ViTConfig")
         return cls(**data)
 
@@ -226,3 +275,4 @@ class ViTConfig:
     @classmethod
     def from_json(cls, text: str) -> "ViTConfig":
         return cls.from_dict(json.loads(text))
+

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ..errors import ConfigError
-from .config import ViTConfig
+from .config import Provenance, ViTConfig
 from .vit import VisionTransformer
 
 # size -> (layers, D, MLP, heads): paper table 1, plus Ti and S from DeiT/AugReg.
@@ -44,11 +44,11 @@ FAMILY_SIZES: dict[str, tuple[int, int, int, int]] = {
 # Each family is the paper's model with some config options on, the defaults of timm's definitions
 # (image size, classes: DINOv2 and SigLIP towers come without a head) and its input normalisation.
 FAMILIES: dict[str, dict[str, Any]] = {
-    "DeiT": dict(extra={"normalization": "imagenet"}),
-    "DeiT3": dict(no_embed_class=True, layer_scale=1e-6, extra={"normalization": "imagenet"}),
-    "DINOv2": dict(layer_scale=1e-5, image_size=518, num_classes=0, extra={"normalization": "imagenet"}),
-    "CLIP": dict(pre_norm=True, patch_bias=False, ln_eps=1e-5, extra={"normalization": "clip"}),
-    "SigLIP": dict(class_token=False, pool="map", num_classes=0, extra={"normalization": "google"}),
+    "DeiT": dict(normalization="imagenet"),
+    "DeiT3": dict(no_embed_class=True, layer_scale=1e-6, normalization="imagenet"),
+    "DINOv2": dict(layer_scale=1e-5, image_size=518, num_classes=0, normalization="imagenet"),
+    "CLIP": dict(pre_norm=True, patch_bias=False, ln_eps=1e-5, normalization="clip"),
+    "SigLIP": dict(class_token=False, pool="map", num_classes=0, normalization="google"),
 }
 SUFFIXES: dict[str, dict[str, Any]] = {
     "distilled": dict(dist_token=True),  # DeiT's distillation token and head
@@ -81,10 +81,11 @@ def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
     patch = int(match.group(3))
     depth, dim, mlp_dim, heads = {**SIZES, **FAMILY_SIZES}[size]
     options = {**FAMILIES[family], **SUFFIXES.get(suffix, {})}
+    normalization = options.pop("normalization")
     name = f"{family}-{size}/{patch}" + (f"-{suffix}" if suffix else "")
     base = {**dict(patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp_dim, num_heads=heads,
                    image_size=224 // patch * patch), **options}
-    base["extra"] = {**options.get("extra", {}), "name": name}
+    base["provenance"] = Provenance(name=name, normalization=normalization)
     if size == "g":
         base["mlp"] = "swiglu"
     return ViTConfig(**{**base, **overrides})
@@ -114,7 +115,7 @@ def model_config(name: str, **overrides: Any) -> ViTConfig:
                              "(any ViT size with " + ", ".join(f"{r}+.../{p}" for r, p in HYBRIDS) + ")")
         canonical = f"{resnet}+{canonical}"
         base["backbone"], base["patch_size"] = HYBRIDS[resnet, patch]
-    base["extra"] = {"name": canonical}
+    base["provenance"] = Provenance(name=canonical)
     if "image_size" not in overrides and 224 % patch and not resnet:
         base["image_size"] = 224 // patch * patch  # e.g. ViT-H/14 keeps 224; patch 32 at 224 too
     return ViTConfig(**{**base, **overrides})

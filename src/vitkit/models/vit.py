@@ -194,7 +194,8 @@ class VisionTransformer(nn.Module):
         if not keep_pre_logits and self.config.representation_size:
             self.pre_logits = nn.Identity()
             self.config = self.config.replace(representation_size=None)
-        self.config = self.config.replace(num_classes=num_classes)
+        provenance = self.config.provenance.replace(classes=None)  # a new head's classes are not named yet
+        self.config = self.config.replace(num_classes=num_classes, provenance=provenance)
         device = next(self.parameters()).device
         self.head = self._new_head(num_classes).to(device)
         if self.head_dist is not None:

@@ -25,13 +25,14 @@ from ..data.transforms import AUGREG_LEVELS
 from ..data.transforms import PRESETS as TRANSFORMS
 from ..errors import ConfigError
 from ..models import ViTConfig
+from ..normalization import NORMALIZATION
 from .distributed import PARALLEL
 from .loop import TRAINING_PRECISIONS
 from .mpp import TARGETS as MPP_TARGETS
 from .optim import SCHEDULES
 
 OBJECTIVES = ("classification", "mpp")
-NORMALIZATIONS = ("", "google", "imagenet")
+NORMALIZATIONS = ("", *NORMALIZATION)
 OPTIMIZERS = ("adamw", "sgd")
 
 

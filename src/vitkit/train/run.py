@@ -48,8 +48,8 @@ def build_model(recipe: Recipe, classes: list[str]) -> VisionTransformer:
         model = create_model(recipe.model or ViTConfig(), image_size=size, num_classes=len(classes),
                              **recipe.model_args)
     family = recipe.normalization or (trained_normalization(model.config) if recipe.init else "google")
-    extra = {**model.config.extra, "classes": list(classes), "normalization": family}
-    model.config = model.config.replace(extra=extra)
+    provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family)
+    model.config = model.config.replace(provenance=provenance)
     model.grad_checkpointing = recipe.grad_checkpointing
     return model
 

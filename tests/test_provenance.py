@@ -1,0 +1,64 @@
+"""Typed provenance: where weights come from and how their inputs are prepared, saved with the config."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.errors import ConfigError
+from vitkit.models import Provenance
+
+TINY = dict(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+
+
+def test_a_checkpoint_saved_with_the_untyped_extra_dict_still_loads(tmp_path):
+    """config.json as vitkit wrote it before provenance was typed: the same keys under ``extra``."""
+    model = vitkit.create_model(vitkit.ViTConfig(**TINY))
+    model.save(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config["provenance"]
+    config["extra"] = {"name": "ViT-Ti/16", "format": "timm", "source": "/x/model.safetensors",
+                       "normalization": "imagenet", "classes": ["cat", "dog", "fox"]}
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+
+    loaded = vitkit.load(tmp_path / "old")
+    assert loaded.config.provenance == Provenance(name="ViT-Ti/16", format="timm", source="/x/model.safetensors",
+                                                  normalization="imagenet", classes=("cat", "dog", "fox"))
+    images = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(loaded.eval()(images), model.eval()(images), rtol=0, atol=0)
+    loaded.save(tmp_path / "new")  # written again in the typed layout, read back the same
+    saved = json.loads((tmp_path / "new" / "config.json").read_text())
+    assert "extra" not in saved and saved["provenance"]["classes"] == ["cat", "dog", "fox"]
+    assert vitkit.load(tmp_path / "new").config == loaded.config
+
+
+@pytest.mark.parametrize("provenance, expected", [
+    ({"colour": "red"}, r"unknown provenance keys \['colour'\]"),
+    ({"normalization": "cifar"}, "normalization='cifar', expected one of"),
+    ({"classes": "abc"}, "classes='abc', expected a list of strings"),
+    ({"classes": [1, 2, 3]}, "expected a list of strings"),
+    ({"crop_pct": 0}, r"crop_pct=0, expected a number in \(0, 1\]"),
+    ({"crop_pct": 1.5}, "crop_pct=1.5"),
+    ({"name": 7}, "name=7, expected a string or null"),
+    ("imagenet", "provenance='imagenet', expected a Provenance or a JSON object"),
+])
+def test_every_provenance_field_is_checked(provenance, expected):
+    with pytest.raises(ConfigError, match=expected):
+        vitkit.ViTConfig.from_dict({**TINY, "provenance": provenance})
+    with pytest.raises(ConfigError, match=expected):  # the old spelling is checked as strictly
+        vitkit.ViTConfig.from_dict({**TINY, "extra": provenance})
+
+
+def test_class_names_match_the_head_and_a_new_head_forgets_them():
+    with pytest.raises(ConfigError, match="2 class names in provenance for num_classes=3"):
+        vitkit.ViTConfig(**TINY, provenance=Provenance(classes=("a", "b")))
+    model = vitkit.create_model(vitkit.ViTConfig(**TINY, provenance=Provenance(classes=("a", "b", "c"))))
+    model.reset_head(5)
+    assert (model.config.num_classes, model.config.provenance.classes) == (5, None)
+
+
+def test_named_variants_and_families_record_name_and_normalisation():
+    assert vitkit.create_model("ViT-Ti/16", num_classes=0).config.provenance == Provenance(name="ViT-Ti/16")
+    clip = vitkit.models.model_config("CLIP-B/32")
+    assert (clip.provenance.name, clip.provenance.normalization) == ("CLIP-B/32", "clip")
