@@ -1,6 +1,6 @@
 """Reading and writing checkpoints: vitkit's own, Google's .npz, timm, HF transformers, torchvision."""
 
-from .common import CheckpointError
+from ..errors import CheckpointError
 from .convert import convert, export
 from .loading import load, read_checkpoint
 

@@ -22,8 +22,10 @@ import torch
 from ..atomic import atomic_file
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
-from .common import (CheckpointError, Names, fuse_qkv, infer_config, options_in_use, read_npz_arrays, split_qkv,
-                     with_prefix_positions)
+from ..errors import CheckpointError
+from .files import read_npz_arrays
+from .inference import infer_config, options_in_use
+from .names import Names, fuse_qkv, split_qkv, with_prefix_positions
 
 PREFIXES = ("opt/target/", "params/", "")
 GOOGLE_NUMERICS = dict(gelu="tanh", ln_eps=1e-6, std_conv="std+eps", std_conv_eps=1e-5, gn_eps=1e-6,

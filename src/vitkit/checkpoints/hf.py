@@ -21,9 +21,10 @@ from ..atomic import atomic_directory
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from ..normalization import normalization
-from .common import (HUB_WEIGHT_FILES, CheckpointError, Names, fuse_qkv, hub_weights_file, kept_overrides,
-                     known_normalization, options_in_use, read_json_object, read_weights, rename, split_qkv,
-                     with_prefix_positions)
+from ..errors import CheckpointError
+from .files import HUB_WEIGHT_FILES, hub_weights_file, read_weights
+from .inference import kept_overrides, known_normalization, options_in_use
+from .names import Names, fuse_qkv, rename, split_qkv, with_prefix_positions
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -52,12 +53,14 @@ VIT_NAMES = [  # the 4.x name of each pair comes first: it is the one written
 NAMES = Names(VIT_NAMES)
 
 
-def is_hf_directory(path: Path) -> bool:
-    return "model_type" in (read_json_object(path / CONFIG_FILE) or {})
+def is_hf_config(config_json: dict[str, Any] | None) -> bool:
+    """Whether a directory's parsed ``config.json`` is HF transformers'."""
+    return "model_type" in (config_json or {})
 
 
-def read_hf(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    hf = json.loads((directory / CONFIG_FILE).read_text())
+def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
+            ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """An HF ViT directory whose ``config.json`` the caller has parsed into ``hf``."""
     if hf.get("model_type") != "vit":
         raise CheckpointError(f"{directory / CONFIG_FILE}: model_type={hf.get('model_type')!r}; vitkit reads "
                               f"HF's 'vit' models")

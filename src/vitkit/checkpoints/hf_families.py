@@ -18,8 +18,6 @@ Numerics (LayerNorm eps, activation) come from ``config.json``, with each family
 
 from __future__ import annotations
 
-import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,10 @@ import torch
 
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
-from .common import (CheckpointError, Names, fuse_qkv, hub_weights_file, infer_config, read_weights, rename,
-                     split_qkv, with_prefix_positions)
+from ..errors import CheckpointError
+from .files import hub_weights_file, read_weights
+from .inference import infer_config
+from .names import Names, clip_token_and_head, fuse_qkv, rename, split_qkv, with_prefix_positions, without_text_tower
 from .hf import CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_normalization, write_hf_directory
 
 # model_type -> (family, HF's default layer_norm_eps, default hidden_act, whether its position tables are
@@ -102,8 +102,9 @@ def is_hf_family(hf: dict[str, Any]) -> bool:
     return hf.get("model_type") in MODEL_TYPES
 
 
-def read_hf_family(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    hf = json.loads((directory / CONFIG_FILE).read_text())
+def read_hf_family(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
+                   ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """An HF directory of a family on the ViT skeleton whose ``config.json`` the caller has parsed into ``hf``."""
     family, default_eps, default_act, antialias = MODEL_TYPES[hf["model_type"]]
     tower = hf.get("vision_config", hf) if hf["model_type"] in ("clip", "siglip") else hf
     act = tower.get("hidden_act", default_act)
@@ -123,12 +124,10 @@ def read_hf_family(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfi
 def _vision_tower(state: dict[str, torch.Tensor], family: str, source: Path) -> dict[str, torch.Tensor]:
     """The vision tower's weights without their model prefix; a text tower is left out with a warning, and
     heads vitkit's model does not have are refused."""
-    text = sorted(key for key in state if key.startswith(TEXT_TOWER))
-    if text:
-        warnings.warn(f"{source}: a whole {family.upper()} model; its vision tower is read and its text tower "
-                      f"({len(text)} tensors: text_model.*, text_projection, logit_scale...) is left out", stacklevel=3)
+    text = [key for key in state if key.startswith(TEXT_TOWER)]
     prefixes = {"deit": "deit.", "clip": "vision_model.", "siglip": "vision_model.", "dinov2": "dinov2."}
-    tower = {key.removeprefix(prefixes[family]): value for key, value in state.items() if key not in text}
+    tower = {key.removeprefix(prefixes[family]): value
+             for key, value in without_text_tower(state, text, family.upper(), source).items()}
     refused = {
         "deit": ("classifier.",),  # DeiTForImageClassification: a head on [class] alone beside the dist token
         "dinov2": ("classifier.",),  # Dinov2ForImageClassification: a head on [class] and the patches' mean
@@ -142,11 +141,7 @@ def _vision_tower(state: dict[str, torch.Tensor], family: str, source: Path) -> 
 
 def _to_vitkit(state: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
     """Shapes and layouts HF keeps differently: see the module's docstring."""
-    state = dict(state)
-    if state.get("cls_token") is not None and state["cls_token"].ndim == 1:  # CLIP's (D,) class embedding
-        state["cls_token"] = state["cls_token"].reshape(1, 1, -1)
-    if "head.weight" in state and "head.bias" not in state:  # CLIP's bias-free projection
-        state["head.bias"] = state["head.weight"].new_zeros(state["head.weight"].shape[0])
+    state = clip_token_and_head(state)
     if "reg_token" in state:  # HF's [class] took a position row; the registers and vitkit's prefix take none
         table = state["pos_embed.weight"]
         state["cls_token"] = state["cls_token"] + table[:, :1]

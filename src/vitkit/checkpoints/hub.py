@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from ..atomic import atomic_file
-from .common import CheckpointError
+from ..errors import CheckpointError
 
 HF_PREFIX = "hf-hub:"
 GS_PREFIX = "gs://"

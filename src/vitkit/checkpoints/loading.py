@@ -8,16 +8,17 @@ from typing import Any
 
 import torch
 
-from ..errors import VitkitError
+from ..errors import CheckpointError, VitkitError
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from . import hub
-from .common import CheckpointError, read_safetensors, read_weights, refuse_unsupported
+from .files import read_json_object, read_safetensors, read_weights
+from .inference import refuse_unsupported
 from .google import read_npz
-from .hf import is_hf_directory, read_hf
+from .hf import is_hf_config, read_hf
 from .hf_families import is_hf_family, read_hf_family
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
-from .timm import from_timm, is_timm, is_timm_directory, read_timm_directory
+from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
 from .torchvision_ import from_torchvision, is_torchvision
 
 __all__ = ["CheckpointError", "load", "read_checkpoint", "build", "load_state_strict"]
@@ -64,13 +65,14 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTCo
     if path.is_dir():
         if is_open_clip_directory(path):  # before HF: LAION's repositories hold an HF CLIPModel beside it
             return *read_open_clip_directory(path, overrides), source
-        if is_hf_directory(path):
-            family = is_hf_family(json.loads((path / CONFIG_FILE).read_text()))
-            return *(read_hf_family if family else read_hf)(path, overrides), source
-        if is_timm_directory(path):
-            return *read_timm_directory(path, overrides), source
+        config_json = read_json_object(path / CONFIG_FILE)  # HF's, timm's or vitkit's: parsed once, passed on
+        if is_hf_config(config_json):
+            reader = read_hf_family if is_hf_family(config_json) else read_hf
+            return *reader(path, config_json, overrides), source
+        if is_timm_config(config_json):
+            return *read_timm_directory(path, config_json, overrides), source
         if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists():
-            return *read_native(path), source
+            return *read_native(path, config_json), source
         npz = sorted(path.glob("*.npz"))
         if len(npz) == 1:  # a hub repository holding one Google file
             return *read_npz(npz[0], overrides), str(npz[0])
@@ -91,10 +93,11 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTCo
                           f"found {sorted(state)[:6]} ...")
 
 
-def read_native(directory: Path) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """A vitkit directory; ``parsed`` is its ``config.json`` when the caller has read it already."""
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
-        config = ViTConfig.from_dict(json.loads(config_path.read_text()))
+        config = ViTConfig.from_dict(parsed if parsed is not None else json.loads(config_path.read_text()))
     except (TypeError, ValueError, ArithmeticError) as error:  # not JSON, not text, fields out of range
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error
     return config, read_safetensors(weights_path)

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
+from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from ..normalization import normalization
-from .common import CheckpointError
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"

@@ -15,14 +15,16 @@ input statistics; towers that are not CLIP's ViT (timm towers, attention pooling
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..models.config import Provenance, ViTConfig
-from .common import CheckpointError, Names, infer_config, known_normalization, read_json_object, read_weights, rename
+from ..errors import CheckpointError
+from .files import find_weights_file, hub_weights_file, read_json_object, read_weights
+from .inference import infer_config, known_normalization
+from .names import Names, clip_token_and_head, rename, without_text_tower
 
 HUB_CONFIG = "open_clip_config.json"
 HUB_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -57,22 +59,18 @@ def is_open_clip(state: dict[str, torch.Tensor]) -> bool:
 def from_open_clip(state: dict[str, torch.Tensor], overrides: dict[str, Any],
                    source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     if "visual.conv1.weight" in state:
-        text = sorted(key for key in state if not key.startswith("visual."))
-        if text:
-            warnings.warn(f"{source}: a whole open_clip model; its image tower is read and its text tower "
-                          f"({len(text)} tensors: {', '.join(text[:3])} ...) is left out", stacklevel=3)
-        state = {key.removeprefix("visual."): value for key, value in state.items() if key.startswith("visual.")}
+        text = [key for key in state if not key.startswith("visual.")]
+        state = {key.removeprefix("visual."): value
+                 for key, value in without_text_tower(state, text, "open_clip", source).items()}
     state = rename(state, NAMES, source)
-    state["cls_token"] = state["cls_token"].reshape(1, 1, -1)
-    if "head.weight" in state:  # x @ proj: a (width, out) matrix without bias
+    if "head.weight" in state:  # x @ proj: a (width, out) matrix
         state["head.weight"] = state["head.weight"].t().contiguous()
-        state["head.bias"] = state["head.weight"].new_zeros(state["head.weight"].shape[0])
-    return infer_config(state, overrides, source, **OPEN_CLIP_NUMERICS,
+    return infer_config(clip_token_and_head(state), overrides, source, **OPEN_CLIP_NUMERICS,
                         provenance=Provenance(format="open_clip", source=source, normalization="clip"))
 
 
 def is_open_clip_directory(path: Path) -> bool:
-    return (path / HUB_CONFIG).exists() and any((path / name).exists() for name in HUB_WEIGHTS)
+    return (path / HUB_CONFIG).exists() and find_weights_file(path, HUB_WEIGHTS) is not None
 
 
 def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
@@ -88,7 +86,7 @@ def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tupl
     told = {"num_heads": vision.get("width", 768) // vision.get("head_width", 64)}
     if model.get("quick_gelu"):
         told["gelu"] = "quick"
-    weights = next(directory / name for name in HUB_WEIGHTS if (directory / name).exists())
+    weights = hub_weights_file(directory, "an open_clip", HUB_WEIGHTS)
     config, state = from_open_clip(read_weights(weights), {**told, **overrides}, str(weights))
     preprocess = hub.get("preprocess_cfg", {})
     family = known_normalization(preprocess.get("mean"), preprocess.get("std"), directory / HUB_CONFIG)

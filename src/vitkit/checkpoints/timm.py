@@ -28,8 +28,10 @@ from safetensors.torch import save
 from ..atomic import atomic_file
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
-from .common import (CheckpointError, Names, hub_weights_file, infer_config, known_normalization,
-                     read_json_object, read_weights, refuse_unsupported, rename)
+from ..errors import CheckpointError
+from .files import hub_weights_file, read_weights
+from .inference import infer_config, known_normalization, refuse_unsupported
+from .names import Names, rename
 
 HUB_CONFIG = "config.json"
 
@@ -64,7 +66,6 @@ def is_timm(state: dict[str, torch.Tensor]) -> bool:
 
 def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
               source: str) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    refuse_unsupported(state, source)  # also for hub directories, which do not pass through vitkit.load's check
     state = rename(state, NAMES, source)
     if "patch_embed.backbone.stem.conv.weight" not in state:
         numerics = {k: TIMM_NUMERICS[k] for k in ("gelu", "ln_eps", "pos_interp", "pos_interp_antialias")}
@@ -73,20 +74,14 @@ def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
     return infer_config(state, overrides, source, **numerics, provenance=Provenance(format="timm", source=source))
 
 
-def _hub_config(directory: Path) -> dict[str, Any] | None:
-    config = read_json_object(directory / HUB_CONFIG) or {}
-    return config if "architecture" in config and "pretrained_cfg" in config else None
+def is_timm_config(config_json: dict[str, Any] | None) -> bool:
+    """Whether a directory's parsed ``config.json`` is a timm hub config."""
+    return config_json is not None and {"architecture", "pretrained_cfg"} <= config_json.keys()
 
 
-def is_timm_directory(path: Path) -> bool:
-    return _hub_config(path) is not None
-
-
-def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    hub = _hub_config(directory)
-    if hub is None:
-        raise CheckpointError(f"{directory / HUB_CONFIG}: not a timm hub config (no 'architecture' and "
-                              f"'pretrained_cfg')")
+def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[str, Any]
+                        ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """A timm hub directory whose ``config.json`` the caller has parsed into ``hub``."""
     weights = hub_weights_file(directory, "a timm")
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg", "map"):
@@ -97,7 +92,9 @@ def read_timm_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViT
         told["pool"] = "gap"
     if "num_heads" in hub.get("model_args", {}):
         told["num_heads"] = hub["model_args"]["num_heads"]
-    config, state = from_timm(read_weights(weights), {**told, **overrides}, str(weights))
+    state = read_weights(weights)
+    refuse_unsupported(state, str(weights))  # a bare state dict is checked by vitkit.load, before its layout is told
+    config, state = from_timm(state, {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
     family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG)
     return config.replace(provenance=config.provenance.replace(source=str(directory), normalization=family)), state

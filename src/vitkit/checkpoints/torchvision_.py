@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from ..models.config import Provenance, ViTConfig
-from .common import Names, infer_config, rename
+from .inference import infer_config
+from .names import Names, rename
 
 _LAYER = "encoder.layers.encoder_layer_{i}."
 NAMES = Names([

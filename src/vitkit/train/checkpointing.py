@@ -21,7 +21,7 @@ from torch import nn
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory, os_errors, retire, sweep
-from ..checkpoints.common import load_torch_file, read_safetensors
+from ..checkpoints.files import load_torch_file, read_safetensors
 from ..errors import CheckpointError
 from ..checkpoints.loading import build, read_native
 from ..models.vit import VisionTransformer, save_native

@@ -1,0 +1,173 @@
+"""Reading checkpoint files safely: safetensors, PyTorch files unpickled with ``weights_only``, ``.npz``
+archives whose headers are checked before anything is allocated, JSON objects, and the weights file of
+a hub directory. Each reader opens its file once; nothing here knows a format's names."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from ..errors import CheckpointError
+
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when the file is absent or holds something else (format sniffing)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, unreadable, not text (UnicodeDecodeError), not JSON
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# The weights an HF or timm hub directory holds, in order of preference (safetensors before a pickle).
+HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def find_weights_file(directory: Path, names: tuple[str, ...] = HUB_WEIGHT_FILES) -> Path | None:
+    """The first of ``names`` present in ``directory``, or None."""
+    return next((directory / name for name in names if (directory / name).exists()), None)
+
+
+def hub_weights_file(directory: Path, kind: str, names: tuple[str, ...] = HUB_WEIGHT_FILES) -> Path:
+    """The weights file of a hub ``directory`` (``kind`` names it in the error), the first of ``names``."""
+    weights = find_weights_file(directory, names)
+    if weights is None:
+        raise CheckpointError(f"{directory}: {kind} directory without weights; expected one of {names}")
+    return weights
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({error})") from error
+
+
+def load_torch_file(path: Path) -> Any:
+    """What a PyTorch file holds, unpickled with ``weights_only`` (tensors and plain values only). A file
+    that is no PyTorch file at all (text, random bytes, a truncated archive) is told apart from one that
+    needs code run to unpickle it. The file is opened once: the check and torch read the same handle."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not a valid {path.suffix or 'PyTorch'} file "
+                              f"({'not a regular file' if path.exists() else 'no such file'})")
+    try:
+        with path.open("rb") as handle:
+            problem = _not_torch_file(handle)
+            if problem:
+                raise CheckpointError(f"{path}: not a valid {path.suffix or 'PyTorch'} file ({problem})")
+            handle.seek(0)
+            return torch.load(handle, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: refusing to unpickle a file that holds Python objects other than "
+                              f"tensors ({reason}); convert it to .safetensors with code you trust") from error
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"{path}: corrupt or unreadable PyTorch file ({error})") from error
+
+
+# torch.save's two layouts: a zip archive with ``<name>/data.pkl``, or (before 1.6) a pickle stream,
+# which opens with the PROTO opcode.
+_PICKLE_PROTOCOL = b"\x80"
+
+
+def _not_torch_file(handle: BinaryIO) -> str | None:
+    """Why the open file ``handle`` cannot be a torch.save file, or None when it may be one."""
+    head = handle.read(2)
+    if head == b"PK":
+        handle.seek(0)
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError) as error:
+            return f"a damaged or truncated zip archive: {error}"
+        if not any(name.endswith("/data.pkl") or name == "data.pkl" for name in names):
+            return "a zip archive without torch.save's data.pkl"
+        return None
+    if head.startswith(_PICKLE_PROTOCOL):  # a pickle: weights_only unpickling tells what it holds
+        return None
+    if not head:
+        return "the file is empty"
+    return "neither a torch.save zip archive nor a pickle stream"
+
+
+def read_torch(path: Path) -> dict[str, torch.Tensor]:
+    """A PyTorch file holding tensors only; anything that would need unpickling code is refused."""
+    data = load_torch_file(path)
+    for wrapper in ("state_dict", "model", "module"):  # training checkpoints nest the weights
+        if isinstance(data, dict) and isinstance(data.get(wrapper), dict):
+            data = data[wrapper]
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise CheckpointError(f"{path}: expected a dict of tensors (a state dict), got {type(data).__name__}")
+    return {key.removeprefix("module."): value for key, value in data.items()}
+
+
+def read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, without unpickling, and only after each member's ``.npy`` header
+    has been checked against the bytes the archive really holds: a header that claims more (10^12
+    floats in a small file) is refused before anything is allocated. The archive is opened once."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                _check_npy_header(path, archive, member)
+            arrays = {}
+            for member in archive.infolist():
+                with archive.open(member) as handle:
+                    arrays[member.filename.removesuffix(".npy")] = np.lib.format.read_array(handle, allow_pickle=False)
+            return arrays
+    except zipfile.BadZipFile as error:
+        raise CheckpointError(f"{path}: not a valid .npz file (not a readable zip archive: {error})") from error
+    except ValueError as error:
+        raise CheckpointError(f"{path}: not a valid .npz file of numeric arrays ({error})") from error
+    except (OSError, EOFError) as error:
+        raise CheckpointError(f"{path}: corrupt or unreadable .npz file ({error})") from error
+
+
+# Deflate expands at most about 1032 times: the most data a compressed member can really hold.
+_MAX_DEFLATE_RATIO = 1032
+
+
+def _check_npy_header(path: Path, archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> None:
+    if not member.filename.endswith(".npy"):
+        raise CheckpointError(f"{path}: member {member.filename!r} is not a .npy array; not a valid .npz file")
+    with archive.open(member) as handle:
+        try:
+            version = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(handle)
+        except ValueError as error:
+            raise CheckpointError(f"{path}: member {member.filename!r} has a malformed .npy header ({error})") \
+                from error
+        if dtype.hasobject:
+            raise CheckpointError(f"{path}: member {member.filename!r} holds Python objects (dtype {dtype}); "
+                                  f"refusing to unpickle them, a checkpoint holds numeric arrays only")
+        claimed = math.prod(shape) * dtype.itemsize
+        header = handle.tell()
+    # The archive's own size fields can lie too: bound them by the bytes it really stores.
+    stored = member.compress_size * (1 if member.compress_type == zipfile.ZIP_STORED else _MAX_DEFLATE_RATIO)
+    available = min(member.file_size, stored) - header
+    if claimed > available:
+        raise CheckpointError(f"{path}: member {member.filename!r} claims shape {shape} of {dtype} ({claimed:,} "
+                              f"bytes) but holds {max(available, 0):,} bytes; not a valid .npz file")
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
+    if path.suffix in TORCH_SUFFIXES:
+        return read_torch(path)
+    raise CheckpointError(f"{path}: unknown weights file type {path.suffix or '(no suffix)'}; expected a checkpoint "
+                          f"directory, .safetensors, .npz or one of {', '.join(TORCH_SUFFIXES)}")
+
+
