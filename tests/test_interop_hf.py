@@ -175,3 +175,32 @@ def test_export_names_labels_only_when_they_fit_the_head(tmp_path):
     vitkit.checkpoints.export(model, tmp_path / "renamed", "hf")
     peer = transformers.ViTForImageClassification.from_pretrained(tmp_path / "renamed")
     assert peer.config.num_labels == 5 and peer.config.id2label[4] == "LABEL_4"
+
+
+def test_label_names_of_config_json_become_the_class_names_and_round_trip(tmp_path):
+    names = {0: "tench", 1: "goldfish", 2: "great white shark"}
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
+                                    image_size=32, patch_size=8, id2label=names, label2id={v: k for k, v in names.items()})
+    randomised(transformers.ViTForImageClassification(config)).save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf")
+    assert model.config.provenance.classes == ("tench", "goldfish", "great white shark")
+    vitkit.checkpoints.export(model, tmp_path / "out", "hf")
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "out").id2label == names
+    assert vitkit.load(tmp_path / "out").config.provenance.classes == model.config.provenance.classes
+
+    hf_model().save_pretrained(tmp_path / "placeholders")  # LABEL_0 ... LABEL_9: no names
+    assert vitkit.load(tmp_path / "placeholders").config.provenance.classes is None
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["id2label"] = {"0": "tench", "1": "goldfish"}  # two names for a head of three
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vitkit.CheckpointError, match=r"config.json: id2label=.*for each of the head's 3 outputs"):
+        vitkit.load(tmp_path / "hf")
+
+
+def test_deit_label_names_round_trip_through_transformers(tmp_path):
+    model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=1, num_classes=2, dist_token=True)
+    model.config = model.config.replace(provenance=Provenance(classes=("cat", "dog")))
+    vitkit.checkpoints.export(model, tmp_path / "deit", "hf")
+    peer = transformers.DeiTForImageClassificationWithTeacher.from_pretrained(tmp_path / "deit")
+    assert peer.config.id2label == {0: "cat", 1: "dog"}
+    assert vitkit.load(tmp_path / "deit").config.provenance.classes == ("cat", "dog")

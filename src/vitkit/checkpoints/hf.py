@@ -73,21 +73,43 @@ def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
     state = fuse_qkv(rename(state, NAMES, str(weights)))
     head = state.get("head.weight")
     pooler = state.get("pre_logits.0.weight")
+    num_classes = head.shape[0] if head is not None else 0
     config = dict(
         image_size=hf.get("image_size", 224), patch_size=hf.get("patch_size", 16),
         in_chans=hf.get("num_channels", 3), dim=hf["hidden_size"], depth=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], qkv_bias=hf.get("qkv_bias", True),
-        num_classes=head.shape[0] if head is not None else 0,
+        num_classes=num_classes,
         representation_size=pooler.shape[0] if pooler is not None else None,
         dropout=hf.get("hidden_dropout_prob", 0.0), attn_dropout=hf.get("attention_probs_dropout_prob", 0.0),
         ln_eps=hf.get("layer_norm_eps", 1e-12), gelu=GELUS[hf.get("hidden_act", "gelu")],
         pos_interp="bicubic", pos_interp_antialias=False,
-        provenance=Provenance(format="hf", source=str(directory), normalization=read_normalization(directory)),
+        provenance=Provenance(format="hf", source=str(directory), normalization=read_normalization(directory),
+                              classes=read_labels(hf, num_classes, directory / CONFIG_FILE)),
     )
     try:
         return ViTConfig(**{**config, **kept_overrides(overrides)}), state
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{directory / CONFIG_FILE}: describes an invalid model ({error})") from error
+
+
+def read_labels(hf: dict[str, Any], num_classes: int, source: Path) -> tuple[str, ...] | None:
+    """The class names of ``id2label``, one per output of the head; None without a head or when they are
+    HF's placeholders ``LABEL_k`` (what :func:`hf_labels` writes for unnamed classes)."""
+    labels = hf.get("id2label")
+    if not num_classes or not labels:
+        return None
+    if isinstance(labels, dict) and all(name == f"LABEL_{key}" for key, name in labels.items()):
+        return None
+    if not (isinstance(labels, dict) and set(labels) == {str(k) for k in range(num_classes)}
+            and all(isinstance(name, str) for name in labels.values())):
+        raise CheckpointError(f"{source}: id2label={_abridged(labels)}; expected a name (a string) for each of the "
+                              f"head's {num_classes} outputs, keyed '0' to '{num_classes - 1}'")
+    return tuple(labels[str(k)] for k in range(num_classes))
+
+
+def _abridged(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def read_normalization(directory: Path) -> str:

@@ -29,7 +29,8 @@ from ..errors import CheckpointError
 from .files import hub_weights_file, read_weights
 from .inference import infer_config
 from .names import Names, clip_token_and_head, fuse_qkv, rename, split_qkv, with_prefix_positions, without_text_tower
-from .hf import CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_normalization, write_hf_directory
+from .hf import (CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_labels, read_normalization,
+                 write_hf_directory)
 
 # model_type -> (family, HF's default layer_norm_eps, default hidden_act, whether its position tables are
 # resampled (bicubic) with antialias).
@@ -118,7 +119,9 @@ def read_hf_family(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
                     no_embed_class="reg_token" in state,
                     provenance=Provenance(format=f"hf-{family}", source=str(directory),
                                           normalization=read_normalization(directory)))
-    return infer_config(state, overrides, str(weights), **settings)
+    config, state = infer_config(state, overrides, str(weights), **settings)
+    classes = read_labels(hf, config.num_classes, directory / CONFIG_FILE)  # DeiT's; the others have no head
+    return config.replace(provenance=config.provenance.replace(classes=classes)), state
 
 
 def _vision_tower(state: dict[str, torch.Tensor], family: str, source: Path) -> dict[str, torch.Tensor]:
