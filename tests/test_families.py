@@ -56,9 +56,11 @@ def test_rules_between_fields():
 def test_family_options_default_off():
     """A config without the new fields is the paper's model: same parameters, same JSON round trip."""
     plain = vitkit.ViTConfig(**TINY)
-    assert not (plain.dist_token or plain.reg_tokens or plain.no_embed_class or plain.pre_norm or plain.qk_norm)
-    assert (plain.patch_bias, plain.layer_scale, plain.mlp, plain.num_prefix_tokens) == (True, None, "gelu", 1)
-    assert plain.family_options() == {} and (plain.pool, plain.gelu) == ("token", "exact")
+    d, mlp, classes, tokens = 16, 32, 3, (16 // 8) ** 2 + 1  # TINY by hand: 4 patches and [class]
+    block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * mlp + mlp) + (mlp * d + d)  # 2 LN, qkv, proj, MLP
+    paper = (3 * 8 * 8 * d + d) + d + tokens * d + block + 2 * d + (d * classes + classes)  # embed, [class], pos, head
+    assert config_parameters(plain) == paper
+    assert plain.family_options() == {}
     assert vitkit.ViTConfig.from_json(plain.to_json()) == plain
 
 

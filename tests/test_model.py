@@ -154,12 +154,15 @@ def test_intermediates_and_attention_match_fused_path():
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 21))
 
 
-def test_training_mode_regularisers_run():
-    model = tiny(dropout=0.1, attn_dropout=0.1, drop_path=0.2).train()
-    loss = model(torch.randn(4, 3, 32, 32)).square().mean() + model.blocks[1].drop_path.rate
-    loss.backward()
-    assert model.patch_embed.proj.weight.grad is not None
-    assert model.blocks[0].drop_path.rate == 0.0 and model.blocks[1].drop_path.rate == pytest.approx(0.2)
+@pytest.mark.parametrize("regulariser", ["dropout", "attn_dropout", "drop_path"])
+def test_regularisers_draw_anew_in_training_and_stay_off_in_eval(regulariser):
+    model = tiny(**{regulariser: 0.2})
+    x = torch.randn(16, 3, 32, 32)  # drop path draws per image: 16 draws alike twice by chance is 2^-16 rare
+    with torch.no_grad():
+        assert not torch.allclose(model.train().forward_features(x), model.forward_features(x))
+        assert torch.equal(model.eval().forward_features(x), model.forward_features(x))
+    if regulariser == "drop_path":  # stochastic depth's linear rule over 2 blocks: 0, then the full rate
+        assert model.blocks[0].drop_path.rate == 0.0 and model.blocks[1].drop_path.rate == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("shape,message", [
