@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ..models.vit import VisionTransformer
 from ..errors import CheckpointError
+from ..models.vit import VisionTransformer
 from .google import write_npz
 from .hf import write_hf
 from .hf_families import hf_family_of, write_hf_family

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_file
+from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
-from ..errors import CheckpointError
 from .files import read_npz_arrays
 from .inference import infer_config, options_in_use
 from .names import Names, fuse_qkv, split_qkv, with_prefix_positions

@@ -18,10 +18,10 @@ import torch
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
+from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from ..normalization import normalization
-from ..errors import CheckpointError
 from .files import HUB_WEIGHT_FILES, hub_weights_file, read_weights
 from .inference import kept_overrides, known_normalization, options_in_use
 from .names import Names, fuse_qkv, rename, split_qkv, with_prefix_positions

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
+from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
-from ..errors import CheckpointError
 from .files import hub_weights_file, read_weights
-from .inference import infer_config
-from .names import Names, clip_token_and_head, fuse_qkv, rename, split_qkv, with_prefix_positions, without_text_tower
 from .hf import (CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_labels, read_normalization,
                  write_hf_directory)
+from .inference import infer_config
+from .names import Names, clip_token_and_head, fuse_qkv, rename, split_qkv, with_prefix_positions, without_text_tower
 
 # model_type -> (family, HF's default layer_norm_eps, default hidden_act, whether its position tables are
 # resampled (bicubic) with antialias).

@@ -13,10 +13,10 @@ from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from . import hub
 from .files import read_json_object, read_safetensors, read_weights
-from .inference import refuse_unsupported
 from .google import read_npz
 from .hf import is_hf_config, read_hf
 from .hf_families import is_hf_family, read_hf_family
+from .inference import refuse_unsupported
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
 from .torchvision_ import from_torchvision, is_torchvision

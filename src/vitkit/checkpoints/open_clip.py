@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..models.config import Provenance, ViTConfig
 from ..errors import CheckpointError
+from ..models.config import Provenance, ViTConfig
 from .files import find_weights_file, hub_weights_file, read_json_object, read_weights
 from .inference import infer_config, known_normalization
 from .names import Names, clip_token_and_head, rename, without_text_tower

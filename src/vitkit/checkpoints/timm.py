@@ -26,9 +26,9 @@ import torch
 from safetensors.torch import save
 
 from ..atomic import atomic_file
+from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
-from ..errors import CheckpointError
 from .files import hub_weights_file, read_weights
 from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
