@@ -108,7 +108,7 @@ def test_bad_shards_name_the_shard_and_the_key(tmp_path):
     with wds.TarWriter(str(root / "train-000001.tar")) as sink:
         sink.write({"__key__": "nolabel", "png": b"x"})
         sink.write({"__key__": "big", "png": b"x", "cls": "7"})
-    with pytest.raises(DatasetError, match="train-000001.tar: sample nolabel has no .cls label"):
+    with pytest.raises(DatasetError, match="train-000001.tar: sample nolabel: no .cls label"):
         load_dataset(f"webdataset:{root}", "train")
     with pytest.warns(UserWarning, match="2 unusable.*label 7 out of range 0..3"):
         loose = load_dataset(f"webdataset:{root}", "train", corrupt="skip")
