@@ -3,7 +3,9 @@
 
 A split is a list of shards with their sample counts, found by an index pass that reads tar headers
 and the small ``.cls`` members only (no image is decoded), so bad labels are reported up front and
-``len()`` is known for schedules. Training reads each shard front to back:
+``len()`` is known for schedules; what it finds is cached per shard and shared out over torchrun's ranks
+(``index_cache.py``), and labels are checked against the classes on every load. Training reads each shard
+front to back:
 
 - the shards are split across ``ranks x workers`` slots (rank-major), a new permutation each epoch,
   so within a slot's epoch every sample of its shards comes once; a shuffle buffer seeded by
