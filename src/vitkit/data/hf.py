@@ -8,6 +8,7 @@ Needs pyarrow (``pip install 'vitkit[data]'``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,10 +97,19 @@ def schema_of(table):
     return table.schema_arrow if hasattr(table, "schema_arrow") else table.schema
 
 
-def batches(path: Path, columns: tuple[str, ...]):
-    """The ``columns`` of a file, in record batches; a damaged file or a column of the wrong kind is named."""
+@contextlib.contextmanager
+def named_errors(path: Path):
+    """Report a damaged file (truncated, or not arrow/parquet at all) by name; yields pyarrow."""
     pa, _ = _pyarrow()
     try:
+        yield pa
+    except (pa.ArrowException, OSError) as error:
+        raise DatasetError(f"{path}: not a readable {path.suffix[1:]} file ({error})") from None
+
+
+def batches(path: Path, columns: tuple[str, ...]):
+    """The ``columns`` of a file, in record batches; a damaged file or a column of the wrong kind is named."""
+    with named_errors(path) as pa:
         table = open_table(path)
         schema = schema_of(table)
         missing = [c for c in columns if c not in schema.names]
@@ -112,8 +122,6 @@ def batches(path: Path, columns: tuple[str, ...]):
         else:
             for batch in table:
                 yield batch.select(list(columns))
-    except (pa.ArrowException, OSError) as error:  # truncated or not arrow/parquet at all
-        raise DatasetError(f"{path}: not a readable {path.suffix[1:]} file ({error})") from None
 
 
 def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | None, int | None]]]:
@@ -149,6 +157,7 @@ def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     files = split_files(root).get(split)
     if not files:
         raise DatasetError(f"hf:{spec}: no {split} split (found {sorted(split_files(root)) or 'none'})")
-    names = class_names(schema_of(open_table(files[0])))
+    with named_errors(files[0]):
+        names = class_names(schema_of(open_table(files[0])))
     return indexed_split(f"hf:{spec}[{split}]", [str(path) for path in files], "hf-labels", label_index, names,
                          read_rows, decode_row, corrupt)
