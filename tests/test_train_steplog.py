@@ -7,8 +7,9 @@ from vitkit.train.loop import MetricsLog
 from vitkit.train.skipped import SkippedFiles
 
 LINES = ['{"step": 1, "files": ["a.jpg"]}', "[1, 2]", "3", '"text"', "null", '{"files": ["no step"]}',
-         '{"step": "2", "files": ["step as text"]}', '{"step": 2, "files": ["b.jpg"]}', '{"step": 3, "files": ["c.jpg"]}',
-         '{"step": 2, "files": "not a list"}', '{"step": 4, "fi']  # the last one torn by a kill
+         '{"step": "2", "files": ["step as text"]}', '{"step": 2, "files": ["b.jpg"]}',
+         '{"step": 3, "files": ["c.jpg"]}', '{"step": 2, "files": "not a list"}',
+         '{"step": 4, "fi']  # the last one torn by a kill
 
 
 def test_records_of_any_other_shape_are_left_out_on_resume(tmp_path):
