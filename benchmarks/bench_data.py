@@ -4,7 +4,9 @@ realistic size (CIFAR-10 images upscaled to 256-500 px, quality 90), batch 64.
 Measured in one run, interleaved over rounds (medians reported), so that the ratios hold on a shared machine:
 - vitkit's loader over an image folder and over the same images in WebDataset shards, against
   torchvision's ``ImageFolder`` + ``DataLoader`` with the same workers and transform, and against the
-  single-core decode + transform rate times the workers (the decode limit);
+  single-core decode + transform rate times the workers (the decode limit); the folder loader also with
+  no worker (its own per-image work, in process) and with one (plus moving float batches between
+  processes), which tell where a shortfall from the limit comes from;
 - time to the first batch for a 10k-file and a 1M-file folder (hard links to the same JPEGs);
 - resident memory of the loader (main process + workers) at step 10 and step 1,000.
 
@@ -101,13 +103,13 @@ def torchvision_loader(folder: Path, workers: int):
 
 
 def single_core_rate(files: list[Path], batches: int = 2) -> float:
-    """Decode + transform in this process alone, as a worker does it: per image, then per batch."""
+    """Decode + transform in this process alone, as a worker does it: per image, then stacked (the float
+    conversion and normalisation run where a batch arrives, in the main process or on the GPU)."""
     ours = preset()
     torch.set_num_threads(1)
     started = time.perf_counter()
     for batch in range(batches):
-        images = [ours.per_image(read_image(path)) for path in files[batch * BATCH:(batch + 1) * BATCH]]
-        ours.per_batch(torch.stack(images))
+        torch.stack([ours.per_image(read_image(path)) for path in files[batch * BATCH:(batch + 1) * BATCH]])
     return batches * BATCH / (time.perf_counter() - started)
 
 
@@ -121,13 +123,13 @@ def in_process_ratio(folder: Path, rounds: int, images: int = 128) -> dict:
     def vitkit_rate():
         started = time.perf_counter()
         for start in range(0, images, BATCH):
-            collate_training(ours, [vitkit_items[(i, 0)] for i in range(start, start + BATCH)])
+            collate_training(ours, [vitkit_items[(i % len(vitkit_items), 0)] for i in range(start, start + BATCH)])
         return images / (time.perf_counter() - started)
 
     def torchvision_rate():
         started = time.perf_counter()
         for start in range(0, images, BATCH):
-            default_collate([torchvision_items[i] for i in range(start, start + BATCH)])
+            default_collate([torchvision_items[i % len(torchvision_items)] for i in range(start, start + BATCH)])
         return images / (time.perf_counter() - started)
     samples = [(vitkit_rate(), torchvision_rate()) for _ in range(rounds)]
     ratio = float(np.median([a / b for a, b in samples]))
@@ -175,6 +177,7 @@ def main() -> None:
     result = {"workers": workers, "batch": BATCH, "image_size": SIZE[0], "cpu_count": os.cpu_count(),
               "loadavg_before": os.getloadavg()}
     scratch = Path(tempfile.mkdtemp(prefix="vitkit-bench-data-"))
+    os.environ["VITKIT_CACHE_DIR"] = str(scratch / "cache")  # the index of shards about to be deleted
     try:
         files = make_jpegs(scratch / "jpegs", args.unique)
         result["jpeg_kb_mean"] = round(sum(f.stat().st_size for f in files) / len(files) / 1024, 1)
@@ -183,17 +186,21 @@ def main() -> None:
         total = sum(f.stat().st_size for f in files)  # 8 shards a worker
         write_webdataset({"train": load_dataset(f"imagefolder:{folder}", "train")}, shards, total // (8 * workers))
 
-        loaders = {"vitkit_folder": vitkit_loader(load_dataset(f"imagefolder:{folder}", "train"), workers),
-                   "vitkit_shards": vitkit_loader(load_dataset(f"webdataset:{shards}", "train"), workers),
-                   "torchvision_imagefolder": torchvision_loader(folder, workers)}
-        iterators = {name: iter(loader) for name, loader in loaders.items()}
-        prefetched = 2 * workers  # the DataLoader's prefetch_factor (2) per worker
-        for iterator in iterators.values():  # workers started, queues full
+        listed = load_dataset(f"imagefolder:{folder}", "train")
+        loaders = {"vitkit_folder": (vitkit_loader(listed, workers), workers),
+                   "vitkit_shards": (vitkit_loader(load_dataset(f"webdataset:{shards}", "train"), workers), workers),
+                   "torchvision_imagefolder": (torchvision_loader(folder, workers), workers),
+                   # where a shortfall comes from: the loader's own work in one process, then one worker's
+                   # transfer of float batches between processes, then the cores the workers really get
+                   "vitkit_folder_in_process": (vitkit_loader(listed, 0), 0),
+                   "vitkit_folder_1_worker": (vitkit_loader(listed, 1), 1)}
+        iterators = {name: (iter(loader), 2 * count) for name, (loader, count) in loaders.items()}  # prefetch 2
+        for iterator, prefetched in iterators.values():  # workers started, queues full
             timed_images(iterator, 1, prefetched)
         samples = {name: [] for name in [*loaders, "single_core"]}
         for _ in range(args.rounds):  # interleaved, so that every loader meets the same load
             samples["single_core"].append(single_core_rate(files))
-            for name, iterator in iterators.items():
+            for name, (iterator, prefetched) in iterators.items():
                 samples[name].append(timed_images(iterator, args.batches, prefetched))
         median = {name: float(np.median(values)) for name, values in samples.items()}
         single = median.pop("single_core")
@@ -240,6 +247,9 @@ def markdown(result: dict, large: int) -> str:
         "|---|---:|---:|",
         *rows,
         f"| decode limit (1 core x {result['workers']}) | {limit:.0f} | 1.00x |",
+        "",
+        "In process and with one worker against the single core: the loader's own overhead, then the cost of "
+        "passing batches between processes; with all workers: what the cores the machine gave added.",
         "",
         f"vitkit folder / torchvision ImageFolder: {result['vs_torchvision']:.2f}x through the loaders; "
         f"{result['in_process_vs_torchvision']['median_ratio']:.2f}x for the same work in one process "

@@ -20,6 +20,12 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """The shard index cache of the tests' shards (and of the runs they launch) stays out of ~/.cache."""
+    os.environ["VITKIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("vitkit-cache"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -2,12 +2,17 @@
 
 import collections
 import json
+import os
+import signal
+import subprocess
+import time
 
 import torchvision
-
-from data_helpers import mnist_folder
+from data_helpers import mnist_folder, numbered_image, png
+from launch import SRC, VITKIT
 
 from vitkit.cli import main
+from vitkit.data import load_splits
 
 
 def test_info_verify_and_convert(tmp_path, shared_data, capsys):
@@ -35,3 +40,43 @@ def test_info_verify_and_convert(tmp_path, shared_data, capsys):
                                                                                       "test": 19}
     assert converted["splits"]["train"]["shards"] > 1
     assert main(["data", "convert", f"imagefolder:{folder}", str(tmp_path / "shards")]) == 1  # never overwritten
+
+
+def linked_folder(root, per_class: int, classes: int = 4):
+    """``root/<c>/NNNNN.png``: ``per_class`` hard links a class to one small PNG (quick to make, quick to read)."""
+    for label in range(classes):
+        (root / str(label)).mkdir(parents=True)
+        (root / str(label) / "image.png").write_bytes(png(numbered_image(label)))
+        for index in range(per_class - 1):
+            os.link(root / str(label) / "image.png", root / str(label) / f"{index:05d}.png")
+    return root
+
+
+def test_a_killed_conversion_leaves_nothing_half_written(tmp_path):
+    """SIGKILL in the middle of `vitkit data convert`: DST is absent, the re-run succeeds with every image,
+    and removes the hidden folder the killed one left; an existing DST is refused, never clobbered."""
+    folder = linked_folder(tmp_path / "folder", per_class=1000)
+    dst = tmp_path / "shards"
+    command = ["data", "convert", f"imagefolder:{folder}", str(dst), "--shard-size", "8kB"]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([*VITKIT, *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def staged():
+        return [entry for entry in tmp_path.iterdir() if entry.name.startswith(".shards.")]
+    deadline = time.monotonic() + 120
+    while process.poll() is None and time.monotonic() < deadline and \
+            not any(len(list(entry.glob("*.tar"))) >= 5 for entry in staged()):
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "killed mid-way, not after the end"
+    assert not dst.exists() and len(staged()) == 1
+
+    assert main(command) == 0
+    assert staged() == []
+    splits = load_splits(f"webdataset:{dst}", ("train", "val", "test"))
+    assert sum(len(split) for split in splits.values()) == 4000
+    assert sum((split.class_counts for split in splits.values()), collections.Counter()) == {c: 1000 for c in range(4)}
+
+    before = {path.name: path.read_bytes() for path in dst.iterdir()}
+    assert main(command) == 1
+    assert {path.name: path.read_bytes() for path in dst.iterdir()} == before and staged() == []

@@ -75,6 +75,9 @@ def test_labels_outside_the_classes_name_the_file_and_row(tmp_path):
     with pytest.raises(DatasetError, match=r"train-00000-of-00001.parquet: row 4: label -1 out of range 0..3") as e:
         load_dataset(f"hf:{root}", "train")
     assert "skip" in str(e.value)
+    with pytest.warns(UserWarning, match="1 unusable sample.*row 4: label -1 out of range"):  # as shards warn
+        loose = load_dataset(f"hf:{root}", "train", corrupt="skip")
+    assert len(loose) == 6 and sum(loose.class_counts.values()) == 5 and len(loose.bad) == 1
     with pytest.raises(DatasetError, match="no test split"):
         load_dataset(f"hf:{root}", "test")
     (root / "data" / "train-00000-of-00001.parquet").unlink()

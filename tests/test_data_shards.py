@@ -10,7 +10,8 @@ import webdataset as wds
 from data_helpers import mnist_folder, number_of, numbered_image, numbered_shards, png
 from torch.utils.data import DataLoader
 
-from vitkit.data import DatasetError, default_num_workers, evaluation_loader, load_dataset, training_loader
+from vitkit.data import (DatasetError, build_transform, default_num_workers, evaluation_loader, load_dataset,
+                         training_loader)
 from vitkit.data.convert import parse_size, write_webdataset
 from vitkit.data.shards import TrainingStream, split_by_slot
 from vitkit.data.survey import AS_IS, describe
@@ -108,7 +109,7 @@ def test_bad_shards_name_the_shard_and_the_key(tmp_path):
     with wds.TarWriter(str(root / "train-000001.tar")) as sink:
         sink.write({"__key__": "nolabel", "png": b"x"})
         sink.write({"__key__": "big", "png": b"x", "cls": "7"})
-    with pytest.raises(DatasetError, match="train-000001.tar: sample nolabel has no .cls label"):
+    with pytest.raises(DatasetError, match="train-000001.tar: sample nolabel: no .cls label"):
         load_dataset(f"webdataset:{root}", "train")
     with pytest.warns(UserWarning, match="2 unusable.*label 7 out of range 0..3"):
         loose = load_dataset(f"webdataset:{root}", "train", corrupt="skip")
@@ -164,3 +165,18 @@ def test_raw_loader_batches_are_dataloader_batches(tmp_path):
     stream = TrainingStream(split, AS_IS, seed=0, micro_batch=2, start_micro_batch=0)
     images, labels, skipped = next(iter(DataLoader(stream, batch_size=2, collate_fn=stream.collate_training)))
     assert images.shape == (2, 3, 4, 4) and labels.dtype == torch.long and skipped == []
+
+
+
+@pytest.mark.parametrize("name", ["digits", "shards"])
+def test_workers_send_uint8_and_the_batch_step_runs_on_arrival(tmp_path, name):
+    """Two workers pass uint8 images between processes; the batches that come out are those images converted
+    and normalised to [-1, 1] (Google's mean = std = 0.5), as the preset's per-batch step says."""
+    numbered_shards(tmp_path, "train", [6, 6, 6, 6])
+    dataset = load_dataset(f"webdataset:{tmp_path}" if name == "shards" else "digits", "train")
+    loader = training_loader(dataset, build_transform("pretrain", (8, 8), 3, "google"), global_batch=4, total_steps=3,
+                             start_step=0, seed=0, num_workers=2)
+    sent = [images for _, (images, _, _) in zip(range(3), loader.loader)]  # a stream has no end: 3 steps
+    arrived = [images for _, (images, _, _) in zip(range(3), loader)]
+    assert len(sent) == len(arrived) == 3 and all(images.dtype == torch.uint8 for images in sent)
+    assert all(torch.allclose(a, (s.float() / 255 - 0.5) / 0.5, atol=1e-6) for s, a in zip(sent, arrived))

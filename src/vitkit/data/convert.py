@@ -3,15 +3,16 @@
 
 Files keep their encoded bytes (a JPEG stays the same JPEG); images held in memory or read from other
 shards are written as PNG, losslessly. The shards are written into a hidden sibling folder that is
-renamed to ``DST`` at the end, so an interrupted conversion leaves no half-written dataset behind.
+renamed to ``DST`` once every file is on disk (``atomic.atomic_directory``), so an interrupted conversion
+leaves no half-written dataset behind; an existing ``DST`` is never touched, and the hidden folder a killed
+conversion left is removed by the next one.
 """
 
 from __future__ import annotations
 
 import io
 import math
-import os
-import shutil
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +20,9 @@ import torch
 from PIL import Image
 from webdataset import ShardWriter
 
+from ..atomic import atomic_directory, remove_tree
 from ..errors import ConfigError, DatasetError
-from .shards import IMAGE_EXTENSIONS, ShardedSplit
+from .shards import IMAGE_EXTENSIONS, ShardedSplit, decode_bytes
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -58,8 +60,9 @@ def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
             path = dataset.path(index)
             extension = path.suffix.lower().lstrip(".")
             if extension in IMAGE_EXTENSIONS:
-                dataset[index]  # decoded once, so that an unreadable file stops the conversion by name
-                yield extension, path.read_bytes(), int(dataset.labels[index])
+                data = path.read_bytes()
+                decode_bytes(data, str(path))  # read once, decoded so that an unreadable file stops the conversion
+                yield extension, data, int(dataset.labels[index])
                 continue
         image, label = dataset[index]
         yield "png", png_bytes(image), label
@@ -71,11 +74,12 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
     destination = Path(destination)
     if destination.exists():
         raise FileExistsError(f"{destination} exists; choose a new folder for the shards")
-    staging = destination.with_name(f".{destination.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staged = re.compile(rf"\.{re.escape(destination.name)}\.[^.]+\.tmp")  # atomic_directory's staging folders
+    for leftover in destination.parent.iterdir() if destination.parent.is_dir() else ():
+        if staged.fullmatch(leftover.name) and leftover.is_dir():  # from a conversion killed mid-way
+            remove_tree(leftover)
     written, classes = {}, None
-    try:
+    with atomic_directory(destination, allowed_existing=()) as staging:
         for split, dataset in splits.items():
             classes = classes or dataset.classes
             if dataset.classes != classes:
@@ -87,7 +91,4 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
                     sink.write({"__key__": f"{split}{count - 1:09d}", extension: data, "cls": str(label)})
             written[split] = count
         (staging / "classes.txt").write_text("".join(f"{name}\n" for name in classes))
-        os.replace(staging, destination)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return written

@@ -8,10 +8,8 @@ Needs pyarrow (``pip install 'vitkit[data]'``).
 
 from __future__ import annotations
 
-import functools
-import io
+import contextlib
 import json
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +17,8 @@ import torch
 
 from ..errors import DatasetError
 from .datasets import SPLITS, read_image
-from .shards import Shard, ShardedSplit
+from .index_cache import ShardIndex
+from .shards import Shard, ShardedSplit, decode_bytes, indexed_split, label_problem
 
 COLUMNS = ("image", "label")
 ROWS_PER_READ = 256
@@ -98,10 +97,19 @@ def schema_of(table):
     return table.schema_arrow if hasattr(table, "schema_arrow") else table.schema
 
 
-def batches(path: Path, columns: tuple[str, ...]):
-    """The ``columns`` of a file, in record batches; a damaged file or a column of the wrong kind is named."""
+@contextlib.contextmanager
+def named_errors(path: Path):
+    """Report a damaged file (truncated, or not arrow/parquet at all) by name; yields pyarrow."""
     pa, _ = _pyarrow()
     try:
+        yield pa
+    except (pa.ArrowException, OSError) as error:
+        raise DatasetError(f"{path}: not a readable {path.suffix[1:]} file ({error})") from None
+
+
+def batches(path: Path, columns: tuple[str, ...]):
+    """The ``columns`` of a file, in record batches; a damaged file or a column of the wrong kind is named."""
+    with named_errors(path) as pa:
         table = open_table(path)
         schema = schema_of(table)
         missing = [c for c in columns if c not in schema.names]
@@ -114,8 +122,6 @@ def batches(path: Path, columns: tuple[str, ...]):
         else:
             for batch in table:
                 yield batch.select(list(columns))
-    except (pa.ArrowException, OSError) as error:  # truncated or not arrow/parquet at all
-        raise DatasetError(f"{path}: not a readable {path.suffix[1:]} file ({error})") from None
 
 
 def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | None, int | None]]]:
@@ -128,18 +134,20 @@ def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | None, int | None
 
 def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | None, int | None]) -> tuple[torch.Tensor, int]:
     image, label = row
-    if label is None or not 0 <= label < classes:
-        raise DatasetError(f"{shard.path}: {key}: label {label} out of range 0..{classes - 1}")
+    problem = label_problem(label, classes)
+    if problem is not None:
+        raise DatasetError(f"{shard.path}: {key}: {problem}")
     if not isinstance(image, dict) or not (image.get("bytes") or image.get("path")):
         raise DatasetError(f"{shard.path}: {key}: no image (expected the Image feature's bytes or path)")
-    try:
-        return read_image(io.BytesIO(image["bytes"]) if image.get("bytes") else Path(image["path"])), label
-    except DatasetError as error:
-        raise DatasetError(f"{shard.path}: {key}: {str(error).split(': ', 1)[-1]}") from None
+    if image.get("bytes"):
+        return decode_bytes(image["bytes"], f"{shard.path}: {key}"), label
+    return read_image(Path(image["path"])), label  # its errors name the file
 
 
-def labels_of(path: Path) -> list[int | None]:
-    return [label for batch in batches(path, ("label",)) for label in batch.column("label").to_pylist()]
+def label_index(path: str) -> ShardIndex:
+    """A file's rows and their labels, from its label column alone."""
+    labels = [label for batch in batches(Path(path), ("label",)) for label in batch.column("label").to_pylist()]
+    return ShardIndex([f"row {row}" for row in range(len(labels))], labels)
 
 
 def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
@@ -149,25 +157,7 @@ def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     files = split_files(root).get(split)
     if not files:
         raise DatasetError(f"hf:{spec}: no {split} split (found {sorted(split_files(root)) or 'none'})")
-    labels = {path: labels_of(path) for path in files}
-    table = open_table(files[0])
-    names = class_names(schema_of(table))
-    largest = max((label for column in labels.values() for label in column if label is not None), default=-1)
-    classes = names or [str(c) for c in range(largest + 1)]
-    shards, counts, bad, offset = [], Counter(), [], 0
-    for path, column in labels.items():
-        for row, label in enumerate(column):
-            if label is not None and 0 <= label < len(classes):
-                counts[label] += 1
-                continue
-            problem = f"{path}: row {row}: label {label} out of range 0..{len(classes) - 1}"
-            if corrupt == "fail":
-                raise DatasetError(f"{problem} (pass --corrupt skip to go on without it)")
-            bad.append(problem)
-        if column:
-            shards.append(Shard(str(path), len(column), offset))
-            offset += len(column)
-    if not shards:
-        raise DatasetError(f"hf:{spec}: the {split} split is empty")
-    return ShardedSplit(f"hf:{spec}[{split}]", shards, classes, read_rows,
-                        functools.partial(decode_row, len(classes)), counts, bad)
+    with named_errors(files[0]):
+        names = class_names(schema_of(open_table(files[0])))
+    return indexed_split(f"hf:{spec}[{split}]", [str(path) for path in files], "hf-labels", label_index, names,
+                         read_rows, decode_row, corrupt)

@@ -3,7 +3,9 @@
 
 A split is a list of shards with their sample counts, found by an index pass that reads tar headers
 and the small ``.cls`` members only (no image is decoded), so bad labels are reported up front and
-``len()`` is known for schedules. Training reads each shard front to back:
+``len()`` is known for schedules; what it finds is cached per shard and shared out over torchrun's ranks
+(``index_cache.py``), and labels are checked against the classes on every load. Training reads each shard
+front to back:
 
 - the shards are split across ``ranks x workers`` slots (rank-major), a new permutation each epoch,
   so within a slot's epoch every sample of its shards comes once; a shuffle buffer seeded by
@@ -40,6 +42,7 @@ from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expan
 
 from ..errors import DatasetError
 from .datasets import SPLITS, read_image
+from .index_cache import ShardIndex, shard_indexes
 from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
                       seeded_transform)
 from .transforms import Preset
@@ -218,59 +221,64 @@ def tar_members(tar: tarfile.TarFile, size: int) -> tuple[dict[str, dict[str, ta
             keys.setdefault(key, {})[extension.lower()] = member
 
 
-def tar_index(path: str, classes: int | None, corrupt: str) -> tuple[int, Counter, list[str]]:
-    """(samples, labels counted, unusable samples) of one tar shard, from its headers and ``.cls`` members."""
-    counts, bad = Counter(), []
+def tar_index(path: str) -> ShardIndex:
+    """The samples of one tar shard and their labels, from its headers and ``.cls`` members."""
+    index = ShardIndex()
     try:
         with tarfile.open(path) as tar:
             keys, cut = tar_members(tar, os.path.getsize(path))
             if cut is not None:
-                if corrupt == "fail":
-                    raise DatasetError(f"{path}: truncated in sample {cut} (pass --corrupt skip to keep the "
-                                       f"samples before it)")
                 keys.pop(cut, None)  # the sample cut in two is not used
-                bad.append(f"{path}:{cut}: truncated shard")
+                index.cut = f"sample {cut}"
             for key, members in keys.items():
-                problem = None
+                name, label = f"sample {key}", None
                 if not any(e in members for e in IMAGE_EXTENSIONS):
-                    problem = f"sample {key} has no image (.{'/.'.join(IMAGE_EXTENSIONS)})"
+                    index.problems[name] = f"no image (.{'/.'.join(IMAGE_EXTENSIONS)})"
                 elif "cls" not in members:
-                    problem = f"sample {key} has no .cls label"
+                    index.problems[name] = "no .cls label"
                 else:
-                    label, problem = parse_label(tar.extractfile(members["cls"]).read(), key, classes)
-                if problem is None:
-                    counts[label] += 1
-                elif corrupt == "fail":
-                    raise DatasetError(f"{path}: {problem} (pass --corrupt skip to go on without it)")
-                else:
-                    bad.append(f"{path}:{key}: {problem}")
+                    label, problem = parse_label(tar.extractfile(members["cls"]).read())
+                    if problem is not None:
+                        index.problems[name] = problem
+                index.names.append(name)
+                index.labels.append(label)
     except (tarfile.TarError, OSError) as error:
         raise DatasetError(f"{path}: not a readable tar shard ({error})") from error
-    return len(keys), counts, bad
+    return index
 
 
-def parse_label(text: bytes, key: str, classes: int | None) -> tuple[int, str | None]:
-    """The integer of a ``.cls`` member, and what is wrong with it (None when nothing is)."""
+def parse_label(text: bytes) -> tuple[int | None, str | None]:
+    """The integer of a ``.cls`` member, or None and why there is none."""
     try:
-        label = int(text.decode().strip())
+        return int(text.decode().strip()), None
     except (UnicodeDecodeError, ValueError):
-        return -1, f"sample {key}: .cls is {text[:20]!r}, not an integer"
-    if label < 0 or (classes is not None and label >= classes):
-        return label, f"sample {key}: label {label} out of range 0..{(classes or 0) - 1}"
-    return label, None
+        return None, f".cls is {text[:20]!r}, not an integer"
+
+
+def label_problem(label: int | None, classes: int) -> str | None:
+    """What is wrong with a sample's label for a dataset of ``classes`` classes (None when nothing is)."""
+    if label is None or not 0 <= label < classes:
+        return f"label {label} out of range 0..{classes - 1}"
+    return None
+
+
+def decode_bytes(data: bytes, name: str) -> torch.Tensor:
+    """``read_image`` of an image held in memory; an error names ``name`` (a shard and key, a file)."""
+    try:
+        return read_image(io.BytesIO(data))
+    except DatasetError as error:
+        raise DatasetError(f"{name}: {str(error).split(': ', 1)[-1]}") from None
 
 
 def decode_tar_sample(classes: int, shard: Shard, key: str, sample: dict) -> tuple[torch.Tensor, int]:
     image = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
     if image is None or "cls" not in sample:
         raise DatasetError(f"{shard.path}: sample {key} lacks an image or its .cls label")
-    label, problem = parse_label(sample["cls"], key, classes)
+    label, problem = parse_label(sample["cls"])
+    problem = problem or label_problem(label, classes)
     if problem is not None:
-        raise DatasetError(f"{shard.path}: {problem}")
-    try:
-        return read_image(io.BytesIO(image)), label
-    except DatasetError as error:
-        raise DatasetError(f"{shard.path}: sample {key}: {str(error).split(': ', 1)[-1]}") from None
+        raise DatasetError(f"{shard.path}: sample {key}: {problem}")
+    return decode_bytes(image, f"{shard.path}: sample {key}"), label
 
 
 def read_tar(shard: Shard) -> Iterator[tuple[str, dict]]:
@@ -284,31 +292,53 @@ def read_tar(shard: Shard) -> Iterator[tuple[str, dict]]:
 
 def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     """The ``split`` of ``webdataset:ROOT`` or ``webdataset:PATTERN`` (see ``shard_files``)."""
-    check_corrupt(corrupt)
     files = shard_files(spec)[split]
     if not files:
         raise DatasetError(f"{spec}: no {split} shards ({split}-NNNNNN.tar)")
     root = spec if os.path.isdir(spec) else os.path.dirname(files[0])
     names_file = Path(root) / "classes.txt"
     names = names_file.read_text().splitlines() if names_file.is_file() else None
+    return indexed_split(f"{spec}[{split}]", files, "tar", tar_index, names, read_tar, decode_tar_sample, corrupt)
+
+
+def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[[str], ShardIndex],
+                  classes: list[str] | None, read: Callable, decode: Callable, corrupt: str) -> ShardedSplit:
+    """A split from the index of each of its ``files`` (cached: see ``index_cache``), with their unusable
+    samples failing or counted and warned about as ``corrupt`` says. ``classes`` defaults to the labels
+    found; ``decode(classes, shard, key, payload)``."""
+    check_corrupt(corrupt)
+    indexes = shard_indexes(files, kind, index_shard)
+    if classes is None:
+        largest = max((label for index in indexes for label in index.labels if label is not None), default=-1)
+        classes = [str(c) for c in range(largest + 1)]
     shards, counts, bad, offset = [], Counter(), [], 0
-    for path in files:
-        size, found, unusable = tar_index(path, len(names) if names else None, corrupt)
-        if size == 0 and corrupt == "fail":
+    for path, index in zip(files, indexes):
+        if index.error is not None:
+            raise DatasetError(index.error)
+        if index.cut is not None:
+            if corrupt == "fail":
+                raise DatasetError(f"{path}: truncated in {index.cut} (pass --corrupt skip to keep the samples "
+                                   f"before it)")
+            bad.append(f"{path}: {index.cut}: truncated shard")
+        for sample, label in zip(index.names, index.labels):
+            problem = index.problems.get(sample) or label_problem(label, len(classes))
+            if problem is None:
+                counts[label] += 1
+            elif corrupt == "fail":
+                raise DatasetError(f"{path}: {sample}: {problem} (pass --corrupt skip to go on without it)")
+            else:
+                bad.append(f"{path}: {sample}: {problem}")
+        if not index.names and corrupt == "fail":
             raise DatasetError(f"{path}: the shard holds no sample")
-        if size:
-            shards.append(Shard(path, size, offset))
-        offset += size
-        counts.update(found)
-        bad += unusable
+        if index.names:
+            shards.append(Shard(path, len(index.names), offset))
+        offset += len(index.names)
     if not shards:
-        raise DatasetError(f"{spec}: the {split} split holds no usable sample")
+        raise DatasetError(f"{name}: the split holds no usable sample")
     if bad:
-        warnings.warn(f"{spec}[{split}]: {len(bad)} unusable sample(s) will be replaced in training and left out "
-                      f"of evaluation: {'; '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}", stacklevel=2)
-    classes = names or [str(c) for c in range(max(counts) + 1 if counts else 0)]
-    decode = functools.partial(decode_tar_sample, len(classes))
-    return ShardedSplit(f"{spec}[{split}]", shards, classes, read_tar, decode, counts, bad)
+        warnings.warn(f"{name}: {len(bad)} unusable sample(s) will be replaced in training and left out of "
+                      f"evaluation: {'; '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}", stacklevel=3)
+    return ShardedSplit(name, shards, classes, read, functools.partial(decode, len(classes)), counts, bad)
 
 
 __all__ = ["EvaluationStream", "Shard", "ShardedSplit", "TrainingStream", "webdataset_split"]

@@ -16,7 +16,6 @@ resume, ``metrics.jsonl`` loses the records of the steps that will be redone, so
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import sys
@@ -31,13 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..atomic import atomic_file, name_the_file
 from ..errors import ConfigError, TrainingDiverged
 from ..runtime import autocast, resolve_precision
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
                           sharded_like, wrap)
 from .objectives import Objective
+from .steplog import append_record, keep_steps_up_to, step_records
 
 TRAINING_PRECISIONS = ("fp32", "bf16", "auto")
 
@@ -107,25 +106,12 @@ class MetricsLog:
 
     def records(self) -> list[dict[str, Any]]:
         """The complete records (a line cut short by a kill is left out)."""
-        if not self.path.exists():
-            return []
-        if not self.path.is_file():  # a directory, a device: never read a stream without end
-            raise FileExistsError(f"{self.path} is not a regular file; expected the run's metrics (JSON lines)")
-        found = []
-        for line in self.path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                record = json.loads(line)
-                if isinstance(record, dict) and isinstance(record.get("step"), int):
-                    found.append(record)
-        return found
+        return step_records(self.path)
 
     def truncate_after(self, step: int) -> None:
         """On (re)start, drop the records of steps that the run will redo, and any torn line."""
-        if not self.enabled or not self.path.exists():
-            return
-        kept = [record for record in self.records() if record["step"] <= step]
-        with atomic_file(self.path) as handle:
-            handle.write("".join(json.dumps(record) + "\n" for record in kept))
+        if self.enabled:
+            keep_steps_up_to(self.path, step)
 
     def final(self, step: int) -> dict[str, float]:
         """The metrics recorded at ``step``, merged: what a finished run returned."""
@@ -138,12 +124,7 @@ class MetricsLog:
     def write(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
-        try:
-            with self.path.open("a") as handle:
-                handle.write(json.dumps({"step": step, **values}) + "\n")
-        except OSError as error:
-            name_the_file(error, self.path)
-            raise
+        append_record(self.path, {"step": step, **values})
         if self.board is not None:
             for key, value in values.items():
                 self.board.add_scalar(key, value, step)

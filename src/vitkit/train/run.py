@@ -123,15 +123,16 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     def batches(start_step: int):
         loader = training_loader(train_set, train_transform, global_batch=recipe.batch_size, total_steps=steps,
                                  start_step=start_step, seed=recipe.seed, accum_steps=recipe.accum_steps,
-                                 rank=env.rank, world_size=env.world_size, num_workers=workers, corrupt=recipe.corrupt)
+                                 rank=env.rank, world_size=env.world_size, num_workers=workers, corrupt=recipe.corrupt,
+                                 device=env.device)
         skipped.resume(start_step)
         for index, (images, labels, names) in enumerate(loader):
             if names:
                 skipped.record(start_step + index // recipe.accum_steps + 1, names, trainer.log)
             yield images, labels
 
-    loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt)
-               for name, dataset in splits.items() if name != "train"}
+    loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt,
+                                       env.device) for name, dataset in splits.items() if name != "train"}
 
     def measure(network: VisionTransformer, split_name: str) -> Evaluation:
         return evaluate(network, loaders[split_name], len(classes), env.device)

@@ -1,0 +1,128 @@
+"""The shard index cache: a second load reads it, a changed shard or a damaged entry is indexed again, the
+split is the same with and without it, and under torchrun each rank indexes only its share of the shards."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+from data_helpers import numbered_image, numbered_shards, png
+from launch import TORCHRUN, launch
+
+import vitkit.data.shards as shards
+from vitkit.data import DatasetError, load_dataset
+
+SIZES = [5, 7, 3, 6]
+
+
+@pytest.fixture
+def passes(monkeypatch, tmp_path):
+    """The shards the index pass reads (the real pass, counted), with a cache of this test's own."""
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
+    read = []
+    index = shards.tar_index
+    monkeypatch.setattr(shards, "tar_index", lambda path: read.append(Path(path).name) or index(path))
+    return read
+
+
+def facts(split):
+    return split.shards, split.classes, split.class_counts, split.bad
+
+
+def test_second_load_reads_the_cache_and_a_changed_shard_is_indexed_again(tmp_path, passes):
+    root = tmp_path / "shards"
+    numbered_shards(root, "train", SIZES)
+    listing = sorted(os.listdir(root))
+    first = load_dataset(f"webdataset:{root}", "train")
+    assert len(passes) == 4 and len(first) == 21
+    again = load_dataset(f"webdataset:{root}", "train")
+    assert len(passes) == 4, "the second load reads the cache"
+    assert facts(again) == facts(first)
+    assert sorted(os.listdir(root)) == listing, "nothing is written beside the shards"
+
+    numbered_shards(tmp_path / "other", "train", [2, 9])  # a rewritten shard 1: 9 samples instead of 7
+    os.replace(tmp_path / "other" / "train-000001.tar", root / "train-000001.tar")
+    changed = load_dataset(f"webdataset:{root}", "train")
+    assert passes[4:] == ["train-000001.tar"] and [s.size for s in changed.shards] == [5, 9, 3, 6]
+    assert changed.class_counts != first.class_counts
+
+
+def test_damaged_entries_are_indexed_again_and_bad_samples_stay_bad(tmp_path, passes):
+    root = tmp_path / "shards"
+    numbered_shards(root, "train", SIZES)
+    with wds.TarWriter(str(root / "train-000004.tar")) as sink:
+        sink.write({"__key__": "big", "png": png(numbered_image(0)), "cls": "7"})
+    (root / "classes.txt").write_text("a\nb\nc\nd\n")
+    with pytest.raises(DatasetError, match="train-000004.tar: sample big: label 7 out of range 0..3"):
+        load_dataset(f"webdataset:{root}", "train")
+    with pytest.raises(DatasetError, match="train-000004.tar: sample big: label 7 out of range 0..3"):
+        load_dataset(f"webdataset:{root}", "train")  # from the cache: the label is checked, not the verdict
+    assert len(passes) == 5
+    with pytest.warns(UserWarning, match="1 unusable"):
+        fresh = load_dataset(f"webdataset:{root}", "train", corrupt="skip")
+    entries = sorted((tmp_path / "cache" / "shard-index").iterdir())
+    assert len(entries) == 5
+    good = json.loads(entries[0].read_text())
+    damage = [b"\x00garbage", b'{"stamp": 1', b"[]", json.dumps({**good, "index": {**good["index"], "labels": "x"}}),
+              json.dumps({**good["index"], "stamp": good["stamp"]})]
+    for entry, text in zip(entries, damage):
+        entry.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.warns(UserWarning, match="1 unusable"):
+        rebuilt = load_dataset(f"webdataset:{root}", "train", corrupt="skip")
+    assert len(passes) == 10 and facts(rebuilt) == facts(fresh)
+    with pytest.warns(UserWarning, match="1 unusable"):
+        load_dataset(f"webdataset:{root}", "train", corrupt="skip")
+    assert len(passes) == 10, "the entries were written again"
+
+
+def test_the_split_is_the_same_without_a_writable_cache(tmp_path, passes, monkeypatch):
+    root = tmp_path / "shards"
+    numbered_shards(root, "train", SIZES)
+    cached = facts(load_dataset(f"webdataset:{root}", "train"))
+    assert facts(load_dataset(f"webdataset:{root}", "train")) == cached
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "a file"))
+    with pytest.warns(UserWarning, match="could not cache the shard index in .*a file"):
+        uncached = load_dataset(f"webdataset:{root}", "train")
+    assert facts(uncached) == cached and len(passes) == 8
+
+
+SHARE_OUT = """
+import json, os, sys
+import torch.distributed as dist
+import vitkit.data.shards as shards
+from vitkit.data import DatasetError, load_dataset
+
+dist.init_process_group("gloo")
+read, index = [], shards.tar_index
+shards.tar_index = lambda path: read.append(os.path.basename(path)) or index(path)
+split = load_dataset("webdataset:" + sys.argv[1], "train")
+try:
+    load_dataset("webdataset:" + sys.argv[2], "train")
+except DatasetError as error:
+    failed = str(error)
+found = {"read": read, "sizes": [s.size for s in split.shards], "counts": sorted(split.class_counts.items()),
+         "failed": failed}
+open(os.path.join(sys.argv[3], "rank-" + os.environ["RANK"]), "w").write(json.dumps(found))
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_index_their_share_and_exchange_it(tmp_path, passes):
+    """5 shards over 2 ranks: rank 0 reads 3, rank 1 reads 2, both get the whole index; a shard that cannot be
+    read (rank 1's share) stops both ranks with its name instead of leaving one waiting."""
+    numbered_shards(tmp_path / "good", "train", [*SIZES, 4])
+    numbered_shards(tmp_path / "bad", "train", [3, 3])
+    (tmp_path / "bad" / "train-000001.tar").write_bytes(b"not a tar file" * 100)
+    script = tmp_path / "share_out.py"
+    script.write_text(SHARE_OUT)
+    launch(TORCHRUN, script, tmp_path / "good", tmp_path / "bad", tmp_path)
+    found = [json.loads((tmp_path / f"rank-{rank}").read_text()) for rank in (0, 1)]
+    assert [r["read"] for r in found] == [["train-000000.tar", "train-000002.tar", "train-000004.tar",
+                                           "train-000000.tar"], ["train-000001.tar", "train-000003.tar",
+                                                                  "train-000001.tar"]]
+    alone = load_dataset(f"webdataset:{tmp_path / 'good'}", "train")  # from the cache the ranks wrote
+    assert passes == [] and all(r["sizes"] == [s.size for s in alone.shards] for r in found)
+    assert all(r["counts"] == [list(c) for c in sorted(alone.class_counts.items())] for r in found)
+    assert all("bad/train-000001.tar: not a readable tar shard" in r["failed"] for r in found)
