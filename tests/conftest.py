@@ -22,8 +22,8 @@ def shared_data() -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """The shard index cache of the tests' shards (and of the runs they launch) stays out of ~/.cache."""
-    os.environ["VITKIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("vitkit-cache"))
+    """The cache (shard indexes, downloads) of the tests and of the runs they launch stays out of ~/.cache."""
+    os.environ["VITKIT_CACHE"] = str(tmp_path_factory.mktemp("vitkit-cache"))
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ SIZES = [5, 7, 3, 6]
 @pytest.fixture
 def passes(monkeypatch, tmp_path):
     """The shards the index pass reads (the real pass, counted), with a cache of this test's own."""
-    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
     read = []
     index = shards.tar_index
     monkeypatch.setattr(shards, "tar_index", lambda path: read.append(Path(path).name) or index(path))
@@ -82,7 +82,7 @@ def test_the_split_is_the_same_without_a_writable_cache(tmp_path, passes, monkey
     cached = facts(load_dataset(f"webdataset:{root}", "train"))
     assert facts(load_dataset(f"webdataset:{root}", "train")) == cached
     (tmp_path / "a file").write_text("")
-    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "a file"))
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "a file"))
     with pytest.warns(UserWarning, match="could not cache the shard index in .*a file"):
         uncached = load_dataset(f"webdataset:{root}", "train")
     assert facts(uncached) == cached and len(passes) == 8

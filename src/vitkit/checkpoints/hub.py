@@ -3,7 +3,7 @@
 ``hf-hub:ORG/NAME[@REVISION]`` goes through ``huggingface_hub`` (its cache, its offline mode, its
 token); ``gs://vit_models/...`` (Google's bucket of the paper's and AugReg's ``.npz`` files) is
 downloaded over HTTPS from the bucket's public address (``$VITKIT_GS_URL`` points at a mirror) into
-``$VITKIT_CACHE`` (default ``~/.cache/vitkit``).
+``cache_dir()`` (``$VITKIT_CACHE``, default ``~/.cache/vitkit``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from ..atomic import atomic_file
+from ..cache import cache_dir
 from ..errors import CheckpointError
 
 HF_PREFIX = "hf-hub:"
@@ -45,10 +46,6 @@ def _from_hf_hub(repo: str) -> Path:
         return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HF_FILES))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise CheckpointError(f"{HF_PREFIX}{repo}: not in the local cache and not downloadable ({error})") from error
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("VITKIT_CACHE", Path.home() / ".cache" / "vitkit"))
 
 
 def _from_bucket(blob: str) -> Path:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..atomic import atomic_file
+from ..cache import cache_dir
 from ..errors import DatasetError
 
 FORMAT_VERSION = 1
@@ -54,13 +55,6 @@ class ShardIndex:
                 and (cut is None or isinstance(cut, str)) and data["error"] is None):
             raise ValueError("not a shard index")
         return cls(names, labels, problems, cut)
-
-
-def cache_dir() -> Path:
-    """``$VITKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vitkit``, else ``~/.cache/vitkit``."""
-    if os.environ.get("VITKIT_CACHE_DIR"):
-        return Path(os.environ["VITKIT_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitkit"
 
 
 def _stamp(path: str, kind: str) -> dict:
@@ -122,7 +116,7 @@ def shard_indexes(files: list[str], kind: str, index_shard: Callable[[str], Shar
             failures.append(failure)
     if failures:
         warnings.warn(f"could not cache the shard index in {cache_dir()} ({failures[0]}); the index pass will run "
-                      f"again next time (set VITKIT_CACHE_DIR to a writable folder)", stacklevel=3)
+                      f"again next time (set VITKIT_CACHE to a writable folder)", stacklevel=3)
     if ranks > 1:
         shares: list[dict | None] = [None] * ranks
         dist.all_gather_object(shares, {position: asdict(index) for position, index in found.items()})
