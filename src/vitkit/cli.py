@@ -12,7 +12,6 @@ import sys
 import traceback
 import typing
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 from pathlib import Path
 
 import torch
@@ -192,12 +191,12 @@ def _per_channel(values: list[float], channels: int) -> list[float]:
     return values
 
 
-def _checked(kind: type, rule: Rule) -> Callable[[str], Any]:
+def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
     """An argparse type: the text read as ``kind`` and held to ``rule``, one of the recipe's, so that a rule
     is stated once for the recipe field and for every flag of the same kind."""
     holds, expected = rule
 
-    def parse(text: str) -> Any:
+    def parse(text: str) -> typing.Any:
         value = kind(text)
         if not holds(value):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
@@ -348,6 +347,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+FEWSHOT_FILE = "fewshot.json"
+
+
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
     from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_splits
@@ -381,9 +383,6 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
             json.dump(report, handle, indent=1)
         print(f"numbers in {Path(args.out) / FEWSHOT_FILE}")
     return 0
-
-
-FEWSHOT_FILE = "fewshot.json"
 
 
 def _data_splits(args: argparse.Namespace, corrupt: str) -> dict:
