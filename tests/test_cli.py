@@ -71,8 +71,10 @@ def test_set_changes_what_the_commands_run(checkpoint, tmp_path, capsys):
     assert main(["eval", str(checkpoint), "--set", "num_classes=10", "--out", str(tmp_path / "eval")]) == 0
     assert json.loads((tmp_path / "eval" / "eval-test.json").read_text())["images"] == 359
     assert main(["bench", str(checkpoint), "--set", "image_size=8x16", "--runtimes", "eager", "--precision", "fp32",
-                 "--repeats", "1", "--peak-size", "64", "-b", "2"]) == 0
+                 "--repeats", "1", "--peak-size", "64", "-b", "2", "--out", str(tmp_path / "bench")]) == 0
     assert "at 8x16" in capsys.readouterr().out
+    written = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert written["image_size"] == [8, 16] and {row["phase"] for row in written["rows"]} == {"inference", "train_step"}
 
 
 def test_set_and_model_args_are_one_mechanism_on_the_training_commands():
@@ -85,7 +87,7 @@ def test_set_and_model_args_are_one_mechanism_on_the_training_commands():
 def test_out_is_a_folder_on_every_command(checkpoint, tmp_path, capsys):
     having = {name: action for name, parser in subcommands().items() for action in parser._actions
               if "--out" in action.option_strings}
-    assert set(having) >= {"eval", "analyze", "fewshot"}
+    assert set(having) >= {"eval", "analyze", "fewshot", "bench"}
     assert all(action.metavar == "DIR" for action in having.values())
     assert main(["fewshot", str(checkpoint), "--set", "num_classes=10", "--shots", "1", "--seeds", "1",
                  "--out", str(tmp_path / "fs")]) == 0
@@ -109,10 +111,10 @@ def test_image_size_is_h_or_hxw_everywhere(tmp_path):
 
 def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
     train = subcommands()["train"]
+    assert all(action.help for action in train._actions), [a.dest for a in train._actions if not a.help]
     grouped = collections.Counter()
     for group in train._action_groups:
         if group.title.startswith("recipe: "):
-            assert all(action.help for action in group._group_actions), group.title
             grouped.update({action.dest for action in group._group_actions})  # --set, --model-args: one field
     assert grouped == collections.Counter(field.name for field in dataclasses.fields(Recipe))
     for action in train._actions:
@@ -164,3 +166,20 @@ def _read(fd: int) -> bytes:
         return os.read(fd, 4096)
     except OSError:  # the other end closed (Linux reports EIO)
         return b""
+
+
+def test_loops_draw_a_bar_on_a_terminal_and_nothing_elsewhere(tmp_path):
+    from vitkit.progress import track
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    with open(follower, "w", closefd=True) as terminal:
+        assert list(track(range(7), "verify", stream=terminal)) == list(range(7))
+    drawn = b""
+    while chunk := _read(leader):
+        drawn += chunk
+    os.close(leader)
+    assert "verify:" in drawn.decode() and "/7 [" in drawn.decode()
+    with open(tmp_path / "log", "w") as log:
+        assert list(track(range(7), "verify", stream=log)) == list(range(7))
+    assert (tmp_path / "log").read_text() == ""

@@ -134,12 +134,15 @@ class _Overrides(argparse.Action):
         setattr(namespace, self.dest, {**(getattr(namespace, self.dest, None) or {}), **values})
 
 
-def _override_flags(parser: argparse.ArgumentParser, dest: str = "overrides", json_alias: bool = False) -> None:
-    """``--set KEY=VALUE`` (and on the training commands its alias ``--model-args JSON``): model config
-    fields changed before the weights are loaded, or, for image_size and num_classes, by surgery after."""
+def _override_flags(parser: argparse.ArgumentParser, dest: str = "overrides", json_alias: bool = False,
+                    help: str = "model config override, e.g. num_heads=4 for a packed qkv or ln_eps=1e-12 "
+                                "(repeatable)") -> None:
+    """``--set KEY=VALUE`` (and on the training commands its spellings ``--model-args JSON`` and
+    ``--drop-path``): model config fields changed before the weights are loaded, or, for image_size and
+    num_classes, by surgery after."""
     default = argparse.SUPPRESS if json_alias else {}
     parser.add_argument("--set", type=_override, action=_Overrides, dest=dest, default=default, metavar="KEY=VALUE",
-                        help="model config override, e.g. num_heads=4 for a packed qkv or ln_eps=1e-12 (repeatable)")
+                        help=help)
     if json_alias:
         parser.add_argument("--model-args", type=_json_object, action=_Overrides, dest=dest, default=default,
                             metavar="JSON", help='several --set at once, e.g. \'{"dim": 192, "depth": 12}\'')
@@ -256,7 +259,7 @@ def _recipe_flags(parser: argparse.ArgumentParser) -> None:
             default, kind = defaults[name], hints[name]
             flag = ("--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ()))
             if name == "model_args":
-                _override_flags(group, dest=name, json_alias=True)
+                _override_flags(group, dest=name, json_alias=True, help=help)
             elif name == "image_size":
                 group.add_argument(*flag, type=_image_size, default=argparse.SUPPRESS, metavar="HxW", help=help)
             elif typing.get_origin(kind) is typing.Literal:
@@ -347,7 +350,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-FEWSHOT_FILE = "fewshot.json"
+FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
+
+
+def write_json(folder: str, name: str, data: object) -> Path:
+    """``folder/name`` holding ``data`` as JSON, written atomically: what an ``--out DIR`` receives."""
+    from .atomic import atomic_file
+
+    path = Path(folder) / name
+    with atomic_file(path) as handle:
+        json.dump(data, handle, indent=1)
+    return path
 
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
@@ -377,11 +390,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     print(f"{args.dataset}: linear classifier on frozen representations, {args.seeds} seeds")
     print_table(["shots", "test accuracy", "std", "l2"], rows)
     if args.out:
-        from .atomic import atomic_file
-
-        with atomic_file(Path(args.out) / FEWSHOT_FILE) as handle:
-            json.dump(report, handle, indent=1)
-        print(f"numbers in {Path(args.out) / FEWSHOT_FILE}")
+        print(f"numbers in {write_json(args.out, FEWSHOT_FILE, report)}")
     return 0
 
 
@@ -453,10 +462,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model = create_model(args.checkpoint, **overrides)
     rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
                           peak_size=args.peak_size)
+    height, width = model.config.image_size
+    if args.out:
+        written = write_json(args.out, BENCH_FILE, {
+            "model": args.checkpoint, "image_size": [height, width], "batch_size": args.batch_size,
+            "device": str(device), "threads": torch.get_num_threads(), "load": os.getloadavg()[0],
+            "repeats": args.repeats, "rows": [row.to_dict() for row in rows], "skipped": skipped})
+        print(f"numbers in {written}", file=sys.stderr)
     if args.json:
         print(json.dumps([row.to_dict() for row in rows], indent=1))
         return 0
-    height, width = model.config.image_size
     print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {device} "
           f"({torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved "
           f"repeats; GEMM peak at n={args.peak_size}")
@@ -614,6 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_.add_argument("--repeats", type=_positive, default=5)
     bench_.add_argument("--peak-size", type=_positive, default=2048, help="side of the GEMM that measures the peak")
     bench_.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    bench_.add_argument("--out", metavar="DIR", help=f"folder that receives the rows and their setting as {BENCH_FILE}")
     bench_.set_defaults(run=cmd_bench)
 
     debug = dict(action="store_true", help="show the traceback of an error (also: VITKIT_DEBUG=1)")

@@ -247,7 +247,8 @@ FIELD_HELP: dict[str, dict[str, str]] = {
     },
     "model": {
         "model": "a named variant such as ViT-B/16 (see `vitkit models`), or empty for a custom one",
-        "model_args": "model config fields (the --set / --model-args flags)",
+        "model_args": "a model config field, e.g. depth=8 or dropout=0.1 (repeatable); from a checkpoint, "
+                      "changes its config",
         "image_size": "input size, H or HxW pixels",
         "init": "start from this checkpoint (finetune's CHECKPOINT)",
     },
