@@ -58,10 +58,10 @@ def test_cli_fewshot_reports_every_shot(tmp_path, capsys):
                                                  mlp_dim=32, in_chans=1, num_classes=10))
     model.save(tmp_path / "m")
     assert main(["fewshot", str(tmp_path / "m"), "--shots", "1", "5", "--seeds", "2", "--linear-probe",
-                 "--out", str(tmp_path / "fs.json")]) == 0
+                 "--out", str(tmp_path / "fs")]) == 0
     out = capsys.readouterr().out
     assert "shots" in out and "all" in out
-    report = json.loads((tmp_path / "fs.json").read_text())
+    report = json.loads((tmp_path / "fs" / "fewshot.json").read_text())
     assert set(report["fewshot"]) == {"1", "5"} and len(report["fewshot"]["5"]["per_seed"]) == 2
     # Even random features of 8x8 digits are far above chance with a linear probe on every image.
     assert report["linear_probe"]["accuracy"] > 0.3

@@ -7,7 +7,7 @@ import pytest
 import vitkit
 from vitkit.cli import build_parser, main, recipe_from_args
 from vitkit.errors import ConfigError
-from vitkit.train import PRESETS, Recipe, resolve
+from vitkit.train import RECIPE_PRESETS, Recipe, resolve
 from vitkit.train.recipes import read_config_file
 
 
@@ -16,7 +16,7 @@ def test_preset_then_yaml_then_overrides(tmp_path):
     path.write_text("preset: mnist\nlr: 0.01\nmodel_args:\n  depth: 2\ncrop_scale: [0.3, 1.0]\n")
     recipe = resolve(config_file=path, overrides={"lr": 0.02, "model_args": {"dim": 32}})
     assert recipe.dataset == "mnist" and recipe.lr == 0.02 and recipe.crop_scale == (0.3, 1.0)
-    assert recipe.model_args == {**PRESETS["mnist"]["model_args"], "depth": 2, "dim": 32}
+    assert recipe.model_args == {**RECIPE_PRESETS["mnist"]["model_args"], "depth": 2, "dim": 32}
     json_path = tmp_path / "recipe.json"
     json_path.write_text(json.dumps({"steps": 7}))
     assert resolve("paper-finetune", json_path).steps == 7
@@ -43,7 +43,7 @@ def test_command_line_flags_become_recipe_fields():
     recipe = recipe_from_args(args)
     assert (recipe.dataset, recipe.lr, recipe.hflip, recipe.crop_scale, recipe.ema_decay) == (
         "mnist", 0.5, False, (0.3, 1.0), 0.99)
-    assert recipe.model_args["depth"] == 1 and recipe.model_args["dim"] == PRESETS["mnist"]["model_args"]["dim"]
+    assert recipe.model_args["depth"] == 1 and recipe.model_args["dim"] == RECIPE_PRESETS["mnist"]["model_args"]["dim"]
     finetune = recipe_from_args(build_parser().parse_args(["finetune", "runs/x/model", "--dataset", "mnist"]))
     assert finetune.init == "runs/x/model" and finetune.optimizer == "sgd"
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sys
 import traceback
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -21,13 +23,15 @@ from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import export, load
 from .checkpoints.convert import FORMATS
 from .checkpoints.onnx import QUANTIZATIONS
-from .data import trained_normalization, trained_statistics
+from .data import CORRUPT, trained_normalization, trained_statistics
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS
 from .models import create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
+from .train.recipes import (FIELD_HELP, RANGES, RECIPE_PRESETS, Recipe, Rule, at_least, field_types, fraction, merge,
+                            read_config_file, resolve)
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -59,14 +63,14 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     """Config, parameter count and input size of a checkpoint of any format."""
     device = select_device(args.device)
-    model = load(args.path, **dict(args.set)).to(device)
+    model = load_checkpoint(args).to(device)
     config = model.config
     if args.json:
         print(json.dumps({"config": config.to_dict(), "parameters": count_parameters(model), "device": str(device)},
                          indent=2))
         return 0
     height, width = config.image_size
-    print(f"checkpoint   {args.path}" + (f" ({config.provenance.format})" if config.provenance.format else ""))
+    print(f"checkpoint   {args.checkpoint}" + (f" ({config.provenance.format})" if config.provenance.format else ""))
     print(f"model        {config.provenance.name or 'custom'}: {config.depth} layers, D={config.dim}, "
           f"MLP={config.mlp_dim}, {config.num_heads} heads, patch {config.patch_size}"
           + (f" on a ResNet {list(config.backbone)}" if config.backbone is not None else ""))
@@ -89,7 +93,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
     timm state dict or ONNX (checked by ONNX Runtime after writing)."""
-    model = load(args.src, **dict(args.set))
+    model = load_checkpoint(args)
     written = export(model, args.dst, args.to, args.quantize, select_device(args.device))
     print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
@@ -103,22 +107,65 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _override(text: str) -> tuple[str, object]:
-    """``key=value`` with a JSON value (``num_heads=4``, ``pool="gap"``; bare words are strings)."""
+def load_checkpoint(args: argparse.Namespace):
+    """The model of the command's CHECKPOINT with its ``--set`` overrides."""
+    return load(args.checkpoint, **args.overrides)
+
+
+def _override(text: str) -> dict[str, object]:
+    """``key=value`` with a JSON value (``num_heads=4``, ``pool="gap"``; bare words are strings);
+    ``image_size`` also takes ``H`` or ``HxW``."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if key == "image_size":
+        return {key: _image_size(value)}
     try:
-        return key, json.loads(value)
+        return {key: json.loads(value)}
     except json.JSONDecodeError:
-        return key, value
+        return {key: value}
+
+
+class _Overrides(argparse.Action):
+    """Config overrides gathered in command-line order into one mapping: ``--set`` gives one key,
+    ``--model-args`` a JSON object of them; a later value of a key wins."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest, None) or {}), **values})
+
+
+def _override_flags(parser: argparse.ArgumentParser, dest: str = "overrides", json_alias: bool = False,
+                    help: str = "model config override, e.g. num_heads=4 for a packed qkv or ln_eps=1e-12 "
+                                "(repeatable)") -> None:
+    """``--set KEY=VALUE`` (and on the training commands its spellings ``--model-args JSON`` and
+    ``--drop-path``): model config fields changed before the weights are loaded, or, for image_size and
+    num_classes, by surgery after."""
+    default = argparse.SUPPRESS if json_alias else {}
+    parser.add_argument("--set", type=_override, action=_Overrides, dest=dest, default=default, metavar="KEY=VALUE",
+                        help=help)
+    if json_alias:
+        parser.add_argument("--model-args", type=_json_object, action=_Overrides, dest=dest, default=default,
+                            metavar="JSON", help='several --set at once, e.g. \'{"dim": 192, "depth": 12}\'')
+        parser.add_argument("--drop-path", type=_drop_path, action=_Overrides, dest=dest, default=default,
+                            metavar="RATE", help="stochastic depth rate (timm's name for --set drop_path=RATE)")
+
+
+def _drop_path(text: str) -> dict[str, float]:
+    return {"drop_path": float(text)}
+
+
+def _checkpoint_flags(parser: argparse.ArgumentParser, help: str = "anything vitkit.load reads: a vitkit, HF or "
+                      "timm directory, .npz, .safetensors/.pth state dict, hf-hub:ORG/NAME") -> None:
+    """The positional CHECKPOINT and its ``--set`` overrides, alike on every command that reads one."""
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help=help)
+    _override_flags(parser)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
     device = select_device(args.device)
-    model = load(args.checkpoint).to(device)
+    model = load_checkpoint(args).to(device)
     if args.dataset:
         pictures = inputs.dataset_sample(args.dataset, args.data_dir, args.num_images, args.seed)
     elif args.images:
@@ -147,25 +194,25 @@ def _per_channel(values: list[float], channels: int) -> list[float]:
     return values
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
+def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
+    """An argparse type: the text read as ``kind`` and held to ``rule``, one of the recipe's, so that a rule
+    is stated once for the recipe field and for every flag of the same kind."""
+    holds, expected = rule
+
+    def parse(text: str) -> typing.Any:
+        value = kind(text)
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
+    return parse
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
-    return value
+_positive = _checked(int, at_least(1))
+_count = _checked(int, at_least(0))
+_fraction = _checked(float, fraction(open_top=True))
+_val_fraction = _checked(float, RANGES["val_fraction"])
 
 
 def _json_object(text: str) -> dict:
@@ -180,14 +227,18 @@ def _json_object(text: str) -> dict:
 
 
 def _image_size(text: str) -> tuple[int, int]:
-    """``224`` or ``384x512`` (height x width), in pixels."""
+    """``224`` or ``384x512`` (height x width), in pixels; sides by the recipe's ``image_size`` rule."""
+    holds, expected = RANGES["image_size"]
     try:
         parts = [int(p) for p in text.lower().split("x")]
     except ValueError:
         parts = []
-    if len(parts) not in (1, 2) or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size such as 224 or 384x512, got {text!r}")
-    return pair(parts[0] if len(parts) == 1 else tuple(parts))
+    if len(parts) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"expected a size such as 224 or 384x512, got {text!r}")
+    size = pair(parts[0] if len(parts) == 1 else tuple(parts))
+    if not holds(size):
+        raise argparse.ArgumentTypeError(f"expected sides {expected}, got {text!r}")
+    return size
 
 
 # ------------------------------------------------------------------------ train, finetune, eval, predict
@@ -197,33 +248,36 @@ FLAG_ALIASES = {"batch_size": ("-b",), "num_workers": ("-j",), "label_smoothing"
 
 
 def _recipe_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--field`` flag per recipe field, typed by its default; unset flags leave the preset alone."""
-    from .train.recipes import Recipe, field_types
-
-    group = parser.add_argument_group("recipe fields (override the preset and the config file)")
+    """One ``--field`` flag per recipe field, in the help group of its concern, typed by its annotation;
+    unset flags leave the preset alone. ``model_args`` are given by ``--set`` or ``--model-args``."""
     hints = field_types()
-    for item in dataclasses.fields(Recipe):
-        default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-        flag = ("--" + item.name.replace("_", "-"), *FLAG_ALIASES.get(item.name, ()))
-        if typing.get_origin(hints[item.name]) is typing.Literal:
-            group.add_argument(*flag, choices=typing.get_args(hints[item.name]), default=argparse.SUPPRESS)
-        elif isinstance(default, bool):
-            group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
-        elif isinstance(default, tuple):
-            group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X")
-        elif isinstance(default, dict):
-            group.add_argument(*flag, type=_json_object, default=argparse.SUPPRESS, metavar="JSON",
-                               help='e.g. \'{"dim": 192, "depth": 12}\'')
-        else:
-            kind = type(default) if default is not None else str
-            group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper())
+    defaults = {item.name: item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+                for item in dataclasses.fields(Recipe)}
+    for concern, helps in FIELD_HELP.items():
+        group = parser.add_argument_group(f"recipe: {concern}")
+        for name, help in helps.items():
+            default, kind = defaults[name], hints[name]
+            flag = ("--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ()))
+            if name == "model_args":
+                _override_flags(group, dest=name, json_alias=True, help=help)
+            elif name == "image_size":
+                group.add_argument(*flag, type=_image_size, default=argparse.SUPPRESS, metavar="HxW", help=help)
+            elif typing.get_origin(kind) is typing.Literal:
+                group.add_argument(*flag, choices=typing.get_args(kind), default=argparse.SUPPRESS, help=help)
+            elif isinstance(default, bool):
+                group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help)
+            elif isinstance(default, tuple):
+                group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X",
+                                   help=help)
+            else:
+                kind = type(default) if default is not None else str
+                group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
+                                   help=help)
 
 
 def recipe_from_args(args: argparse.Namespace):
     """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
     ``recipe.json`` so that the continued run is the same run."""
-    from .train import resolve
-    from .train.recipes import Recipe, merge, read_config_file
     from .train.run import RECIPE_FILE
 
     overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
@@ -268,8 +322,10 @@ def inference_model(args: argparse.Namespace):
 
         if args.precision not in ("fp32", "auto"):
             raise ConfigError(f"--precision {args.precision}: an ONNX model runs in the precision it was exported in")
+        if args.overrides:
+            raise ConfigError(f"--set {', '.join(args.overrides)}: an ONNX model runs as it was exported")
         return OnnxModel(args.checkpoint, device), torch.device("cpu"), torch.float32
-    return load(args.checkpoint).to(device), device, resolve_precision(args.precision, device)
+    return load_checkpoint(args).to(device), device, resolve_precision(args.precision, device)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -294,13 +350,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
+
+
+def write_json(folder: str, name: str, data: object) -> Path:
+    """``folder/name`` holding ``data`` as JSON, written atomically: what an ``--out DIR`` receives."""
+    from .atomic import atomic_file
+
+    path = Path(folder) / name
+    with atomic_file(path) as handle:
+        json.dump(data, handle, indent=1)
+    return path
+
+
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
     from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_splits
     from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
 
     device = select_device(args.device)
-    model = load(args.checkpoint).to(device)
+    model = load_checkpoint(args).to(device)
     config = model.config
     transform = checkpoint_transform(config)
     features = {}
@@ -321,10 +390,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     print(f"{args.dataset}: linear classifier on frozen representations, {args.seeds} seeds")
     print_table(["shots", "test accuracy", "std", "l2"], rows)
     if args.out:
-        from .atomic import atomic_file
-
-        with atomic_file(args.out) as handle:
-            json.dump(report, handle, indent=1)
+        print(f"numbers in {write_json(args.out, FEWSHOT_FILE, report)}")
     return 0
 
 
@@ -389,21 +455,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .benchmark import bench
 
     device = select_device(args.device)
-    if Path(args.model).exists():
-        model = load(args.model)
-        if args.image_size:
-            model.resize_image(args.image_size)
+    overrides = {**args.overrides, **({"image_size": args.image_size} if args.image_size else {})}
+    if Path(args.checkpoint).exists():
+        model = load(args.checkpoint, **overrides)
     else:
-        model = create_model(args.model, **({"image_size": args.image_size} if args.image_size else {}))
+        model = create_model(args.checkpoint, **overrides)
     rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
                           peak_size=args.peak_size)
+    height, width = model.config.image_size
+    if args.out:
+        written = write_json(args.out, BENCH_FILE, {
+            "model": args.checkpoint, "image_size": [height, width], "batch_size": args.batch_size,
+            "device": str(device), "threads": torch.get_num_threads(), "load": os.getloadavg()[0],
+            "repeats": args.repeats, "rows": [row.to_dict() for row in rows], "skipped": skipped})
+        print(f"numbers in {written}", file=sys.stderr)
     if args.json:
         print(json.dumps([row.to_dict() for row in rows], indent=1))
         return 0
-    height, width = model.config.image_size
-    print(f"{args.model} at {height}x{width}, batch {args.batch_size} on {device} ({torch.get_num_threads()} threads, "
-          f"load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved repeats; "
-          f"GEMM peak at n={args.peak_size}")
+    print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {device} "
+          f"({torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved "
+          f"repeats; GEMM peak at n={args.peak_size}")
     print_table(["runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
                  "vs timm fp32"],
                 [[r.runtime, r.precision, r.phase, f"{r.images_per_s:.1f}", f"{r.gflops_per_s:.1f}",
@@ -429,28 +500,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the named ViT variants")
     models.add_argument("names", nargs="*", help="variants to show (default: all named ones)")
-    models.add_argument("--image-size", type=_image_size, help="e.g. 224 or 384x512 (default: the variant's)")
+    models.add_argument("--image-size", type=_image_size, metavar="HxW",
+                        help="e.g. 224 or 384x512 (default: the variant's)")
     models.add_argument("--num-classes", type=_count, help="default: the variant's (1000, or 0 for a bare tower)")
     models.set_defaults(run=cmd_models)
 
     info = sub.add_parser("info", help="describe a checkpoint")
-    info.add_argument("path")
+    _checkpoint_flags(info)
     info.add_argument("--json", action="store_true", help="machine-readable output")
     _runtime_flags(info, precision=False)
     info.set_defaults(run=cmd_info)
 
     conv = sub.add_parser("convert", help="convert a checkpoint between formats")
-    conv.add_argument("src", help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
-    conv.add_argument("dst")
+    _checkpoint_flags(conv, help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
+    conv.add_argument("dst", metavar="DST", help="the file or directory to write (its kind is given by --to)")
     conv.add_argument("--to", choices=FORMATS, default="native")
     conv.add_argument("--quantize", choices=QUANTIZATIONS, help="ONNX only: int8 weights (dynamic quantisation)")
     _runtime_flags(conv, precision=False)
     conv.set_defaults(run=cmd_convert)
-    for command in (info, conv):
-        command.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",
-                             help="config override, e.g. num_heads=4 for a packed qkv (repeatable)")
     analyze = sub.add_parser("analyze", help="attention rollout, attention distance, embedding figures and a report")
-    analyze.add_argument("checkpoint")
+    _checkpoint_flags(analyze)
     source = analyze.add_mutually_exclusive_group()
     source.add_argument("--images", nargs="+", metavar="PATH",
                          help="image files or directories (default: scikit-learn's two sample photos)")
@@ -459,8 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--data-dir", help="where --dataset lies (torchvision layout)")
     analyze.add_argument("--num-images", type=_positive, default=64, help="size of the --dataset sample")
     analyze.add_argument("--seed", type=int, default=0)
-    analyze.add_argument("--out", required=True, help="directory for figures, numbers and index.html")
-    analyze.add_argument("--image-size", type=_image_size, help="input size (default: the checkpoint's)")
+    analyze.add_argument("--out", required=True, metavar="DIR", help="folder for figures, numbers and index.html")
+    analyze.add_argument("--image-size", type=_image_size, metavar="HxW",
+                         help="input size (default: the checkpoint's)")
     analyze.add_argument("--mean", type=float, nargs="+",
                          help="per-channel input mean (default: the checkpoint's normalisation's)")
     analyze.add_argument("--std", type=float, nargs="+",
@@ -473,15 +543,14 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
     _runtime_flags(analyze)
     analyze.set_defaults(run=cmd_analyze)
-    from .train.recipes import PRESETS
-
     for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
                            ("pretrain", "self-supervised pre-training: masked patch prediction (section 4.6)"),
                            ("finetune", "fine-tune a checkpoint at a new resolution")):
-        parser_ = sub.add_parser(name, help=helptext, description=cmd_train.__doc__)
+        parser_ = sub.add_parser(name, help=helptext, description=cmd_train.__doc__,
+                                 epilog="A recipe flag overrides the --config file, which overrides the --preset.")
         if name == "finetune":
-            parser_.add_argument("checkpoint", help="anything vitkit.load reads")
-        parser_.add_argument("--preset", choices=sorted(PRESETS),
+            parser_.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
+        parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS),
                              default="paper-finetune" if name == "finetune" else None,
                              help="named recipe to start from (default: digits / paper-finetune)")
         parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
@@ -492,20 +561,21 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.set_defaults(run=cmd_train, **({"objective": "mpp"} if name == "pretrain" else {}))
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
-    evaluate_.add_argument("checkpoint")
+    _checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")
     evaluate_.add_argument("--dataset", default="digits")
     evaluate_.add_argument("--data-dir")
     evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
-    evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
-    evaluate_.add_argument("--corrupt", default="fail", choices=("fail", "skip"))
+    evaluate_.add_argument("--val-fraction", type=_val_fraction, default=0.1)
+    evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
     evaluate_.add_argument("--batch-size", "-b", type=_positive, default=256)
     evaluate_.add_argument("--num-workers", "-j", type=_count, default=0)
-    evaluate_.add_argument("--out", default=".", help="folder for eval-<split>.json and confusion-<split>.png")
+    evaluate_.add_argument("--out", default=".", metavar="DIR",
+                           help="folder for eval-<split>.json and confusion-<split>.png")
     _runtime_flags(evaluate_)
     evaluate_.set_defaults(run=cmd_eval)
 
     fewshot = sub.add_parser("fewshot", help="few-shot linear evaluation of frozen representations")
-    fewshot.add_argument("checkpoint")
+    _checkpoint_flags(fewshot)
     fewshot.add_argument("--dataset", default="digits")
     fewshot.add_argument("--data-dir")
     fewshot.add_argument("--shots", type=_positive, nargs="+", default=[1, 5, 10, 25])
@@ -514,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="regularisers tried; one is chosen on held-out training images")
     fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
     fewshot.add_argument("--batch-size", "-b", type=_positive, default=256)
-    fewshot.add_argument("--out", help="write the numbers to this JSON file")
+    fewshot.add_argument("--out", metavar="DIR", help=f"folder that receives the numbers as {FEWSHOT_FILE}")
     _runtime_flags(fewshot)
     fewshot.set_defaults(run=cmd_fewshot)
 
@@ -527,11 +597,11 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("dataset", metavar="SRC" if command is convert_ else "DATASET",
                              help="imagefolder:PATH, webdataset:ROOT, hf:PATH, mnist, npz:PATH, ...")
         command.add_argument("--data-dir", help="where torchvision's datasets lie")
-        command.add_argument("--val-fraction", type=_fraction, default=0.1,
+        command.add_argument("--val-fraction", type=_val_fraction, default=0.1,
                              help="validation images held out of train where the dataset has no val split")
         command.set_defaults(run=run_)
     info_.add_argument("--json", action="store_true", help="machine-readable output")
-    info_.add_argument("--corrupt", default="fail", choices=("fail", "skip"),
+    info_.add_argument("--corrupt", default="fail", choices=CORRUPT,
                        help="skip: list shards' unusable samples instead of stopping at the first")
     verify.add_argument("--num-workers", "-j", type=_positive, default=os.cpu_count() or 1)
     convert_.add_argument("dst", metavar="DST", help="a new folder for the shards")
@@ -540,8 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="image and label bytes a shard (tar headers add ~1 kB a file), e.g. 256MB, 1GB")
 
     predict_ = sub.add_parser("predict", help="top-k labels of image files")
-    predict_.add_argument("checkpoint")
-    predict_.add_argument("images", nargs="+")
+    _checkpoint_flags(predict_, help="anything vitkit.load reads, or an .onnx file")
+    predict_.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     predict_.add_argument("--top-k", type=_positive, default=5)
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
@@ -549,9 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark import RUNTIMES
 
     bench_ = sub.add_parser("bench", help="throughput per runtime and precision, against the GEMM peak and timm")
-    bench_.add_argument("model", help="a named variant (ViT-S/16: random weights) or a checkpoint")
+    _checkpoint_flags(bench_, help="a checkpoint, or a named variant such as ViT-S/16 (random weights)")
     bench_.add_argument("--batch-size", "-b", type=_positive, default=8)
-    bench_.add_argument("--image-size", type=_image_size, help="input size (default: the model's)")
+    bench_.add_argument("--image-size", type=_image_size, metavar="HxW", help="input size (default: the model's)")
     _runtime_flags(bench_, precision=False)
     bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
                         help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
@@ -559,6 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_.add_argument("--repeats", type=_positive, default=5)
     bench_.add_argument("--peak-size", type=_positive, default=2048, help="side of the GEMM that measures the peak")
     bench_.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    bench_.add_argument("--out", metavar="DIR", help=f"folder that receives the rows and their setting as {BENCH_FILE}")
     bench_.set_defaults(run=cmd_bench)
 
     debug = dict(action="store_true", help="show the traceback of an error (also: VITKIT_DEBUG=1)")
@@ -585,6 +656,26 @@ def describe(error: BaseException) -> str:
     return text
 
 
+@contextlib.contextmanager
+def library_messages() -> Iterator[None]:
+    """While a command runs, the messages vitkit's modules log (``logging``, INFO and up) are plain lines on
+    stderr, as the command's own; on a terminal they appear above any progress bar."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    logger = logging.getLogger("vitkit")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with logging_redirect_tqdm([logger]):
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; errors the user can act on are one line on stderr (``--debug`` or
     ``VITKIT_DEBUG=1`` adds the traceback), anything else is a bug and keeps its traceback."""
@@ -592,7 +683,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = args.debug or os.environ.get("VITKIT_DEBUG", "") not in ("", "0")
     run: Callable[[argparse.Namespace], int] = args.run
     try:
-        return run(args)
+        with library_messages():
+            return run(args)
     except (VitkitError, OSError, ImportError) as error:
         if debug:
             traceback.print_exc()

@@ -22,6 +22,7 @@ from webdataset import ShardWriter
 
 from ..atomic import atomic_directory, remove_tree
 from ..errors import ConfigError, DatasetError
+from ..progress import track
 from .shards import IMAGE_EXTENSIONS, ShardedSplit, decode_bytes
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -87,7 +88,8 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
             count = 0
             with ShardWriter(str(staging / f"{split}-%06d.tar"), maxsize=shard_size, maxcount=10**9,
                              verbose=0) as sink:
-                for count, (extension, data, label) in enumerate(encoded_samples(dataset), start=1):
+                samples = track(encoded_samples(dataset), f"convert {split}", len(dataset), unit="image")
+                for count, (extension, data, label) in enumerate(samples, start=1):
                     sink.write({"__key__": f"{split}{count - 1:09d}", extension: data, "cls": str(label)})
             written[split] = count
         (staging / "classes.txt").write_text("".join(f"{name}\n" for name in classes))

@@ -8,6 +8,7 @@ from collections import Counter
 import torch
 from torch.utils.data import DataLoader
 
+from ..progress import track
 from .loading import Transformed, worker_options
 from .shards import EvaluationStream, ShardedSplit
 from .transforms import Preset
@@ -47,4 +48,4 @@ def unreadable_images(dataset, num_workers: int = 0, batch_size: int = 64) -> li
     else:
         source = Transformed(dataset, AS_IS, corrupt="skip")
     loader = DataLoader(source, batch_size=batch_size, collate_fn=_unreadable, **worker_options(num_workers))
-    return [name for names in loader for name in names]
+    return [name for names in track(loader, "verify") for name in names]

@@ -26,7 +26,7 @@ AUGREG_LEVELS = {
     "strong1": ((2, 20), 0.5),
     "strong2": ((2, 20), 0.8),
 }
-PRESETS = ("pretrain", "finetune", "eval")
+TRANSFORM_PRESETS = ("pretrain", "finetune", "eval")
 
 
 def augreg_level(level: str) -> tuple[tuple[int, int] | None, float]:
@@ -70,8 +70,8 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
     """``pretrain``: Inception crop (random area in ``crop_scale``, aspect 3/4..4/3) + flip;
     ``finetune``: resize to the target resolution, random crop with 1/8 padding + flip;
     ``eval``: resize only. RandAugment at the AugReg ``aug_level`` for the two training presets."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown transform preset {preset!r}; expected one of {PRESETS}")
+    if preset not in TRANSFORM_PRESETS:
+        raise ValueError(f"unknown transform preset {preset!r}; expected one of {TRANSFORM_PRESETS}")
     size = list(image_size)
     steps: list = [ToChannels(channels)]
     if preset == "pretrain":

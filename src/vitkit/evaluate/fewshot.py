@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..progress import track
 
 DEFAULT_L2_REGS = tuple(2.0 ** k for k in range(-10, 11, 2))
 
@@ -135,7 +136,7 @@ def extract_features(model: torch.nn.Module, batches: Iterable, device: str | to
     """Frozen representations (the pre-logits, i.e. the input of the head) and labels of every batch."""
     model.eval().to(device)
     features, labels = [], []
-    for images, targets in batches:
+    for images, targets in track(batches, "features"):
         tokens = model.forward_features(images.to(device))
         features.append(model.forward_head(tokens, pre_logits=True).float().cpu().numpy())
         labels.append(np.asarray(targets))

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..progress import track
 from ..runtime import autocast
 
 
@@ -54,7 +55,7 @@ def evaluate(model: nn.Module, loader, num_classes: int, device: torch.device | 
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
     top5, loss_sum = 0, 0.0
     k = min(5, num_classes)
-    for images, labels in loader:
+    for images, labels in track(loader, "evaluate"):
         with autocast(device, dtype):
             logits = model(images.to(device, non_blocking=True)).float().cpu()
         loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))

@@ -3,8 +3,8 @@
 from .loop import EMA, LoopConfig, Trainer, TrainingDiverged
 from .objectives import Classification, Objective
 from .optim import decay_mask, learning_rate, make_optimizer
-from .recipes import PRESETS, Recipe, resolve
+from .recipes import RECIPE_PRESETS, Recipe, resolve
 from .run import build_model, run
 
-__all__ = ["EMA", "PRESETS", "Classification", "LoopConfig", "Objective", "Recipe", "Trainer", "TrainingDiverged",
-           "build_model", "decay_mask", "learning_rate", "make_optimizer", "resolve", "run"]
+__all__ = ["EMA", "RECIPE_PRESETS", "Classification", "LoopConfig", "Objective", "Recipe", "Trainer",
+           "TrainingDiverged", "build_model", "decay_mask", "learning_rate", "make_optimizer", "resolve", "run"]

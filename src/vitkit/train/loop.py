@@ -16,6 +16,7 @@ resume, ``metrics.jsonl`` loses the records of the steps that will be redone, so
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import signal
 import sys
@@ -31,12 +32,15 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, TrainingDiverged
+from ..progress import StepProgress
 from ..runtime import autocast, resolve_precision
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
                           sharded_like, wrap)
 from .objectives import Objective
 from .steplog import append_record, keep_steps_up_to, step_records
+
+logger = logging.getLogger(__name__)
 
 TRAINING_PRECISIONS = ("fp32", "bf16", "auto")
 
@@ -129,12 +133,6 @@ class MetricsLog:
             for key, value in values.items():
                 self.board.add_scalar(key, value, step)
             self.board.flush()
-
-
-def progress_line(step: int, total: int, values: dict[str, float], rate: float, eta: float) -> str:
-    shown = " ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in values.items() if k != "train/images_per_s")
-    return (f"step {step}/{total} {100 * step / total:3.0f}% | {shown} | {rate:,.0f} img/s | "
-            f"ETA {time.strftime('%H:%M:%S', time.gmtime(max(0.0, eta)))}")
 
 
 class StopRequest:
@@ -272,8 +270,8 @@ class Trainer:
     def _stop(self, stop: StopRequest) -> None:
         signum = stop.signum or signal.SIGTERM
         if self.env.is_main:
-            print(f"{signal.Signals(signum).name}: saved a checkpoint at step {self.step} in {self.run_dir}; "
-                  f"continue with --resume", file=sys.stderr, flush=True)
+            logger.warning(f"{signal.Signals(signum).name}: saved a checkpoint at step {self.step} in "
+                           f"{self.run_dir}; continue with --resume")
         stop.act(signum)
 
     @contextlib.contextmanager
@@ -360,7 +358,7 @@ class Trainer:
             sweep_run(self.run_dir)
         self.env.barrier()
         if resume and self.resume() and self.env.is_main:
-            print(f"resumed from step {self.step} in {self.run_dir}", file=sys.stderr)
+            logger.info(f"resumed from step {self.step} in {self.run_dir}")
         self.log.truncate_after(self.step)
         if self.step >= config.total_steps:  # finished; killed while exporting or testing the final model
             return self.log.final(self.step)
@@ -371,25 +369,25 @@ class Trainer:
         config = self.config
         self.model.train()
         micro_batches = iter(self.batches(self.step))
-        started, start_step, window = time.perf_counter(), self.step, []
+        window: list[tuple[float, float]] = []
+        progress = StepProgress(config.total_steps, self.step, logger, quiet=not self.env.is_main)
         last: dict[str, float] = {}
         while self.step < config.total_steps:
             tick = time.perf_counter()
             last = self._train_step(micro_batches)
             window.append((last["train/images"], time.perf_counter() - tick))
             done = self.step
+            progress.advance(done)
             if done % config.log_every == 0 or done == config.total_steps:
                 rate = sum(n for n, _ in window) / max(sum(t for _, t in window), 1e-9)
                 window.clear()
                 shown = {k: v for k, v in last.items() if k != "train/images"}
-                shown["train/images_per_s"] = rate
-                self.log.write(done, shown)
-                if self.env.is_main:
-                    eta = (time.perf_counter() - started) / (done - start_step) * (config.total_steps - done)
-                    print(progress_line(done, config.total_steps, shown, rate, eta), file=sys.stderr, flush=True)
+                self.log.write(done, {**shown, "train/images_per_s": rate})
+                progress.report(done, shown, rate)
             if config.eval_every and done % config.eval_every == 0 and done < config.total_steps:
                 last.update(self._evaluate())
             self._after_step(stop)
+        progress.close()
         last.update(self._evaluate())
         self.save()
         if stop.signum is not None:

@@ -21,10 +21,10 @@ from typing import Any, Literal
 import yaml
 
 from ..data.loading import CORRUPT
-from ..data.transforms import AUGREG_LEVELS
-from ..data.transforms import PRESETS as TRANSFORMS
+from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
 from ..errors import ConfigError
 from ..models import ViTConfig
+from ..models.config import pair
 from ..normalization import NORMALIZATION
 from .distributed import PARALLEL
 from .loop import TRAINING_PRECISIONS
@@ -52,7 +52,7 @@ class Recipe:
     # model: a named variant ('ViT-B/16') or '' for a custom one, plus ViTConfig overrides
     model: str = ""
     model_args: dict[str, Any] = field(default_factory=dict)
-    image_size: int = 8
+    image_size: int | tuple[int, int] = 8  # H, or (H, W)
     init: str | None = None  # fine-tune from this checkpoint (anything vitkit.load reads)
     # objective: 'classification', or 'mpp' (masked patch prediction, self-supervised, labels unused)
     objective: Literal[OBJECTIVES] = "classification"
@@ -62,7 +62,7 @@ class Recipe:
     mpp_mask_prob: float = 0.8
     mpp_random_prob: float = 0.1
     # transforms
-    transform: Literal[TRANSFORMS] = "pretrain"  # 'pretrain' (Inception crop) or 'finetune' (resize + crop)
+    transform: Literal[TRANSFORM_PRESETS] = "pretrain"  # 'pretrain' (Inception crop) or 'finetune' (resize + crop)
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
     aug_level: Literal[tuple(AUGREG_LEVELS)] = "none"  # AugReg: none, light1 ... strong2
@@ -102,7 +102,7 @@ class Recipe:
         hints = field_types()
         for item in dataclasses.fields(self):
             setattr(self, item.name, _typed(item.name, getattr(self, item.name), hints[item.name]))
-        for name, (holds, expected) in _RANGES.items():
+        for name, (holds, expected) in RANGES.items():
             if not holds(getattr(self, name)):
                 raise ConfigError(f"recipe field {name}={getattr(self, name)!r}: expected {expected}")
         if self.batch_size % self.accum_steps:
@@ -166,8 +166,16 @@ def _typed(name: str, value: Any, kind: Any) -> Any:
         if value not in args:
             fail(f"one of {list(args)}")
         return value
-    if origin in (types.UnionType, typing.Union):  # ``X | None``
-        return None if value is None else _typed(name, value, next(a for a in args if a is not type(None)))
+    if origin in (types.UnionType, typing.Union):  # ``X | None``, ``int | tuple[int, int]``: the first that fits
+        if value is None and type(None) in args:
+            return None
+        expected = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _typed(name, value, option)
+            except ConfigError as error:
+                expected.append(str(error).rsplit(": expected ", 1)[-1])
+        fail(" or ".join(expected))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             fail(f"{len(args)} numbers")
@@ -193,37 +201,116 @@ def _typed(name: str, value: Any, kind: Any) -> Any:
     return value
 
 
-def _at_least(low: float) -> tuple[typing.Callable[[Any], bool], str]:
+# A rule a value must follow beyond its type: (test, what is expected). The command line's flags that
+# mirror a recipe field or share its kind of range check their values by these same rules.
+Rule = tuple[typing.Callable[[Any], bool], str]
+
+
+def at_least(low: float) -> Rule:
     return (lambda value: value >= low), f">= {low}"
 
 
-def _fraction(open_top: bool = False) -> tuple[typing.Callable[[Any], bool], str]:
+def fraction(open_top: bool = False) -> Rule:
     if open_top:
         return (lambda value: 0 <= value < 1), "a number in [0, 1)"
     return (lambda value: 0 <= value <= 1), "a number in [0, 1]"
 
 
-# Ranges of the fields beyond their types: (test, what was expected).
-_RANGES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
-    "val_fraction": _fraction(open_top=True), "train_subset": _at_least(0), "num_workers": _at_least(-1),
-    "threads": _at_least(0), "image_size": _at_least(1), "mpp_bits": ((lambda v: 1 <= v <= 8), "1 to 8 bits"),
-    "mpp_ratio": ((lambda v: 0 < v <= 1), "a number in (0, 1]"), "mpp_mask_prob": _fraction(),
-    "mpp_random_prob": _fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),
-    "cutmix_alpha": _at_least(0), "steps": _at_least(0), "epochs": ((lambda v: v > 0), "a positive number"),
-    "batch_size": _at_least(1), "accum_steps": _at_least(1), "lr": _at_least(0), "weight_decay": _at_least(0),
-    "betas": ((lambda v: all(0 <= b < 1 for b in v)), "two numbers in [0, 1)"), "momentum": _fraction(open_top=True),
-    "warmup_steps": _at_least(0), "end_lr": _at_least(0), "clip_norm": _at_least(0),
-    "label_smoothing": _fraction(open_top=True), "ema_decay": _fraction(open_top=True), "seed": _at_least(0),
-    "log_every": _at_least(1), "eval_every": _at_least(0), "checkpoint_every": _at_least(0),
-    "checkpoint_minutes": _at_least(0), "keep_last": _at_least(0), "eval_batch_size": _at_least(1),
+# Ranges of the fields beyond their types.
+RANGES: dict[str, Rule] = {
+    "val_fraction": fraction(open_top=True), "train_subset": at_least(0), "num_workers": at_least(-1),
+    "threads": at_least(0), "image_size": ((lambda v: min(pair(v)) >= 1), ">= 1"),
+    "mpp_bits": ((lambda v: 1 <= v <= 8), "1 to 8 bits"),
+    "mpp_ratio": ((lambda v: 0 < v <= 1), "a number in (0, 1]"), "mpp_mask_prob": fraction(),
+    "mpp_random_prob": fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),
+    "cutmix_alpha": at_least(0), "steps": at_least(0), "epochs": ((lambda v: v > 0), "a positive number"),
+    "batch_size": at_least(1), "accum_steps": at_least(1), "lr": at_least(0), "weight_decay": at_least(0),
+    "betas": ((lambda v: all(0 <= b < 1 for b in v)), "two numbers in [0, 1)"), "momentum": fraction(open_top=True),
+    "warmup_steps": at_least(0), "end_lr": at_least(0), "clip_norm": at_least(0),
+    "label_smoothing": fraction(open_top=True), "ema_decay": fraction(open_top=True), "seed": at_least(0),
+    "log_every": at_least(1), "eval_every": at_least(0), "checkpoint_every": at_least(0),
+    "checkpoint_minutes": at_least(0), "keep_last": at_least(0), "eval_batch_size": at_least(1),
 }
 
+
+# The help of every field, grouped by concern: `vitkit train --help` shows one group per entry, and a
+# field belongs to exactly one group.
+FIELD_HELP: dict[str, dict[str, str]] = {
+    "data": {
+        "dataset": "digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH, webdataset:ROOT, "
+                   "hf:PATH",
+        "data_dir": "where torchvision's datasets lie",
+        "val_fraction": "training images held out for validation where the dataset has no val split",
+        "train_subset": "train on this many images only (0: all); for quick checks",
+        "corrupt": "an unreadable image: stop (fail), or replace it and count it (skip)",
+        "num_workers": "decoding processes; -1: none for in-memory data, else the cores of a rank",
+    },
+    "model": {
+        "model": "a named variant such as ViT-B/16 (see `vitkit models`), or empty for a custom one",
+        "model_args": "a model config field, e.g. depth=8 or dropout=0.1 (repeatable); from a checkpoint, "
+                      "changes its config",
+        "image_size": "input size, H or HxW pixels",
+        "init": "start from this checkpoint (finetune's CHECKPOINT)",
+    },
+    "objective": {
+        "objective": "classification, or mpp: masked patch prediction (self-supervised, labels unused)",
+        "mpp_target": "what a corrupted patch predicts: its mean colour, a 4x4 downsized patch, or its pixels (L2)",
+        "mpp_bits": "bits per colour channel of the mpp targets",
+        "mpp_ratio": "share of patches corrupted",
+        "mpp_mask_prob": "share of the corrupted patches replaced by the [mask] embedding",
+        "mpp_random_prob": "share of the corrupted patches replaced by another patch's embedding",
+    },
+    "augmentation": {
+        "transform": "pretrain: Inception crop; finetune: resize and random crop; eval: resize only",
+        "crop_scale": "area range of the Inception crop, as fractions of the image",
+        "hflip": "random horizontal flips",
+        "aug_level": "AugReg's RandAugment and mixup strength",
+        "cutmix_alpha": "CutMix's Beta(alpha, alpha) (0: off)",
+        "normalization": "input normalisation; empty: the checkpoint's when fine-tuning, else google",
+    },
+    "optimiser": {
+        "optimizer": "AdamW (pre-training) or SGD with momentum (fine-tuning)",
+        "lr": "peak learning rate",
+        "weight_decay": "decoupled weight decay (not on biases, norms and embeddings)",
+        "betas": "AdamW's beta1 and beta2",
+        "momentum": "SGD's momentum",
+        "clip_norm": "clip gradients to this global norm (0: no clipping)",
+        "label_smoothing": "label smoothing of the classification targets",
+        "ema_decay": "keep an exponential moving average of the weights with this decay (0: off)",
+    },
+    "schedule": {
+        "steps": "optimiser steps (0: from --epochs)",
+        "epochs": "passes over the training images, when --steps is 0",
+        "batch_size": "global batch, split over ranks and accumulation steps",
+        "accum_steps": "micro-batches accumulated into one step",
+        "schedule": "learning-rate decay after the warm-up",
+        "warmup_steps": "steps of linear warm-up from 0",
+        "end_lr": "learning rate at the last step",
+    },
+    "runtime": {
+        "threads": "intra-op CPU threads (0: torch's default; small models run best on 1)",
+        "precision": "training compute precision; auto: bf16 where the hardware runs it natively",
+        "grad_checkpointing": "recompute activations in the backward pass to save memory",
+        "compile": "torch.compile the model",
+        "parallel": "under torchrun: ddp (a replica per rank) or fsdp (sharded)",
+        "seed": "seed of the initial weights, the training subset, the data order and the augmentations",
+    },
+    "checkpoints and logging": {
+        "run_dir": "folder of the run: checkpoints, metrics, recipe.json (default: a new one under runs/)",
+        "log_every": "steps between metric lines",
+        "eval_every": "steps between validation passes (0: at the end only)",
+        "checkpoint_every": "steps between checkpoints (0: by time only)",
+        "checkpoint_minutes": "wall time between checkpoints (0: by steps only)",
+        "keep_last": "step checkpoints kept, the newest ones (0: all)",
+        "eval_batch_size": "batch of the validation and test passes",
+    },
+}
 
 _GREY_28 = dict(image_size=28, model_args=dict(patch_size=4, dim=64, depth=4, num_heads=4, mlp_dim=128, in_chans=1,
                                                pool="gap"),
                 transform="finetune", epochs=6, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_steps=300,
                 label_smoothing=0.1, val_fraction=0.02)
-PRESETS: dict[str, dict[str, Any]] = {
+RECIPE_PRESETS: dict[str, dict[str, Any]] = {
     # The default of `vitkit train`: >= 95% test accuracy on 8x8 digits in about two minutes on 2 cores.
     "digits": dict(dataset="digits", image_size=8, threads=1, model_args=dict(patch_size=2, dim=64, depth=4,
                    num_heads=4, mlp_dim=128, in_chans=1, pool="gap"), transform="pretrain", crop_scale=(0.5, 1.0),
@@ -301,10 +388,12 @@ def resolve(preset: str | None = None, config_file: str | Path | None = None,
     architecture is left out: it describes a fresh model, and a fine-tuning run may start from any preset."""
     layers = [read_config_file(config_file)] if config_file else []
     name = preset or (layers[0].pop("preset", None) if layers else None) or "digits"
-    if not isinstance(name, str) or name not in PRESETS:
-        raise ConfigError(f"{config_file or 'recipe'}: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    if not isinstance(name, str) or name not in RECIPE_PRESETS:
+        raise ConfigError(f"{config_file or 'recipe'}: unknown preset {name!r}; expected one of "
+                          f"{sorted(RECIPE_PRESETS)}")
     layers.append(overrides or {})
-    merged = merge(PRESETS[name], *layers)
+    merged = merge(RECIPE_PRESETS[name], *layers)
     if merged.get("init"):
-        merged = merge({key: value for key, value in PRESETS[name].items() if key not in ARCHITECTURE}, *layers)
+        merged = merge({key: value for key, value in RECIPE_PRESETS[name].items() if key not in ARCHITECTURE},
+                       *layers)
     return Recipe.from_dict(merged, str(config_file) if config_file else None)
