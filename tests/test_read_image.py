@@ -34,19 +34,21 @@ def test_exif_orientation_is_applied(tmp_path):
         np.testing.assert_array_equal(decoded(tmp_path / f"o{orientation}.png")[0], shown)
 
 
-def test_alpha_is_composited_over_black(tmp_path):
+def test_alpha_is_composited_over_white(tmp_path):
     rgba = np.zeros((2, 2, 4), np.uint8)
     rgba[..., :3] = (200, 100, 50)
     rgba[..., 3] = [[255, 0], [128, 64]]
     Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
-    expected = rgba[..., :3].astype(float) * rgba[..., 3:] / 255
+    alpha = rgba[..., 3:] / 255
+    expected = rgba[..., :3].astype(float) * alpha + 255 * (1 - alpha)
     np.testing.assert_allclose(decoded(tmp_path / "a.png").transpose(1, 2, 0), expected, atol=1)
 
     grey = np.array([[[90, 255], [90, 0], [90, 128]]], np.uint8)  # one row of (L, A) pairs
     Image.fromarray(grey, "LA").save(tmp_path / "la.png")
     pixels = decoded(tmp_path / "la.png")
     assert pixels.shape == (1, 1, 3)  # grey with alpha stays grey
-    np.testing.assert_allclose(pixels[0, 0], 90 * grey[0, :, 1].astype(float) / 255, atol=1)
+    alpha = grey[0, :, 1].astype(float) / 255
+    np.testing.assert_allclose(pixels[0, 0], 90 * alpha + 255 * (1 - alpha), atol=1)
 
 
 def test_palette_with_transparency_and_cmyk_and_bilevel(tmp_path):
@@ -55,7 +57,7 @@ def test_palette_with_transparency_and_cmyk_and_bilevel(tmp_path):
     palette.putpixel((0, 0), 0)
     palette.putpixel((1, 0), 1)
     palette.save(tmp_path / "p.png", transparency=1)  # index 1 (green) is transparent
-    np.testing.assert_array_equal(decoded(tmp_path / "p.png")[:, 0, :].T, [[255, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(decoded(tmp_path / "p.png")[:, 0, :].T, [[255, 0, 0], [255, 255, 255]])
 
     cmyk = Image.new("CMYK", (2, 1))
     cmyk.putpixel((0, 0), (0, 0, 0, 0))  # no ink: white

@@ -29,7 +29,7 @@ from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .common import (CheckpointError, Names, fuse_qkv, hub_weights_file, infer_config, read_weights, rename,
                      split_qkv, with_prefix_positions)
-from .hf import CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_normalization, write_hf_directory
+from .hf import CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_preprocessing, write_hf_directory
 
 # model_type -> (family, HF's default layer_norm_eps, default hidden_act, whether its position tables are
 # resampled (bicubic) with antialias).
@@ -116,7 +116,7 @@ def read_hf_family(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfi
                     gelu=GELUS.get(act, "exact"), pos_interp="bicubic", pos_interp_antialias=antialias,
                     no_embed_class="reg_token" in state,
                     provenance=Provenance(format=f"hf-{family}", source=str(directory),
-                                          normalization=read_normalization(directory)))
+                                          **read_preprocessing(directory)))
     return infer_config(state, overrides, str(weights), **settings)
 
 

@@ -132,10 +132,8 @@ def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | None, int
         raise DatasetError(f"{shard.path}: {key}: label {label} out of range 0..{classes - 1}")
     if not isinstance(image, dict) or not (image.get("bytes") or image.get("path")):
         raise DatasetError(f"{shard.path}: {key}: no image (expected the Image feature's bytes or path)")
-    try:
-        return read_image(io.BytesIO(image["bytes"]) if image.get("bytes") else Path(image["path"])), label
-    except DatasetError as error:
-        raise DatasetError(f"{shard.path}: {key}: {str(error).split(': ', 1)[-1]}") from None
+    source = io.BytesIO(image["bytes"]) if image.get("bytes") else Path(image["path"])
+    return read_image(source, f"{shard.path}: {key}"), label
 
 
 def labels_of(path: Path) -> list[int | None]:

@@ -267,10 +267,7 @@ def decode_tar_sample(classes: int, shard: Shard, key: str, sample: dict) -> tup
     label, problem = parse_label(sample["cls"], key, classes)
     if problem is not None:
         raise DatasetError(f"{shard.path}: {problem}")
-    try:
-        return read_image(io.BytesIO(image)), label
-    except DatasetError as error:
-        raise DatasetError(f"{shard.path}: sample {key}: {str(error).split(': ', 1)[-1]}") from None
+    return read_image(io.BytesIO(image), f"{shard.path}: sample {key}"), label
 
 
 def read_tar(shard: Shard) -> Iterator[tuple[str, dict]]:
