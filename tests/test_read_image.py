@@ -3,7 +3,7 @@ decoded as they are meant to be seen, never clipped or silently mangled."""
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 from vitkit.analysis.inputs import read_images
 from vitkit.data import DatasetError, read_image
@@ -76,3 +76,38 @@ def test_images_beyond_the_pixel_limit_are_refused_before_decoding(tmp_path, mon
     monkeypatch.setattr("vitkit.data.datasets.MAX_PIXELS", 1000)
     with pytest.raises(DatasetError, match=r"^\S*big.png: refusing to decode a 40x30 image \(1,200 pixels"):
         read_image(tmp_path / "big.png")
+
+
+def test_palette_rgba_16_bit_and_exif_rotated_jpeg_decode_as_pil_shows_them(tmp_path):
+    rng = np.random.default_rng(0)
+    colours = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    colours.quantize(6).save(tmp_path / "palette.png")
+    np.testing.assert_array_equal(decoded(tmp_path / "palette.png").transpose(1, 2, 0),
+                                  np.asarray(Image.open(tmp_path / "palette.png").convert("RGB")))
+
+    rgba = Image.fromarray(rng.integers(0, 256, (5, 7, 4), dtype=np.uint8), "RGBA")
+    rgba.save(tmp_path / "rgba.png")
+    on_white = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba).convert("RGB")
+    np.testing.assert_array_equal(decoded(tmp_path / "rgba.png").transpose(1, 2, 0), np.asarray(on_white))
+
+    Image.fromarray(rng.integers(0, 65536, (5, 7), dtype=np.uint16)).save(tmp_path / "deep.png")
+    with Image.open(tmp_path / "deep.png") as deep:
+        assert deep.mode.startswith("I")  # PIL reads it as 16-bit integers
+        np.testing.assert_array_equal(decoded(tmp_path / "deep.png")[0], np.rint(np.asarray(deep) / 257))
+
+    photo = Image.fromarray(rng.integers(0, 256, (6, 10, 3), dtype=np.uint8))
+    exif = photo.getexif()
+    exif[0x0112] = 6  # the camera was turned: show the stored pixels rotated 90 degrees clockwise
+    photo.save(tmp_path / "turned.jpg", exif=exif, quality=95)
+    with Image.open(tmp_path / "turned.jpg") as stored:
+        shown = np.asarray(ImageOps.exif_transpose(stored).convert("RGB"))
+        np.testing.assert_array_equal(shown, np.rot90(np.asarray(stored), k=-1))
+    assert decoded(tmp_path / "turned.jpg").shape == (3, 10, 6)
+    np.testing.assert_array_equal(decoded(tmp_path / "turned.jpg").transpose(1, 2, 0), shown)
+
+
+def test_errors_name_the_image_as_the_caller_names_it(tmp_path):
+    import io
+
+    with pytest.raises(DatasetError, match=r"^shard-3.tar: sample 0007: not a readable image"):
+        read_image(io.BytesIO(b"not an image"), "shard-3.tar: sample 0007")
