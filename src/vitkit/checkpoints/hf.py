@@ -187,7 +187,8 @@ def processor_geometry(config: ViTConfig, directory: str | Path) -> dict[str, An
                 "size": {"height": height, "width": width}}
     return {"image_processor_type": "BitImageProcessor", "do_resize": True,
             "size": {"shortest_edge": math.floor(height / crop_pct)}, "do_center_crop": True,
-            "crop_size": {"height": height, "width": width}, "crop_pct": crop_pct, "do_convert_rgb": config.in_chans == 3}
+            "crop_size": {"height": height, "width": width}, "crop_pct": crop_pct,
+            "do_convert_rgb": config.in_chans == 3}
 
 
 def write_hf_directory(directory: str | Path, config: ViTConfig, hf: dict[str, Any],

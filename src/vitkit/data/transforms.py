@@ -41,8 +41,8 @@ def augreg_level(level: str) -> tuple[tuple[int, int] | None, float]:
 
 class ToChannels(torch.nn.Module):
     """Give an image the model's number of channels: grey is repeated; colour becomes grey for a 1-channel
-    model by ITU-R 601-2 luminance (the weights of PIL's ``convert("L")``), since the eye, and any grey
-    data set a model was trained on, weighs green far above blue."""
+    model by ITU-R 601-2 luminance (the weights of PIL's ``convert("L")``, how grey images are usually made
+    from colour ones), not by a plain mean, which would weigh blue as much as green."""
 
     def __init__(self, channels: int):
         super().__init__()
