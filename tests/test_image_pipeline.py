@@ -14,7 +14,7 @@ from torchvision.transforms import v2
 import vitkit
 from vitkit.analysis.inputs import prepare, read_images
 from vitkit.checkpoints.onnx import _metadata
-from vitkit.cli import build_parser
+from vitkit.cli import build_parser, main
 from vitkit.data import build_transform
 from vitkit.data.transforms import ToChannels
 from vitkit.evaluate import predict
@@ -82,6 +82,21 @@ def test_predict_and_analyze_see_the_same_pixels(tmp_path):
     assert predicted.labels == [str(i) for i in order.tolist()]
     assert predicted.probabilities == probabilities[order].tolist()  # bit for bit: the same tensor went in
     assert shown[0].shape == (32, 32, 3)
+
+
+def test_predict_on_the_command_line_stretches_only_when_asked(tmp_path, capsys):
+    randomised(vitkit.create_model(config(crop_pct=0.875))).save(tmp_path / "ckpt")
+    image = photo(45, 70)
+    Image.fromarray(image.permute(1, 2, 0).numpy()).save(tmp_path / "wide.png")
+    model = vitkit.load(tmp_path / "ckpt").eval()
+    by_hand = {"crop": F.center_crop(F.resize(image, [36], antialias=True), [32, 32]),
+               "stretch": F.resize(image, [32, 32], antialias=True)}
+    for resize, pixels in by_hand.items():
+        assert main(["predict", str(tmp_path / "ckpt"), str(tmp_path / "wide.png"), "--resize", resize]) == 0
+        with torch.no_grad():
+            inputs = F.normalize(pixels.float() / 255, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+            best = model(inputs[None]).softmax(-1)[0].max(0)
+        assert capsys.readouterr().out.startswith(f"{tmp_path / 'wide.png'}: {best.indices} {100 * best.values:.1f}%")
 
 
 def test_the_resize_flag_reaches_every_command_that_evaluates():
