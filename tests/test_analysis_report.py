@@ -15,7 +15,7 @@ from vitkit.analysis import attention_maps, attention_rollout, mean_attention_di
 from vitkit.analysis.inputs import dataset_sample, prepare, read_images, sample_photos
 from vitkit.analysis.report import analyze
 from vitkit.cli import main
-from vitkit.data import DatasetError
+from vitkit.data import DatasetError, evaluation_transform
 from vitkit.models import Provenance
 
 FIGURES = ["attention_distance.png", "filters.png", "position_similarity.png", "rollout_000.png", "rollout_001.png"]
@@ -49,7 +49,7 @@ def test_analyze_writes_figures_numbers_and_page(report):
 
     # The same numbers recomputed from the photos, prepared as the command documents (Google's [-1, 1]).
     model = vitkit.load(report / "ckpt")
-    images, _ = prepare(sample_photos(), (32, 48), 3, [0.5] * 3, [0.5] * 3)
+    images, _ = prepare(sample_photos(), evaluation_transform((32, 48), 3, [0.5] * 3, [0.5] * 3))
     attn = attention_maps(model, images)
     np.testing.assert_allclose(np.load(out / "rollout.npy"), attention_rollout(attn, (4, 6)).numpy(), atol=1e-6)
     distances = np.load(out / "mean_attention_distance.npy")
@@ -77,7 +77,7 @@ def test_analyze_measures_distance_in_pixels_of_the_token_grid_for_hybrids(tmp_p
                                                  mlp_dim=64)).eval()
     model.patch_embed = StemThenProject(32)  # 8x8 tokens at stride 4, not the config's 4x4 at stride 8
     pictures = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
-    images, shown = prepare(pictures, (32, 32), 3, [0.5], [0.5])
+    images, shown = prepare(pictures, evaluation_transform((32, 32), 3, [0.5], [0.5]))
     result = analyze(model, images, shown, tmp_path / "out", batch_size=2)
     assert result.summary["grid"] == [8, 8] and result.summary["token_stride_px"] == [4, 4]
     attn = attention_maps(model, images)
@@ -89,12 +89,12 @@ def test_analyze_measures_distance_in_pixels_of_the_token_grid_for_hybrids(tmp_p
 
 def test_prepare_resizes_crops_and_normalises_by_hand():
     grey = np.full((10, 20), 51, dtype=np.uint8)  # 0.2 after /255
-    images, shown = prepare([grey], (8, 8), 3, [0.5], [0.25])
+    images, shown = prepare([grey], evaluation_transform((8, 8), 3, [0.5], [0.25]))
     assert images.shape == (1, 3, 8, 8) and shown[0].shape == (8, 8, 3)
     torch.testing.assert_close(images, torch.full((1, 3, 8, 8), (0.2 - 0.5) / 0.25))
     stripes = np.zeros((4, 12, 3), dtype=np.uint8)
     stripes[:, 4:8] = 255  # the centre crop keeps the white middle third
-    images, _ = prepare([stripes], (4, 4), 1, [0.0], [1.0])
+    images, _ = prepare([stripes], evaluation_transform((4, 4), 1, [0.0], [1.0]))
     assert torch.equal(images, torch.ones(1, 1, 4, 4))
 
 

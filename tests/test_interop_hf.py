@@ -10,7 +10,7 @@ from interop_helpers import randomised
 from safetensors.torch import save_file
 
 import vitkit
-from vitkit.data import checkpoint_transform
+from vitkit.evaluate.preprocessing import checkpoint_transform
 from vitkit.models import Provenance
 
 transformers = pytest.importorskip("transformers")

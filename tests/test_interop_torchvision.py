@@ -5,7 +5,7 @@ import torch
 from interop_helpers import randomised
 
 import vitkit
-from vitkit.data import checkpoint_transform
+from vitkit.evaluate.preprocessing import checkpoint_transform
 
 torchvision = pytest.importorskip("torchvision")
 

@@ -23,9 +23,10 @@ from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import export, load
 from .checkpoints.convert import FORMATS
 from .checkpoints.onnx import QUANTIZATIONS
-from .data import CORRUPT, trained_normalization, trained_statistics
+from .data import CORRUPT, RESIZE_MODES
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS
+from .evaluate.preprocessing import checkpoint_transform, input_statistics
 from .models import create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
@@ -80,10 +81,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
           + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
              if config.backbone is not None else ""))
-    mean, std = trained_statistics(config)
+    mean, std = input_statistics(config)
     print(f"input        {config.in_chans}x{height}x{width} (grid {config.grid_size[0]}x{config.grid_size[1]}), "
-          f"normalised '{trained_normalization(config)}': mean {[round(m, 3) for m in mean]}, "
-          f"std {[round(v, 3) for v in std]}")
+          f"crop_pct {config.provenance.crop_pct:g}, normalised '{config.provenance.normalization}': "
+          f"mean {[round(m, 3) for m in mean]}, std {[round(v, 3) for v in std]}")
     print(f"output       {config.num_classes} classes, pooling '{config.pool}'"
           + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
     print(f"parameters   {count_parameters(model):,} on {device}")
@@ -174,10 +175,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         pictures = inputs.sample_photos()
     config = model.config
     size = args.image_size or config.image_size
-    trained_mean, trained_std = trained_statistics(config)
-    mean = _per_channel(args.mean, config.in_chans) if args.mean else trained_mean
-    std = _per_channel(args.std, config.in_chans) if args.std else trained_std
-    images, shown = inputs.prepare(pictures, size, config.in_chans, mean, std)
+    mean = _per_channel(args.mean, config.in_chans) if args.mean else None
+    std = _per_channel(args.std, config.in_chans) if args.std else None
+    images, shown = inputs.prepare(pictures, checkpoint_transform(config, args.resize, size, mean, std))
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
                      title=str(args.checkpoint), dtype=resolve_precision(args.precision, device))
@@ -330,13 +330,13 @@ def inference_model(args: argparse.Namespace):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
-    from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_dataset
+    from .data import SplitSpec, evaluation_loader, load_dataset
     from .evaluate.metrics import evaluate, write_report
 
     model, device, dtype = inference_model(args)
     config = model.config
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
-    transform = checkpoint_transform(config)
+    transform = checkpoint_transform(config, args.resize)
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
@@ -365,13 +365,13 @@ def write_json(folder: str, name: str, data: object) -> Path:
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
-    from .data import SplitSpec, checkpoint_transform, evaluation_loader, load_splits
+    from .data import SplitSpec, evaluation_loader, load_splits
     from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
 
     device = select_device(args.device)
     model = load_checkpoint(args).to(device)
     config = model.config
-    transform = checkpoint_transform(config)
+    transform = checkpoint_transform(config, args.resize)
     features = {}
     for split, dataset in load_splits(args.dataset, ("train", "test"), args.data_dir, SplitSpec(0.0)).items():
         loader = evaluation_loader(dataset, transform, args.batch_size)
@@ -444,7 +444,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .evaluate import predict
 
     model, device, dtype = inference_model(args)
-    for prediction in predict(model, args.images, args.top_k, device, dtype):
+    for prediction in predict(model, args.images, args.top_k, device, dtype, args.resize):
         ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
         print(f"{prediction.path}: {ranked}")
     return 0
@@ -484,6 +484,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for runtime, reason in skipped.items():
         print(f"skipped {runtime}: {reason}")
     return 0
+
+
+def _resize_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--resize", choices=RESIZE_MODES, default="crop",
+                        help="crop: scale to cover the size / the checkpoint's crop_pct, then centre-crop (aspect "
+                             "kept); stretch: resize straight to the size")
 
 
 def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> None:
@@ -541,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="fraction of the weakest attention weights dropped before rollout")
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
+    _resize_flag(analyze)
     _runtime_flags(analyze)
     analyze.set_defaults(run=cmd_analyze)
     for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
@@ -571,6 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--num-workers", "-j", type=_count, default=0)
     evaluate_.add_argument("--out", default=".", metavar="DIR",
                            help="folder for eval-<split>.json and confusion-<split>.png")
+    _resize_flag(evaluate_)
     _runtime_flags(evaluate_)
     evaluate_.set_defaults(run=cmd_eval)
 
@@ -585,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
     fewshot.add_argument("--batch-size", "-b", type=_positive, default=256)
     fewshot.add_argument("--out", metavar="DIR", help=f"folder that receives the numbers as {FEWSHOT_FILE}")
+    _resize_flag(fewshot)
     _runtime_flags(fewshot)
     fewshot.set_defaults(run=cmd_fewshot)
 
@@ -613,6 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(predict_, help="anything vitkit.load reads, or an .onnx file")
     predict_.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     predict_.add_argument("--top-k", type=_positive, default=5)
+    _resize_flag(predict_)
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
 

@@ -308,14 +308,15 @@ CASES = [
          "class folder is empty"),
     Case("image folder that is a file", lambda t: [*TRAIN, "--dataset", f"imagefolder:{write(t / 'f', 'x')}"], 1,
          "no such image folder"),
-    Case("colour images for a grey model", lambda t: [*TRAIN, "--dataset", image_folder(
-        t, **{f"{c}__{i}.png": png(mode="RGB") for c in "ab" for i in range(20)})], 1,
-         "cannot turn a 3-channel image into 1 channels"),
+    Case("colour images for a 2-channel model", lambda t: [
+        "train", "--model-args", json.dumps({**TINY, "in_chans": 2}), *TRAIN[3:], "--dataset", image_folder(
+            t, **{f"{c}__{i}.png": png(mode="RGB") for c in "ab" for i in range(20)})], 1,
+         "cannot turn a 3-channel image into 2 channels"),
     Case("unknown dataset", lambda t: [*TRAIN, "--dataset", "imagenet-22k"], 1, "unknown dataset 'imagenet-22k'"),
     Case("data dir that is a file", lambda t: [*TRAIN, "--dataset", "mnist", "--data-dir", str(write(t / "d", "x"))],
          1, "mnist: not found under"),
-    Case("colour image to a grey model", lambda t: ["predict", str(model_dir(t)), str(write(t / "c.png", png(
-        mode="RGB")))], 1, "cannot turn a 3-channel image into 1 channels"),
+    Case("colour image to a 2-channel model", lambda t: ["predict", str(model_dir(t, channels=2)), str(write(
+        t / "c.png", png(mode="RGB")))], 1, "cannot turn a 3-channel image into 2 channels"),
     Case("convert onto a folder of other files", lambda t: ["convert", str(model_dir(t)), str(write(
         t / "photos" / "cat.jpg", "x").parent)], 1, "does not look like a checkpoint directory"),
     Case("dataset .npz of noise", lambda t: [*TRAIN, "--dataset", f"npz:{write(t / 'd.npz', RANDOM)}"], 1,

@@ -1,5 +1,5 @@
 """Images to analyse: given files, a sample of a dataset, or the two photos scikit-learn ships; and
-their preparation for a model (resize, centre crop, normalise)."""
+their preparation for a model by the checkpoint's evaluation transform, as every command prepares them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision.transforms.v2.functional as TF
+
 from ..data import load_dataset, read_image
+from ..data.transforms import Preset
 from ..errors import DatasetError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
@@ -49,24 +50,12 @@ def dataset_sample(name: str, data_dir: str | Path | None, count: int, seed: int
     return [data[int(index)][0].permute(1, 2, 0).squeeze(-1).numpy() for index in np.sort(chosen)]
 
 
-def prepare(images: Sequence[np.ndarray], size: tuple[int, int], channels: int,
-            mean: Sequence[float], std: Sequence[float]) -> tuple[torch.Tensor, list[np.ndarray]]:
-    """Resize each image so that it covers ``size``, centre-crop it, and normalise it: the model's
-    input (B, channels, H, W) and the cropped uint8 pictures (for overlays)."""
+def prepare(images: Sequence[np.ndarray], transform: Preset) -> tuple[torch.Tensor, list[np.ndarray]]:
+    """The model's input (B, C, H, W) made by ``transform`` (``vitkit.evaluate.preprocessing``), and the
+    pictures it saw before normalisation, as uint8 arrays (for overlays)."""
     if not len(images):
         raise DatasetError("no images to analyse")
-    batch, shown = [], []
-    for image in images:
-        pixels = torch.from_numpy(np.array(image))
-        pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
-        scale = max(size[0] / pixels.shape[1], size[1] / pixels.shape[2])
-        covering = [max(size[0], round(pixels.shape[1] * scale)), max(size[1], round(pixels.shape[2] * scale))]
-        pixels = TF.center_crop(TF.resize(pixels, covering, antialias=True), list(size))
-        if pixels.shape[0] != channels:
-            pixels = pixels.float().mean(0, keepdim=True).round().byte().expand(channels, -1, -1)
-        shown.append(pixels.permute(1, 2, 0).squeeze(-1).numpy().copy())
-        batch.append(pixels)
-    tensor = torch.stack(batch).float() / 255
-    mean_t = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
-    std_t = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
-    return (tensor - mean_t) / std_t, shown
+    pictures = [torch.from_numpy(np.array(image)) for image in images]
+    seen = [transform.per_image(p.unsqueeze(0) if p.ndim == 2 else p.permute(2, 0, 1)) for p in pictures]
+    shown = [picture.permute(1, 2, 0).squeeze(-1).numpy().copy() for picture in seen]
+    return transform.per_batch(torch.stack(seen)), shown

@@ -142,7 +142,9 @@ def read_npz(path: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str
                               + ", ".join(sorted(unknown)[:20]) + (" ..." if len(unknown) > 20 else ""))
     query = arrays.get("Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel",
                        arrays.get("Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"))
-    settings: dict[str, Any] = dict(GOOGLE_NUMERICS, provenance=Provenance(format="google-npz", source=str(path)))
+    # big_vision evaluates the whole image resized to the model's size: crop_pct 1.
+    provenance = Provenance(format="google-npz", source=str(path), crop_pct=1.0)
+    settings: dict[str, Any] = dict(GOOGLE_NUMERICS, provenance=provenance)
     if query is not None and query.ndim == 3:
         settings["num_heads"] = query.shape[1]
     return infer_config(fuse_qkv(state), overrides, str(path), **settings)

@@ -5,12 +5,15 @@ and the in-memory names of 5.x, and written with the 4.x names that every versio
 Numerics come from the config: LayerNorm eps (HF's default is 1e-12) and ``hidden_act``. HF resamples
 position tables bicubically without antialias (``interpolate_pos_encoding=True``), as vitkit does.
 The pooler (Linear + tanh on the [class] token) is vitkit's pre-logits layer. The input
-normalisation comes from ``preprocessor_config.json`` when there is one (HF ViTs default to [-1, 1]).
+normalisation and crop fraction come from ``preprocessor_config.json`` when there is one (HF ViTs default
+to [-1, 1] and to resizing the whole image).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +86,7 @@ def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
         dropout=hf.get("hidden_dropout_prob", 0.0), attn_dropout=hf.get("attention_probs_dropout_prob", 0.0),
         ln_eps=hf.get("layer_norm_eps", 1e-12), gelu=GELUS[hf.get("hidden_act", "gelu")],
         pos_interp="bicubic", pos_interp_antialias=False,
-        provenance=Provenance(format="hf", source=str(directory), normalization=read_normalization(directory),
+        provenance=Provenance(format="hf", source=str(directory), **read_preprocessing(directory),
                               classes=read_labels(hf, num_classes, directory / CONFIG_FILE)),
     )
     try:
@@ -112,18 +115,49 @@ def _abridged(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def read_normalization(directory: Path) -> str:
-    """The normalisation family of ``preprocessor_config.json`` (Google's when there is none)."""
+def read_preprocessing(directory: Path) -> dict[str, Any]:
+    """The provenance fields ``preprocessor_config.json`` gives: the normalisation family and the crop
+    fraction (Google's statistics and the whole image when there is no file)."""
     path = directory / PREPROCESSOR_FILE
     if not path.exists():
-        return "google"
+        return dict(normalization="google", crop_pct=1.0)
     try:
         processor = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: not JSON ({error})") from error
     if not isinstance(processor, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(processor).__name__}")
-    return known_normalization(processor.get("image_mean"), processor.get("image_std"), path)
+    return dict(normalization=known_normalization(processor.get("image_mean"), processor.get("image_std"), path),
+                crop_pct=processor_crop_pct(processor, path))
+
+
+def processor_crop_pct(processor: dict[str, Any], path: Path) -> float:
+    """``crop_pct`` where the processor names it (ConvNeXt's style); else the centre crop's side over the
+    resized side (``crop_size`` over ``size``); 1.0 when it does not centre-crop, where HF resizes the whole
+    image to ``size``, stretching a non-square one (vitkit's ``--resize stretch``)."""
+    if processor.get("crop_pct") is not None:
+        crop_pct = processor["crop_pct"]
+    elif processor.get("do_center_crop"):
+        crop, resized = _side(processor.get("crop_size"), "crop_size", path), _side(processor.get("size"), "size", path)
+        crop_pct = crop / resized
+    else:
+        return 1.0
+    if not (isinstance(crop_pct, int | float) and 0 < crop_pct <= 1):
+        raise CheckpointError(f"{path}: a centre crop of {crop_pct!r} of the resized image; expected a fraction in "
+                              f"(0, 1] (crop_pct, or crop_size over size)")
+    return float(crop_pct)
+
+
+def _side(size: Any, key: str, path: Path) -> int:
+    """The shorter side (or the height) an HF ``size``/``crop_size`` entry names."""
+    if isinstance(size, int):
+        return size
+    if isinstance(size, dict):
+        side = size.get("shortest_edge", size.get("height"))
+        if isinstance(side, int) and side > 0:
+            return side
+    raise CheckpointError(f"{path}: {key}={size!r}; expected a number of pixels, or an object with "
+                          f"'shortest_edge' or 'height'")
 
 
 def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
@@ -164,15 +198,31 @@ def hf_labels(config: ViTConfig) -> dict[str, Any]:
     return {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}
 
 
+def processor_geometry(config: ViTConfig, directory: str | Path) -> dict[str, Any]:
+    """The HF image processor that sizes images as vitkit's evaluation does: for a square size, BiT's
+    (shorter side to size / crop_pct, then a centre crop, with ``crop_pct`` recorded); ViT's otherwise,
+    which resizes to the size: HF has no crop that covers a non-square size."""
+    height, width = config.image_size
+    crop_pct = config.provenance.crop_pct
+    if height != width:
+        if crop_pct < 1:
+            warnings.warn(f"{directory}: HF's image processors cannot centre-crop {crop_pct:g} of a non-square "
+                          f"{height}x{width} input; its preprocessor_config.json resizes whole images", stacklevel=3)
+        return {"image_processor_type": "ViTImageProcessor", "do_resize": True,
+                "size": {"height": height, "width": width}}
+    return {"image_processor_type": "BitImageProcessor", "do_resize": True,
+            "size": {"shortest_edge": math.floor(height / crop_pct)}, "do_center_crop": True,
+            "crop_size": {"height": height, "width": width}, "crop_pct": crop_pct,
+            "do_convert_rgb": config.in_chans == 3}
+
+
 def write_hf_directory(directory: str | Path, config: ViTConfig, hf: dict[str, Any],
                        state: dict[str, torch.Tensor]) -> Path:
     """An HF directory, atomically: ``config.json`` (``hf``), the weights (``state`` in HF's names) and a
-    ``preprocessor_config.json`` with the checkpoint's size and input statistics."""
-    height, width = config.image_size
+    ``preprocessor_config.json`` with the checkpoint's size, input statistics and crop fraction."""
     mean, std = normalization(config.provenance.normalization, config.in_chans)
-    processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": 2,
-                 "size": {"height": height, "width": width}, "do_rescale": True, "rescale_factor": 1 / 255,
-                 "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
+    processor = {**processor_geometry(config, directory), "resample": 2, "do_rescale": True,
+                 "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
     weights = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
     with atomic_directory(directory) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True))

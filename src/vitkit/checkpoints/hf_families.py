@@ -27,7 +27,7 @@ from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .files import hub_weights_file, read_weights
-from .hf import (CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_labels, read_normalization,
+from .hf import (CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_labels, read_preprocessing,
                  write_hf_directory)
 from .inference import infer_config
 from .names import Names, clip_token_and_head, fuse_qkv, rename, split_qkv, with_prefix_positions, without_text_tower
@@ -118,7 +118,7 @@ def read_hf_family(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
                     gelu=GELUS.get(act, "exact"), pos_interp="bicubic", pos_interp_antialias=antialias,
                     no_embed_class="reg_token" in state,
                     provenance=Provenance(format=f"hf-{family}", source=str(directory),
-                                          normalization=read_normalization(directory)))
+                                          **read_preprocessing(directory)))
     config, state = infer_config(state, overrides, str(weights), **settings)
     classes = read_labels(hf, config.num_classes, directory / CONFIG_FILE)  # DeiT's; the others have no head
     return config.replace(provenance=config.provenance.replace(classes=classes)), state

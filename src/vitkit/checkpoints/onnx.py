@@ -3,7 +3,8 @@ the other formats. Every export is checked by ONNX Runtime before it replaces an
 of another size than the traced one (the batch axis is dynamic) must give PyTorch's logits.
 
 The model's ``ViTConfig`` (class names and input normalisation included) travels in the file's metadata
-(``vitkit.config``), with ``classes``, ``mean`` and ``std`` also as plain entries for other readers.
+(``vitkit.config``), with ``classes``, ``mean``, ``std`` and ``crop_pct`` also as plain entries for other
+readers.
 ``quantize="int8"`` stores the weights of the dense layers in int8 (ONNX Runtime's dynamic quantisation:
 activations are quantised on the fly, attention products stay in fp32).
 """
@@ -68,7 +69,7 @@ def _metadata(config: ViTConfig) -> dict[str, str]:
     mean, std = normalization(config.provenance.normalization, config.in_chans)
     classes = config.provenance.classes or [str(i) for i in range(config.num_classes)]
     return {CONFIG_KEY: config.to_json(), "classes": json.dumps(list(classes)), "mean": json.dumps(list(mean)),
-            "std": json.dumps(list(std))}
+            "std": json.dumps(list(std)), "crop_pct": json.dumps(config.provenance.crop_pct)}
 
 
 def _trace(model: VisionTransformer, path: Path, device: torch.device) -> None:

@@ -13,11 +13,12 @@ QuickGELU need the overrides ``ln_eps=1e-5``, ``gelu='quick'`` on a bare state d
 
 A timm hub directory (what ``hf-hub:timm/...`` downloads: ``config.json`` with ``architecture`` and
 ``pretrained_cfg`` beside the weights) tells the rest: ``global_pool``, ``model_args``, the input
-``mean``/``std``, and, through the architecture's name, the numerics of its family.
+``mean``/``std`` and ``crop_pct``, and, through the architecture's name, the numerics of its family.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
 
 HUB_CONFIG = "config.json"
+TIMM_DEFAULT_CROP_PCT = 0.875  # what timm evaluates with when a pretrained_cfg names no crop_pct
 
 TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp_antialias=True,
                      std_conv="sqrt(var+eps)", std_conv_eps=1e-8, gn_eps=1e-5)
@@ -97,7 +99,23 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
     config, state = from_timm(state, {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
     family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG)
-    return config.replace(provenance=config.provenance.replace(source=str(directory), normalization=family)), state
+    provenance = config.provenance.replace(source=str(directory), normalization=family,
+                                           crop_pct=hub_crop_pct(pretrained, directory / HUB_CONFIG))
+    return config.replace(provenance=provenance), state
+
+
+def hub_crop_pct(pretrained: dict[str, Any], path: Path) -> float:
+    """The fraction timm centre-crops at evaluation. Its other crop modes ('squash' resizes both sides to
+    size / crop_pct, 'border' pads) are not vitkit's geometry: read with a warning that says so."""
+    crop_pct = pretrained.get("crop_pct", TIMM_DEFAULT_CROP_PCT)
+    if not (isinstance(crop_pct, int | float) and 0 < crop_pct <= 1):
+        raise CheckpointError(f"{path}: pretrained_cfg.crop_pct={crop_pct!r}; expected a fraction in (0, 1]")
+    mode = pretrained.get("crop_mode", "center")
+    if mode != "center":
+        warnings.warn(f"{path}: pretrained_cfg.crop_mode={mode!r}; vitkit evaluates with a centre crop of "
+                      f"{crop_pct:g} (or, with --resize stretch, the whole image resized to the model's size)",
+                      stacklevel=3)
+    return float(crop_pct)
 
 
 def architecture_numerics(architecture: str) -> dict[str, Any]:

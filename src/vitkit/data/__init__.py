@@ -5,10 +5,9 @@ from .datasets import STREAMED, DatasetError, SplitSpec, load_dataset, load_spli
 from .loading import CORRUPT, StepSampler, Transformed, eval_loader, step_loader
 from .pipelines import default_num_workers, evaluation_loader, training_loader
 from .shards import ShardedSplit
-from .transforms import (AUGREG_LEVELS, augreg_level, build_transform, checkpoint_transform, trained_normalization,
-                         trained_statistics)
+from .transforms import AUGREG_LEVELS, RESIZE_MODES, augreg_level, build_transform, evaluation_transform
 
-__all__ = ["AUGREG_LEVELS", "CORRUPT", "STREAMED", "DatasetError", "ShardedSplit", "SplitSpec", "StepSampler",
-           "Transformed", "augreg_level", "build_transform", "checkpoint_transform", "default_num_workers",
-           "eval_loader", "evaluation_loader", "load_dataset", "load_splits", "read_image", "scan_folder", "split_names", "step_loader",
-           "trained_normalization", "trained_statistics", "training_loader"]
+__all__ = ["AUGREG_LEVELS", "CORRUPT", "RESIZE_MODES", "STREAMED", "DatasetError", "ShardedSplit", "SplitSpec",
+           "StepSampler", "Transformed", "augreg_level", "build_transform", "default_num_workers", "eval_loader",
+           "evaluation_loader", "evaluation_transform", "load_dataset", "load_splits", "read_image", "scan_folder",
+           "split_names", "step_loader", "training_loader"]

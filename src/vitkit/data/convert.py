@@ -23,7 +23,8 @@ from webdataset import ShardWriter
 from ..atomic import atomic_directory, remove_tree
 from ..errors import ConfigError, DatasetError
 from ..progress import track
-from .shards import IMAGE_EXTENSIONS, ShardedSplit, decode_bytes
+from .datasets import read_image
+from .shards import IMAGE_EXTENSIONS, ShardedSplit
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -62,7 +63,7 @@ def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
             extension = path.suffix.lower().lstrip(".")
             if extension in IMAGE_EXTENSIONS:
                 data = path.read_bytes()
-                decode_bytes(data, str(path))  # read once, decoded so that an unreadable file stops the conversion
+                read_image(io.BytesIO(data), str(path))  # read once, decoded so that an unreadable file stops the conversion
                 yield extension, data, int(dataset.labels[index])
                 continue
         image, label = dataset[index]

@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -90,14 +91,18 @@ class FileDataset(Dataset):
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS
 
 
-def read_image(path: str | Path) -> torch.Tensor:
-    """Decode an image file fully (a truncated file fails here) as uint8 (C, H, W), the way it is meant
-    to be seen: EXIF orientation applied, 16-bit and float grey scaled (not clipped) to 0..255, alpha
-    composited over black, palette, CMYK and other modes converted to RGB; grey stays 1 channel."""
+def read_image(source: str | Path | BinaryIO, name: str | None = None) -> torch.Tensor:
+    """Decode an image fully (a truncated file fails here) as uint8 (C, H, W), the way it is meant to be
+    seen: EXIF orientation applied, 16-bit and float grey scaled (not clipped) to 0..255, palette, CMYK and
+    other modes converted to RGB, grey kept as 1 channel (the model decides channels: ``ToChannels``).
+    Transparency is composited over white, as a page shows it and as HF's image processors do: the colour
+    under a transparent pixel is undefined (often black), so dropping alpha would show that instead.
+    Errors name the image ``name`` (default: the path)."""
+    name = name or str(source)
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             if image.width * image.height > MAX_PIXELS:
-                raise DatasetError(f"{path}: refusing to decode a {image.width}x{image.height} image "
+                raise DatasetError(f"{name}: refusing to decode a {image.width}x{image.height} image "
                                    f"({image.width * image.height:,} pixels, more than {MAX_PIXELS:,}): "
                                    f"a decompression bomb, or an image to downscale first")
             image.load()
@@ -105,9 +110,9 @@ def read_image(path: str | Path) -> torch.Tensor:
     except DatasetError:
         raise
     except Image.DecompressionBombError as error:
-        raise DatasetError(f"{path}: refusing to decode a decompression bomb ({error})") from error
+        raise DatasetError(f"{name}: refusing to decode a decompression bomb ({error})") from error
     except (OSError, ValueError, SyntaxError) as error:
-        raise DatasetError(f"{path}: not a readable image ({error})") from error
+        raise DatasetError(f"{name}: not a readable image ({error})") from error
 
 
 def _eight_bit(image: Image.Image) -> Image.Image:
@@ -125,7 +130,7 @@ def _eight_bit(image: Image.Image) -> Image.Image:
     if image.mode in ("LA", "La", "PA", "RGBA", "RGBa"):
         grey = image.mode in ("LA", "La")
         image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (0, 0, 0, 255))
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(background, image).convert("RGB")
         return image.convert("L") if grey else image
     return image.convert("RGB")

@@ -9,6 +9,7 @@ Needs pyarrow (``pip install 'vitkit[data]'``).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from ..errors import DatasetError
 from .datasets import SPLITS, read_image
 from .index_cache import ShardIndex
-from .shards import Shard, ShardedSplit, decode_bytes, indexed_split, label_problem
+from .shards import Shard, ShardedSplit, indexed_split, label_problem
 
 COLUMNS = ("image", "label")
 ROWS_PER_READ = 256
@@ -139,9 +140,8 @@ def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | None, int
         raise DatasetError(f"{shard.path}: {key}: {problem}")
     if not isinstance(image, dict) or not (image.get("bytes") or image.get("path")):
         raise DatasetError(f"{shard.path}: {key}: no image (expected the Image feature's bytes or path)")
-    if image.get("bytes"):
-        return decode_bytes(image["bytes"], f"{shard.path}: {key}"), label
-    return read_image(Path(image["path"])), label  # its errors name the file
+    source = io.BytesIO(image["bytes"]) if image.get("bytes") else Path(image["path"])
+    return read_image(source, f"{shard.path}: {key}"), label
 
 
 def label_index(path: str) -> ShardIndex:

@@ -262,14 +262,6 @@ def label_problem(label: int | None, classes: int) -> str | None:
     return None
 
 
-def decode_bytes(data: bytes, name: str) -> torch.Tensor:
-    """``read_image`` of an image held in memory; an error names ``name`` (a shard and key, a file)."""
-    try:
-        return read_image(io.BytesIO(data))
-    except DatasetError as error:
-        raise DatasetError(f"{name}: {str(error).split(': ', 1)[-1]}") from None
-
-
 def decode_tar_sample(classes: int, shard: Shard, key: str, sample: dict) -> tuple[torch.Tensor, int]:
     image = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
     if image is None or "cls" not in sample:
@@ -278,7 +270,7 @@ def decode_tar_sample(classes: int, shard: Shard, key: str, sample: dict) -> tup
     problem = problem or label_problem(label, classes)
     if problem is not None:
         raise DatasetError(f"{shard.path}: sample {key}: {problem}")
-    return decode_bytes(image, f"{shard.path}: sample {key}"), label
+    return read_image(io.BytesIO(image), f"{shard.path}: sample {key}"), label
 
 
 def read_tar(shard: Shard) -> Iterator[tuple[str, dict]]:

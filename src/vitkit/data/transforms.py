@@ -1,19 +1,22 @@
 """Transform presets (torchvision.transforms.v2) for the paper's pre-training, fine-tuning and evaluation.
 
 Images arrive as uint8 (C, H, W) tensors; every preset ends with float images in the checkpoint
-family's normalisation and with the model's number of channels (grey images are repeated).
+family's normalisation and with the model's number of channels (see ``ToChannels``). The module takes
+plain sizes and statistics, not a model's config, so that ``data`` depends on nothing above it; the step
+from a checkpoint to these arguments is ``vitkit.evaluate.preprocessing``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
 
-from ..errors import DatasetError
-from ..models.config import ViTConfig
+from ..errors import ConfigError, DatasetError
 from ..normalization import normalization
 
 # AugReg (Steiner et al. 2021) augmentation levels: RandAugment (ops, magnitude) and Mixup alpha.
@@ -27,6 +30,7 @@ AUGREG_LEVELS = {
     "strong2": ((2, 20), 0.8),
 }
 TRANSFORM_PRESETS = ("pretrain", "finetune", "eval")
+RESIZE_MODES = ("crop", "stretch")  # evaluation geometry: keep the aspect ratio and centre-crop, or stretch
 
 
 def augreg_level(level: str) -> tuple[tuple[int, int] | None, float]:
@@ -36,7 +40,9 @@ def augreg_level(level: str) -> tuple[tuple[int, int] | None, float]:
 
 
 class ToChannels(torch.nn.Module):
-    """Repeat a grey image to ``channels`` channels (or check that the channels already match)."""
+    """Give an image the model's number of channels: grey is repeated; colour becomes grey for a 1-channel
+    model by ITU-R 601-2 luminance (the weights of PIL's ``convert("L")``, how grey images are usually made
+    from colour ones), not by a plain mean, which would weigh blue as much as green."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -48,8 +54,28 @@ class ToChannels(torch.nn.Module):
             return image
         if have == 1:
             return image.expand(*image.shape[:-3], self.channels, *image.shape[-2:])
+        if have == 3 and self.channels == 1:
+            return TF.rgb_to_grayscale(image.float()).round_().to(image.dtype)  # rounded, as PIL does
         raise DatasetError(f"cannot turn a {have}-channel image into {self.channels} channels (the model's "
                            f"in_chans): give the model {have} input channels, or images with {self.channels}")
+
+
+class ResizeToCover(torch.nn.Module):
+    """Scale an image, aspect ratio kept, to the smallest size that covers ``size`` (height, width): for a
+    square size the shorter side becomes ``size`` (torchvision's ``Resize(int)``), otherwise the side whose
+    ratio to its target is smaller does (timm's ``ResizeKeepRatio``)."""
+
+    def __init__(self, size: Sequence[int]):
+        super().__init__()
+        self.size = tuple(size)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        target_height, target_width = self.size
+        if target_height == target_width:
+            return TF.resize(image, [target_height], antialias=True)
+        height, width = image.shape[-2:]
+        ratio = min(height / target_height, width / target_width)
+        return TF.resize(image, [round(height / ratio), round(width / ratio)], antialias=True)
 
 
 @dataclass
@@ -64,43 +90,50 @@ class Preset:
         return self.per_batch(self.per_image(image)[None])[0]
 
 
+def to_model_input(mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
+    """uint8 pixels to floats in [0, 1], then normalised by the checkpoint family's statistics."""
+    return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))])
+
+
+def evaluation_transform(image_size: tuple[int, int], channels: int, mean: Sequence[float], std: Sequence[float],
+                         crop_pct: float = 1.0, resize: str = "crop") -> Preset:
+    """What a model sees at test time, in every command: ``crop`` scales the image to cover
+    ``image_size / crop_pct`` (each side floored, as timm does) and centre-crops ``image_size``, so nothing
+    is distorted; ``stretch`` resizes straight to ``image_size``. Both are the same for a square image at
+    crop_pct 1."""
+    if resize not in RESIZE_MODES:
+        raise ConfigError(f"unknown resize mode {resize!r}; expected one of {RESIZE_MODES}")
+    if not 0 < crop_pct <= 1:
+        raise ConfigError(f"crop_pct={crop_pct!r}: expected a number in (0, 1]")
+    size = list(image_size)
+    if resize == "stretch":
+        geometry = [v2.Resize(size, antialias=True)]
+    else:
+        geometry = [ResizeToCover([math.floor(side / crop_pct) for side in size]), v2.CenterCrop(size)]
+    return Preset(v2.Compose([ToChannels(channels), *geometry]), to_model_input(mean, std))
+
+
 def build_transform(preset: str, image_size: tuple[int, int], channels: int, family: str = "google",
                     hflip: bool = True, crop_scale: tuple[float, float] = (0.08, 1.0),
                     aug_level: str = "none") -> Preset:
     """``pretrain``: Inception crop (random area in ``crop_scale``, aspect 3/4..4/3) + flip;
     ``finetune``: resize to the target resolution, random crop with 1/8 padding + flip;
-    ``eval``: resize only. RandAugment at the AugReg ``aug_level`` for the two training presets."""
+    ``eval``: the evaluation geometry of the whole image (crop_pct 1). RandAugment at the AugReg
+    ``aug_level`` for the two training presets."""
     if preset not in TRANSFORM_PRESETS:
         raise ValueError(f"unknown transform preset {preset!r}; expected one of {TRANSFORM_PRESETS}")
+    mean, std = normalization(family, channels)
+    if preset == "eval":
+        return evaluation_transform(image_size, channels, mean, std)
     size = list(image_size)
     steps: list = [ToChannels(channels)]
     if preset == "pretrain":
         steps.append(v2.RandomResizedCrop(size, scale=tuple(crop_scale), antialias=True))
     else:
-        steps.append(v2.Resize(size, antialias=True))
-        if preset == "finetune":
-            steps.append(v2.RandomCrop(size, padding=max(1, min(size) // 8)))
-    if preset != "eval":
-        if hflip:
-            steps.append(v2.RandomHorizontalFlip())
-        randaug, _ = augreg_level(aug_level)
-        if randaug:
-            steps.append(v2.RandAugment(num_ops=randaug[0], magnitude=randaug[1]))
-    mean, std = normalization(family, channels)
-    return Preset(v2.Compose(steps), v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]))
-
-
-def trained_normalization(config: ViTConfig) -> str:
-    """The normalisation family a checkpoint was trained with (set by training and by the readers);
-    Google's [-1, 1] when the file does not say."""
-    return config.provenance.normalization
-
-
-def trained_statistics(config: ViTConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The (mean, std) a checkpoint's inputs are normalised with, one per channel."""
-    return normalization(trained_normalization(config), config.in_chans)
-
-
-def checkpoint_transform(config: ViTConfig) -> Preset:
-    """How a checkpoint wants its test images: its size, channels and normalisation."""
-    return build_transform("eval", config.image_size, config.in_chans, trained_normalization(config))
+        steps += [v2.Resize(size, antialias=True), v2.RandomCrop(size, padding=max(1, min(size) // 8))]
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    randaug, _ = augreg_level(aug_level)
+    if randaug:
+        steps.append(v2.RandAugment(num_ops=randaug[0], magnitude=randaug[1]))
+    return Preset(v2.Compose(steps), to_model_input(mean, std))

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from ..data.datasets import read_image
-from ..data.transforms import checkpoint_transform
 from ..models.vit import VisionTransformer
 from ..runtime import autocast
+from .preprocessing import checkpoint_transform
 
 
 @dataclass
@@ -27,12 +27,12 @@ def class_names(model: VisionTransformer) -> list[str]:
 
 @torch.no_grad()
 def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5, device: torch.device | str = "cpu",
-            dtype: torch.dtype = torch.float32) -> list[Prediction]:
-    """Resize each image to the model's resolution, normalise it as the model was trained, and return
-    the ``top_k`` classes by softmax probability (``model`` already on ``device``, computing in ``dtype``)."""
+            dtype: torch.dtype = torch.float32, resize: str = "crop") -> list[Prediction]:
+    """Bring each image to the model's resolution (``resize``: the evaluation geometry, see
+    ``checkpoint_transform``), normalise it as the model was trained, and return the ``top_k`` classes by
+    softmax probability (``model`` already on ``device``, computing in ``dtype``)."""
     device = torch.device(device)
-    config = model.config
-    transform = checkpoint_transform(config)
+    transform = checkpoint_transform(model.config, resize)
     names = class_names(model)
     model.eval()
     results = []

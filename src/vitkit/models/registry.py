@@ -42,13 +42,16 @@ FAMILY_SIZES: dict[str, tuple[int, int, int, int]] = {
 }
 
 # Each family is the paper's model with some config options on, the defaults of timm's definitions
-# (image size, classes: DINOv2 and SigLIP towers come without a head) and its input normalisation.
+# (image size, classes: DINOv2 and SigLIP towers come without a head), its input normalisation and its
+# evaluation crop: timm 1.0.31's pretrained_cfg of the default weights for DeiT, DeiT-III (0.9) and DINOv2;
+# for CLIP and SigLIP the whole image, as their authors' preprocessing and HF's processors take it (timm
+# names 0.9 for OpenAI's CLIP and for SigLIP, its generic default). The paper's ViT: Google's, 1.0.
 FAMILIES: dict[str, dict[str, Any]] = {
-    "DeiT": dict(normalization="imagenet"),
-    "DeiT3": dict(no_embed_class=True, layer_scale=1e-6, normalization="imagenet"),
-    "DINOv2": dict(layer_scale=1e-5, image_size=518, num_classes=0, normalization="imagenet"),
-    "CLIP": dict(pre_norm=True, patch_bias=False, ln_eps=1e-5, normalization="clip"),
-    "SigLIP": dict(class_token=False, pool="map", num_classes=0, normalization="google"),
+    "DeiT": dict(normalization="imagenet", crop_pct=0.9),
+    "DeiT3": dict(no_embed_class=True, layer_scale=1e-6, normalization="imagenet", crop_pct=0.9),
+    "DINOv2": dict(layer_scale=1e-5, image_size=518, num_classes=0, normalization="imagenet", crop_pct=1.0),
+    "CLIP": dict(pre_norm=True, patch_bias=False, ln_eps=1e-5, normalization="clip", crop_pct=1.0),
+    "SigLIP": dict(class_token=False, pool="map", num_classes=0, normalization="google", crop_pct=1.0),
 }
 SUFFIXES: dict[str, dict[str, Any]] = {
     "distilled": dict(dist_token=True),  # DeiT's distillation token and head
@@ -81,11 +84,11 @@ def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
     patch = int(match.group(3))
     depth, dim, mlp_dim, heads = {**SIZES, **FAMILY_SIZES}[size]
     options = {**FAMILIES[family], **SUFFIXES.get(suffix, {})}
-    normalization = options.pop("normalization")
+    inputs = dict(normalization=options.pop("normalization"), crop_pct=options.pop("crop_pct"))
     name = f"{family}-{size}/{patch}" + (f"-{suffix}" if suffix else "")
     base = {**dict(patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp_dim, num_heads=heads,
                    image_size=224 // patch * patch), **options}
-    base["provenance"] = Provenance(name=name, normalization=normalization)
+    base["provenance"] = Provenance(name=name, **inputs)
     if size == "g":
         base["mlp"] = "swiglu"
     return ViTConfig(**{**base, **overrides})

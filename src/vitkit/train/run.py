@@ -18,12 +18,12 @@ import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
-from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, checkpoint_transform, default_num_workers,
-                    evaluation_loader, load_splits, split_names, trained_normalization, trained_statistics,
-                    training_loader)
+from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, evaluation_loader,
+                    load_splits, split_names, training_loader)
 from ..data.transforms import augreg_level
 from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
+from ..evaluate.preprocessing import checkpoint_transform, input_statistics
 from ..models import ViTConfig, VisionTransformer, create_model
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
@@ -47,8 +47,9 @@ def build_model(recipe: Recipe, classes: list[str]) -> VisionTransformer:
     else:
         model = create_model(recipe.model or ViTConfig(), image_size=size, num_classes=len(classes),
                              **recipe.model_args)
-    family = recipe.normalization or (trained_normalization(model.config) if recipe.init else "google")
-    provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family)
+    family = recipe.normalization or (model.config.provenance.normalization if recipe.init else "google")
+    # vitkit's presets train on the whole image brought to the model's size, so it is evaluated whole too.
+    provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family, crop_pct=1.0)
     model.config = model.config.replace(provenance=provenance)
     model.grad_checkpointing = recipe.grad_checkpointing
     return model
@@ -106,12 +107,13 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     config = model.config
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
-                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, *trained_statistics(config))
+                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, *input_statistics(config))
     model = shard(model.to(env.device), env, recipe.parallel)
     if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
         torch.manual_seed(recipe.seed + env.rank)
     train_transform = build_transform(recipe.transform, config.image_size, config.in_chans,
-                                      trained_normalization(config), recipe.hflip, recipe.crop_scale, recipe.aug_level)
+                                      config.provenance.normalization, recipe.hflip, recipe.crop_scale,
+                                      recipe.aug_level)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
     if recipe.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
