@@ -9,7 +9,7 @@ import torch
 from vitkit.checkpoints import CheckpointError, export
 from vitkit.checkpoints.onnx import CONFIG_KEY, OPSET, OnnxModel
 from vitkit.cli import main
-from vitkit.models import ViTConfig, VisionTransformer
+from vitkit.models import ViTConfig, VisionTransformer, create_model
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -99,3 +99,12 @@ def test_int8_keeps_digits_accuracy_and_eval_runs_onnx(tmp_path, capsys):
     onnx_line = capsys.readouterr().out
     assert main(["predict", str(run / "model"), str(tmp_path / "blank.png"), "--top-k", "2"]) == 0
     assert capsys.readouterr().out == onnx_line
+
+
+def test_a_model_over_protobufs_2gib_is_refused_before_any_work(tmp_path):
+    with torch.device("meta"):  # ViT-H/14's 632M fp32 weights (2.35 GiB) described, never allocated
+        huge = create_model("ViT-H/14")
+    with pytest.raises(CheckpointError, match=r"h\.onnx: the model's weights take 2\.3\d GiB, and an ONNX "
+                                              r"file holds at most 2 GiB"):
+        export(huge, tmp_path / "h.onnx", "onnx")
+    assert list(tmp_path.iterdir()) == []

@@ -31,6 +31,7 @@ INPUT, OUTPUT = "images", "logits"
 CONFIG_KEY = "vitkit.config"
 TOLERANCE = 1e-4  # of the logits' scale: max |ONNX - PyTorch| / max(1, max |logit|)
 QUANTIZATIONS = ("int8",)
+PROTOBUF_LIMIT = 2**31  # bytes: an ONNX file is one protobuf message, and protobuf stops at 2 GiB
 _TRACE_BATCH, _PROBE_BATCH = 2, 3
 
 
@@ -106,6 +107,11 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     if quantize not in (None, *QUANTIZATIONS):
         raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
     path, device = Path(path), torch.device(device)
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if weight_bytes >= PROTOBUF_LIMIT:  # checked before any work: the exporter would fail late, with protobuf's words
+        raise CheckpointError(f"{path}: the model's weights take {weight_bytes / 2**30:.2f} GiB, and an ONNX file "
+                              f"holds at most 2 GiB (protobuf's limit); export a smaller variant to ONNX, or "
+                              f"keep this one in the native format")
     model = model.to(device).eval()
     config = model.config
     probe = torch.randn(_PROBE_BATCH, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
