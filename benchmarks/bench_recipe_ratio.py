@@ -43,8 +43,8 @@ def main() -> None:
                 per_image[name].append((time.perf_counter() - start) / IMAGES_PER_ROUND)
     ratio = statistics.median(a / b for a, b in zip(per_image["after"], per_image["before"]))
     epochs = variants["after"][2].epochs / variants["before"][2].epochs
-    print(f"load {load:.1f} -> {os.getloadavg()[0]:.1f}; ms per image: before "
-          f"{1e3 * statistics.median(per_image['before']):.2f}, after {1e3 * statistics.median(per_image['after']):.2f}; "
+    before, after = (1e3 * statistics.median(per_image[name]) for name in ("before", "after"))
+    print(f"load {load:.1f} -> {os.getloadavg()[0]:.1f}; ms per image: before {before:.2f}, after {after:.2f}; "
           f"after/before per image {ratio:.3f}, x {epochs:g} the epochs: training time {ratio * epochs:.3f}x")
 
 
