@@ -61,7 +61,7 @@ recipe = resolve("digits", overrides={"model_args": model_args, "steps": 1, "bat
                                       "run_dir": str(out / "first")})
 run(recipe)
 kept = dist.is_initialized()
-reductions, reduce = [], dist.all_reduce  # counted: a step's metrics and the ranks' stop/save requests share one
+reductions, reduce = [], dist.all_reduce  # counted: one per step (metrics, stop and save requests together)
 dist.all_reduce = lambda *args, **kwargs: reductions.append(1) or reduce(*args, **kwargs)
 run(recipe.replace(run_dir=str(out / "second"), steps=3))  # a run directory holds one run
 dist.all_reduce = reduce
