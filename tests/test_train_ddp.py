@@ -79,4 +79,5 @@ def test_runs_share_the_process_group_and_the_command_leaves_it(tmp_path):
     script = tmp_path / "train_three_times.py"
     script.write_text(TRAINS_THREE_TIMES % MODEL)
     launch(TORCHRUN, script, tmp_path)
-    assert [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)] == ["kept True, reductions 3, cli 0, left True"] * 2
+    expected = "kept True, reductions 3, cli 0, left True"
+    assert [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)] == [expected] * 2
