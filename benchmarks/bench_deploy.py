@@ -9,7 +9,7 @@ weights, timed in turn within each repeat (medians; ratios are medians of per-re
 ``speed`` times random-weight models (the head re-drawn, so that the logits are not all zero) at batch 16;
 ``accuracy`` gives the test top-1 of a trained checkpoint in fp32 ONNX, dynamic int8 and static int8
 calibrated on 256 training images (the evaluation transform). OpenVINO rows appear when ``openvino`` is
-importable (it is not a dependency of vitkit). Prints a markdown table; the numbers on record are in
+importable (`vitkit[openvino]`). Prints a markdown table; the numbers on record are in
 ``benchmarks/results/deploy_int8_openvino.md``.
 """
 

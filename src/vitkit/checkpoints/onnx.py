@@ -101,6 +101,11 @@ def _logits(graph: Path, images: torch.Tensor, device: torch.device) -> np.ndarr
     return session(graph, device).run([OUTPUT], {INPUT: images.cpu().numpy()})[0]
 
 
+def probe_batch(config: ViTConfig) -> torch.Tensor:
+    """The fixed random images an export is checked on (another batch size than the traced one)."""
+    return torch.randn(_PROBE_BATCH, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+
+
 def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
                device: torch.device | str = "cpu") -> OnnxExport:
     """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place."""
@@ -114,7 +119,7 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
                               f"keep this one in the native format")
     model = model.to(device).eval()
     config = model.config
-    probe = torch.randn(_PROBE_BATCH, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+    probe = probe_batch(config)
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
     scale = max(1.0, float(np.abs(reference).max()))
