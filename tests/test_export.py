@@ -8,8 +8,9 @@ import torch
 
 from vitkit.checkpoints import CheckpointError, export
 from vitkit.checkpoints.onnx import CONFIG_KEY, OPSET, OnnxModel
+from vitkit.checkpoints.openvino import OpenVinoModel
 from vitkit.cli import main
-from vitkit.models import Provenance, ViTConfig, VisionTransformer
+from vitkit.models import Provenance, ViTConfig, VisionTransformer, create_model
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -71,8 +72,8 @@ def test_bad_requests_are_clear_errors_and_keep_existing_files(tmp_path):
 
 
 def test_int8_keeps_digits_accuracy_and_eval_runs_onnx(tmp_path, capsys):
-    """A trained digits model: `vitkit eval` of the fp32 ONNX gives the checkpoint's accuracy, int8 within
-    1 point of it; `vitkit predict` reads the class names from the ONNX metadata."""
+    """A trained digits model: `vitkit eval` of the fp32 ONNX and OpenVINO files gives the checkpoint's accuracy,
+    int8 within 1 point of it; `vitkit predict` reads the class names from the ONNX metadata."""
     run = tmp_path / "run"
     assert main(["train", "--steps", "300", "--batch-size", "64", "--warmup-steps", "30", "--lr", "0.003",
                  "--model-args", '{"dim": 32, "mlp_dim": 64, "depth": 2}', "--run-dir", str(run),
@@ -83,13 +84,14 @@ def test_int8_keeps_digits_accuracy_and_eval_runs_onnx(tmp_path, capsys):
     int8_weights = [t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2]
     assert len(int8_weights) == 2 * 4 + 1  # per block qkv, proj, fc1, fc2; the head
     assert sum(node.op_type == "MatMulInteger" for node in graph.node) == len(int8_weights)
+    assert main(["convert", str(run / "model"), str(tmp_path / "fp32.xml"), "--to", "openvino"]) == 0
     top1 = {}
-    for name in ("model", "fp32.onnx", "int8.onnx"):
+    for name in ("model", "fp32.onnx", "int8.onnx", "fp32.xml"):
         path = run / name if name == "model" else tmp_path / name
         assert main(["eval", str(path), "--out", str(tmp_path / name.replace(".", "-"))]) == 0
         top1[name] = json.loads((tmp_path / name.replace(".", "-") / "eval-test.json").read_text())["top1"]
     assert top1["model"] > 0.6, top1  # learned something: the comparison means something
-    assert top1["fp32.onnx"] == top1["model"]
+    assert top1["fp32.onnx"] == top1["fp32.xml"] == top1["model"]
     assert abs(top1["int8.onnx"] - top1["model"]) <= 0.01, top1
     from PIL import Image
 
@@ -99,3 +101,38 @@ def test_int8_keeps_digits_accuracy_and_eval_runs_onnx(tmp_path, capsys):
     onnx_line = capsys.readouterr().out
     assert main(["predict", str(run / "model"), str(tmp_path / "blank.png"), "--top-k", "2"]) == 0
     assert capsys.readouterr().out == onnx_line
+
+
+def test_a_model_over_protobufs_2gib_is_refused_before_any_work(tmp_path):
+    with torch.device("meta"):  # ViT-H/14's 632M fp32 weights (2.35 GiB) described, never allocated
+        huge = create_model("ViT-H/14")
+    with pytest.raises(CheckpointError, match=r"h\.onnx: the model's weights take 2\.3\d GiB, and an ONNX "
+                                              r"file holds at most 2 GiB"):
+        export(huge, tmp_path / "h.onnx", "onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
+    openvino = pytest.importorskip("openvino")
+    model = small_model()
+    report = export(model, tmp_path / "m.xml", "openvino")
+    assert report.max_difference <= 1e-4 and sorted(p.name for p in tmp_path.iterdir()) == ["m.bin", "m.xml"]
+    loaded = OpenVinoModel(tmp_path / "m.xml")
+    assert loaded.config == model.config
+    for batch in (1, 3, 64):  # the batch axis stays dynamic through the conversion
+        images = torch.randn(batch, 3, 16, 24)
+        expected = model(images).detach()
+        assert expected.abs().max() > 0.5
+        torch.testing.assert_close(loaded(images), expected, atol=1e-4, rtol=0)
+    bare = tmp_path / "bare.xml"
+    openvino.save_model(openvino.convert_model(model, example_input=torch.randn(1, 3, 16, 24)), bare)
+    with pytest.raises(CheckpointError, match=f"no '{CONFIG_KEY}' in the model's runtime info"):
+        OpenVinoModel(bare)
+    (tmp_path / "torn.xml").write_text("<net")
+    (tmp_path / "torn.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="torn.xml: not a model OpenVINO can read"):
+        OpenVinoModel(tmp_path / "torn.xml")
+    with pytest.raises(CheckpointError, match=r"x\.onnx: an OpenVINO model is written as NAME\.xml"):
+        export(model, tmp_path / "x.onnx", "openvino")
+    with pytest.raises(CheckpointError, match="applies to ONNX export only, not to 'openvino'"):
+        export(model, tmp_path / "q.xml", "openvino", quantize="int8")

@@ -61,17 +61,23 @@ recipe = resolve("digits", overrides={"model_args": model_args, "steps": 1, "bat
                                       "run_dir": str(out / "first")})
 run(recipe)
 kept = dist.is_initialized()
-run(recipe.replace(run_dir=str(out / "second")))  # a run directory holds one run
+reductions, reduce = [], dist.all_reduce  # counted: one per step (metrics, stop and save requests together)
+dist.all_reduce = lambda *args, **kwargs: reductions.append(1) or reduce(*args, **kwargs)
+run(recipe.replace(run_dir=str(out / "second"), steps=3))  # a run directory holds one run
+dist.all_reduce = reduce
 code = main(["train", "--model-args", json.dumps(model_args), "--steps", "1", "--batch-size", "8", "--threads", "1",
              "--run-dir", str(out / "cli")])
-(out / ("rank-" + os.environ["RANK"])).write_text(f"kept {kept}, cli {code}, left {not dist.is_initialized()}")
+(out / ("rank-" + os.environ["RANK"])).write_text(f"kept {kept}, reductions {len(reductions)}, cli {code}, "
+                                                  f"left {not dist.is_initialized()}")
 """
 
 
 def test_runs_share_the_process_group_and_the_command_leaves_it(tmp_path):
     """A script may call ``run`` several times in one group; the command line leaves it when done, as
-    gloo's threads, left to the interpreter's exit, can abort a process that succeeded (SIGABRT)."""
+    gloo's threads, left to the interpreter's exit, can abort a process that succeeded (SIGABRT). A
+    step all-reduces once (3 steps, 3 reductions): no second collective for the stop/save agreement."""
     script = tmp_path / "train_three_times.py"
     script.write_text(TRAINS_THREE_TIMES % MODEL)
     launch(TORCHRUN, script, tmp_path)
-    assert [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)] == ["kept True, cli 0, left True"] * 2
+    expected = "kept True, reductions 3, cli 0, left True"
+    assert [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)] == [expected] * 2

@@ -24,7 +24,8 @@ from torch import nn
 
 from .models.stats import forward_flops
 from .models.vit import VisionTransformer
-from .runtime import autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory, timed
+from .runtime import DTYPES, autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory, timed
+from .train.optim import step_kernel
 
 RUNTIMES = ("eager", "compile", "onnxruntime", "timm")
 PHASES = ("inference", "train_step")
@@ -79,7 +80,8 @@ def _torch_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, d
 
     copied = copy.deepcopy(model).train()
     trained = wrap(copied)
-    optimizer = torch.optim.AdamW(copied.parameters(), lr=1e-5, fused=device.type in ("cpu", "cuda"))
+    params = list(copied.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-5, **step_kernel(params))  # the kernel training uses
 
     def train_step() -> None:
         with autocast(device, dtype):
@@ -119,8 +121,7 @@ def gemm_peak_step(dtype: str, device: torch.device, size: int) -> tuple[Callabl
     if dtype == "int8":
         a = torch.randint(-128, 128, (size, size), dtype=torch.int8, device=device)
         return (lambda: torch._int_mm(a, a)), 2.0 * size ** 3
-    a = torch.randn(size, size, device=device).to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16",
-                                                                  "fp16": "float16"}[dtype]))
+    a = torch.randn(size, size, device=device).to(DTYPES[dtype])
     return (lambda: torch.mm(a, a)), 2.0 * size ** 3
 
 

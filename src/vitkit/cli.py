@@ -93,11 +93,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
-    timm state dict or ONNX (checked by ONNX Runtime after writing)."""
+    timm state dict, ONNX (checked by ONNX Runtime after writing) or OpenVINO IR (checked by OpenVINO)."""
     model = load_checkpoint(args)
     written = export(model, args.dst, args.to, args.quantize, select_device(args.device))
     print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
+    if args.to == "openvino":
+        print(f"OpenVINO (fp32) vs PyTorch on a probe batch: max |difference| {written.max_difference:.2g}")
     if args.to == "onnx":
         print(f"opset {written.opset}, dynamic batch; ONNX Runtime vs PyTorch on a probe batch: max |difference| "
               f"{written.max_difference:.2g}")
@@ -314,8 +316,9 @@ _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "de
 
 
 def inference_model(args: argparse.Namespace):
-    """The model ``eval``/``predict`` run: a checkpoint on ``--device`` in ``--precision``, or an ``.onnx``
-    file run by ONNX Runtime as it was exported; with its device and compute dtype."""
+    """The model ``eval``/``predict`` run: a checkpoint on ``--device`` in ``--precision``, an ``.onnx``
+    file run by ONNX Runtime as it was exported, or an OpenVINO ``.xml`` on the CPU in ``--precision``; with
+    its device and compute dtype (the runtimes compute in their own precision: fp32 as far as autocast goes)."""
     device = select_device(args.device)
     if Path(args.checkpoint).suffix == ".onnx":
         from .checkpoints.onnx import OnnxModel
@@ -325,6 +328,15 @@ def inference_model(args: argparse.Namespace):
         if args.overrides:
             raise ConfigError(f"--set {', '.join(args.overrides)}: an ONNX model runs as it was exported")
         return OnnxModel(args.checkpoint, device), torch.device("cpu"), torch.float32
+    if Path(args.checkpoint).suffix == ".xml":
+        from .checkpoints.openvino import OpenVinoModel
+
+        if args.precision == "fp16":
+            raise ConfigError("--precision fp16: an OpenVINO model runs in fp32, bf16 or auto (bf16 where native)")
+        if args.overrides:
+            raise ConfigError(f"--set {', '.join(args.overrides)}: an OpenVINO model runs as it was exported")
+        dtype = resolve_precision(args.precision, torch.device("cpu"))
+        return OpenVinoModel(args.checkpoint, dtype), torch.device("cpu"), torch.float32
     return load_checkpoint(args).to(device), device, resolve_precision(args.precision, device)
 
 

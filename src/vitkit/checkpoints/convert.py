@@ -16,6 +16,7 @@ from .hf_families import hf_family_of, write_hf_family
 from .timm import write_timm
 from .loading import load
 from .onnx import OnnxExport, write_onnx
+from .openvino import OpenVinoExport, write_openvino
 
 WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "native": lambda model, path: model.save(path),
@@ -23,15 +24,18 @@ WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "hf": lambda model, path: (write_hf_family if hf_family_of(model.config) else write_hf)(model, path),
     "timm": write_timm,
 }
-FORMATS = (*WRITERS, "onnx")
+FORMATS = (*WRITERS, "onnx", "openvino")
 
 
 def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | None = None,
-           device: torch.device | str = "cpu") -> Path | OnnxExport:
+           device: torch.device | str = "cpu") -> Path | OnnxExport | OpenVinoExport:
     """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory, a timm state dict,
-    or ONNX (traced on ``device``, checked by ONNX Runtime, optionally with int8 weights: its report is returned)."""
+    ONNX (traced on ``device``, checked by ONNX Runtime, optionally with int8 weights) or OpenVINO IR (checked
+    by OpenVINO); for the last two their report is returned."""
     if to == "onnx":
         return write_onnx(model, path, quantize, device)
+    if to == "openvino" and not quantize:
+        return write_openvino(model, path, device)
     if quantize:
         raise CheckpointError(f"quantize={quantize!r} applies to ONNX export only, not to {to!r}")
     if to not in WRITERS:

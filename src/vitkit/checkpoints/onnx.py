@@ -33,6 +33,7 @@ INPUT, OUTPUT = "images", "logits"
 CONFIG_KEY = "vitkit.config"
 TOLERANCE = 1e-4  # of the logits' scale: max |ONNX - PyTorch| / max(1, max |logit|)
 QUANTIZATIONS = ("int8",)
+PROTOBUF_LIMIT = 2**31  # bytes: an ONNX file is one protobuf message, and protobuf stops at 2 GiB
 _TRACE_BATCH, _PROBE_BATCH = 2, 3
 
 
@@ -102,15 +103,25 @@ def _logits(graph: Path, images: torch.Tensor, device: torch.device) -> np.ndarr
     return session(graph, device).run([OUTPUT], {INPUT: images.cpu().numpy()})[0]
 
 
+def probe_batch(config: ViTConfig) -> torch.Tensor:
+    """The fixed random images an export is checked on (another batch size than the traced one)."""
+    return torch.randn(_PROBE_BATCH, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+
+
 def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
                device: torch.device | str = "cpu") -> OnnxExport:
     """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place."""
     if quantize not in (None, *QUANTIZATIONS):
         raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
     path, device = Path(path), torch.device(device)
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if weight_bytes >= PROTOBUF_LIMIT:  # checked before any work: the exporter would fail late, with protobuf's words
+        raise CheckpointError(f"{path}: the model's weights take {weight_bytes / 2**30:.2f} GiB, and an ONNX file "
+                              f"holds at most 2 GiB (protobuf's limit); export a smaller variant to ONNX, or "
+                              f"keep this one in the native format")
     model = model.to(device).eval()
     config = model.config
-    probe = torch.randn(_PROBE_BATCH, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+    probe = probe_batch(config)
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
     scale = max(1.0, float(np.abs(reference).max()))

@@ -194,6 +194,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
         self.step = 0
+        self.asked = (False, False)  # agreed over ranks at the last step: (stop, save)
         self.best: float | None = None
         self.saved_at = time.monotonic()  # when the last checkpoint was written (or training began)
         self.network = wrap(model, self.env)
@@ -253,19 +254,23 @@ class Trainer:
 
     def _after_step(self, stop: StopRequest) -> None:
         """Save when a checkpoint is due by steps or wall time, or a signal asked the run to stop (then
-        stop). Under torchrun the ranks agree first, so that all of them save at the same step."""
+        stop). The wall-time and signal parts are what the ranks agreed on in the step's reduction, so
+        that under torchrun all of them save, and stop, at the same step."""
         config, done = self.config, self.step
         if done == config.total_steps:  # the final checkpoint follows the final evaluation
             return
-        every, minutes = config.checkpoint_every, config.checkpoint_minutes
-        due = bool(every and done % every == 0 or minutes and time.monotonic() - self.saved_at >= 60 * minutes)
-        stopping = stop.signum is not None
-        if self.env.enabled:
-            stopping, due = (self.env.mean(torch.tensor([float(stopping), float(due)])) > 0).tolist()
+        stopping, late = self.asked
+        due = bool(config.checkpoint_every and done % config.checkpoint_every == 0) or late
         if stopping or due:
             self.save()
         if stopping:
             self._stop(stop)
+
+    def _requests(self, stop: StopRequest | None) -> list[float]:
+        """This rank's (a signal asked to stop, a checkpoint is due by wall time), as 0/1."""
+        minutes = self.config.checkpoint_minutes
+        late = bool(minutes and time.monotonic() - self.saved_at >= 60 * minutes)
+        return [float(stop is not None and stop.signum is not None), float(late)]
 
     def _stop(self, stop: StopRequest) -> None:
         signum = stop.signum or signal.SIGTERM
@@ -296,7 +301,7 @@ class Trainer:
             return batch.to(self.env.device, non_blocking=True)
         return type(batch)(self._to_device(part) for part in batch)
 
-    def _train_step(self, micro_batches) -> dict[str, float]:
+    def _train_step(self, micro_batches, stop: StopRequest | None = None) -> dict[str, float]:
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -317,8 +322,11 @@ class Trainer:
         clip = self.config.clip_norm or math.inf
         norm = clip_gradients(self.model.parameters(), clip)
         keys = sorted(totals)
-        # the one host sync of the step: the weights must not be updated from a non-finite gradient
-        *averaged, grad_norm = self.env.mean(torch.stack([totals[k] for k in keys] + [norm.float()])).tolist()
+        # the one host sync of the step: the weights must not be updated from a non-finite gradient; the
+        # same reduction tells every rank whether any of them was asked to stop or is due to save
+        reduced = [totals[k] for k in keys] + [norm.float()] + list(norm.new_tensor(self._requests(stop)))
+        *averaged, grad_norm, stopping, late = self.env.mean(torch.stack(reduced)).tolist()
+        self.asked = (stopping > 0, late > 0)
         values = dict(zip(keys, averaged))
         if not math.isfinite(values["loss"]) or not math.isfinite(grad_norm):
             raise TrainingDiverged(
@@ -374,7 +382,7 @@ class Trainer:
         last: dict[str, float] = {}
         while self.step < config.total_steps:
             tick = time.perf_counter()
-            last = self._train_step(micro_batches)
+            last = self._train_step(micro_batches, stop)
             window.append((last["train/images"], time.perf_counter() - tick))
             done = self.step
             progress.advance(done)
