@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
+from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from ..runtime import precision_name
-from .common import CheckpointError
 from .onnx import CONFIG_KEY, TOLERANCE, probe_batch, write_onnx
 
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # the CPU plugin's INFERENCE_PRECISION_HINT
