@@ -177,7 +177,7 @@ def main() -> None:
     result = {"workers": workers, "batch": BATCH, "image_size": SIZE[0], "cpu_count": os.cpu_count(),
               "loadavg_before": os.getloadavg()}
     scratch = Path(tempfile.mkdtemp(prefix="vitkit-bench-data-"))
-    os.environ["VITKIT_CACHE_DIR"] = str(scratch / "cache")  # the index of shards about to be deleted
+    os.environ["VITKIT_CACHE"] = str(scratch / "cache")  # the index of shards about to be deleted
     try:
         files = make_jpegs(scratch / "jpegs", args.unique)
         result["jpeg_kb_mean"] = round(sum(f.stat().st_size for f in files) / len(files) / 1024, 1)

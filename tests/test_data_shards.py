@@ -169,14 +169,20 @@ def test_raw_loader_batches_are_dataloader_batches(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["digits", "shards"])
-def test_workers_send_uint8_and_the_batch_step_runs_on_arrival(tmp_path, name):
-    """Two workers pass uint8 images between processes; the batches that come out are those images converted
-    and normalised to [-1, 1] (Google's mean = std = 0.5), as the preset's per-batch step says."""
+def test_workers_send_uint8_to_an_accelerator_and_finished_batches_to_the_cpu(tmp_path, name):
+    """With a device named (an accelerator in a run; the CPU stands in here), two workers pass uint8 images and
+    the batches that come out are those images converted and normalised to [-1, 1] (Google's mean = std =
+    0.5), as the preset's per-batch step says; without one the workers send those finished batches."""
     numbered_shards(tmp_path, "train", [6, 6, 6, 6])
     dataset = load_dataset(f"webdataset:{tmp_path}" if name == "shards" else "digits", "train")
-    loader = training_loader(dataset, build_transform("pretrain", (8, 8), 3, "google"), global_batch=4, total_steps=3,
-                             start_step=0, seed=0, num_workers=2)
-    sent = [images for _, (images, _, _) in zip(range(3), loader.loader)]  # a stream has no end: 3 steps
-    arrived = [images for _, (images, _, _) in zip(range(3), loader)]
+
+    def loader(device):
+        return training_loader(dataset, build_transform("pretrain", (8, 8), 3, "google"), global_batch=4,
+                               total_steps=3, start_step=0, seed=0, num_workers=2, device=device)
+    deferred = loader(torch.device("cpu"))
+    sent = [images for _, (images, _, _) in zip(range(3), deferred.loader)]  # a stream has no end: 3 steps
+    arrived = [images for _, (images, _, _) in zip(range(3), deferred)]
     assert len(sent) == len(arrived) == 3 and all(images.dtype == torch.uint8 for images in sent)
     assert all(torch.allclose(a, (s.float() / 255 - 0.5) / 0.5, atol=1e-6) for s, a in zip(sent, arrived))
+    finished = [images for _, (images, _, _) in zip(range(3), loader(None).loader)]
+    assert all(torch.equal(f, a) for f, a in zip(finished, arrived))
