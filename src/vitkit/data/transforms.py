@@ -80,8 +80,8 @@ class ResizeToCover(torch.nn.Module):
 
 @dataclass
 class Preset:
-    """A transform split where it is cheapest: the random and size-changing steps per image (uint8),
-    conversion to float and normalisation once per batch."""
+    """A transform split where it is cheapest: the random and size-changing steps per image (uint8), then
+    conversion to float and normalisation, which can wait for the batch's arrival on an accelerator."""
 
     per_image: Callable[[torch.Tensor], torch.Tensor]
     per_batch: Callable[[torch.Tensor], torch.Tensor]
