@@ -22,6 +22,7 @@ from .analysis.attention import HEAD_FUSIONS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import export, load
 from .checkpoints.convert import FORMATS
+from .checkpoints.hub import is_remote
 from .checkpoints.onnx import QUANTIZATIONS
 from .data import CORRUPT, RESIZE_MODES
 from .errors import ConfigError, VitkitError
@@ -320,21 +321,20 @@ def inference_model(args: argparse.Namespace):
     file run by ONNX Runtime as it was exported, or an OpenVINO ``.xml`` on the CPU in ``--precision``; with
     its device and compute dtype (the runtimes compute in their own precision: fp32 as far as autocast goes)."""
     device = select_device(args.device)
+    runtime = {".onnx": "an ONNX", ".xml": "an OpenVINO"}.get(Path(args.checkpoint).suffix)
+    if runtime and args.overrides:
+        raise ConfigError(f"--set {', '.join(args.overrides)}: {runtime} model runs as it was exported")
     if Path(args.checkpoint).suffix == ".onnx":
         from .checkpoints.onnx import OnnxModel
 
         if args.precision not in ("fp32", "auto"):
             raise ConfigError(f"--precision {args.precision}: an ONNX model runs in the precision it was exported in")
-        if args.overrides:
-            raise ConfigError(f"--set {', '.join(args.overrides)}: an ONNX model runs as it was exported")
         return OnnxModel(args.checkpoint, device), torch.device("cpu"), torch.float32
     if Path(args.checkpoint).suffix == ".xml":
         from .checkpoints.openvino import OpenVinoModel
 
         if args.precision == "fp16":
             raise ConfigError("--precision fp16: an OpenVINO model runs in fp32, bf16 or auto (bf16 where native)")
-        if args.overrides:
-            raise ConfigError(f"--set {', '.join(args.overrides)}: an OpenVINO model runs as it was exported")
         dtype = resolve_precision(args.precision, torch.device("cpu"))
         return OpenVinoModel(args.checkpoint, dtype), torch.device("cpu"), torch.float32
     return load_checkpoint(args).to(device), device, resolve_precision(args.precision, device)
@@ -468,24 +468,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     device = select_device(args.device)
     overrides = {**args.overrides, **({"image_size": args.image_size} if args.image_size else {})}
-    if Path(args.checkpoint).exists():
+    if Path(args.checkpoint).exists() or is_remote(args.checkpoint):
         model = load(args.checkpoint, **overrides)
     else:
         model = create_model(args.checkpoint, **overrides)
     rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
                           peak_size=args.peak_size)
     height, width = model.config.image_size
+    threads, load_now, records = torch.get_num_threads(), os.getloadavg()[0], [row.to_dict() for row in rows]
     if args.out:
         written = write_json(args.out, BENCH_FILE, {
             "model": args.checkpoint, "image_size": [height, width], "batch_size": args.batch_size,
-            "device": str(device), "threads": torch.get_num_threads(), "load": os.getloadavg()[0],
-            "repeats": args.repeats, "rows": [row.to_dict() for row in rows], "skipped": skipped})
+            "device": str(device), "threads": threads, "load": load_now, "repeats": args.repeats,
+            "rows": records, "skipped": skipped})
         print(f"numbers in {written}", file=sys.stderr)
     if args.json:
-        print(json.dumps([row.to_dict() for row in rows], indent=1))
+        print(json.dumps(records, indent=1))
         return 0
     print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {device} "
-          f"({torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}); median of {args.repeats} interleaved "
+          f"({threads} threads, load {load_now:.1f}); median of {args.repeats} interleaved "
           f"repeats; GEMM peak at n={args.peak_size}")
     print_table(["runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
                  "vs timm fp32"],

@@ -45,8 +45,8 @@ def seeded_transform(preset: Preset, image: torch.Tensor, seed: int) -> torch.Te
 
 def finished_batch(preset: Preset, images: Sequence[torch.Tensor]) -> torch.Tensor:
     """``images`` through ``preset.per_batch`` one by one (each still in cache), stacked by ``default_collate``,
-    which in a loader's worker writes the batch straight into shared memory: 1.4-1.5x the images/s (2 workers,
-    quiet 2-core machine) of normalising the stacked batch, then copied to shared memory to cross over."""
+    which in a loader's worker writes the batch straight into shared memory: 1.4-1.5x the images/s of
+    normalising the stacked batch, then copied to shared memory to cross over (results/loader_probe.md)."""
     return default_collate([preset.per_batch(image[None])[0] for image in images])
 
 

@@ -7,7 +7,7 @@ Where the preset's per-batch step (float conversion, normalisation) runs depends
 For an accelerator (``device``), the workers send uint8 (a quarter of float32's bytes, across processes and
 the bus) and the step runs on the device after a non-blocking copy. For the CPU it runs in the workers, as
 torchvision's loaders do: the main process is the training process, and on a quiet 2-core machine doing the
-step there took 0.8-0.9 of a core from the two workers (851 against 1,240 img/s for torchvision's loader).
+step there took 0.8-0.9 of a core from the two workers (benchmarks/results/loader_probe.md).
 """
 
 from __future__ import annotations

@@ -263,6 +263,8 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"invalid ViTConfig: {str(data)[:80]!r}, expected a JSON object")
         if "extra" in data and "provenance" not in data:  # written when provenance was an untyped dict
             data = {**data}
             data["provenance"] = data.pop("extra")
