@@ -147,6 +147,21 @@ def test_grey_images_expand_to_model_channels_and_normalise():
         ToChannels(3)(torch.zeros(2, 4, 4))
 
 
+def test_a_finished_batch_is_each_image_normalised_into_its_row():
+    """finished_batch writes every image straight into its row: the values of torchvision's ToDtype + Normalize
+    (ImageNet statistics), and a clear error where an image of another shape would be broadcast."""
+    from torchvision.transforms import v2
+    from vitkit.data.loading import finished_batch
+    preset = build_transform("eval", (4, 4), channels=3, family="imagenet")
+    images = [torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+              for i in range(3)]
+    reference = v2.Compose([v2.ToDtype(torch.float32, scale=True),
+                            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    torch.testing.assert_close(finished_batch(preset, images), reference(torch.stack(images)))
+    with pytest.raises(DatasetError, match=r"shapes \(3, 4, 4\) and \(1, 4, 4\) in one batch"):
+        finished_batch(preset, [images[0], images[1][:1]])
+
+
 def test_pretrain_preset_is_random_and_seeded_per_sample():
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     dataset = [(images[i], i) for i in range(4)]

@@ -8,14 +8,15 @@ the same crop whichever rank, worker or resumed process loads it.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
 from ..errors import ConfigError, DatasetError
-from .transforms import Preset
+from .transforms import Preset, ToModelInput
 
 Key = tuple[int, int]  # (index, epoch)
 CORRUPT = ("fail", "skip")
@@ -43,11 +44,27 @@ def seeded_transform(preset: Preset, image: torch.Tensor, seed: int) -> torch.Te
         generator.set_state(state)
 
 
+def empty_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A batch to fill; in a DataLoader worker, in shared memory, where a batch must lie to cross to the main
+    process (as ``default_collate`` allocates it there), so that it is written once, not copied."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+
+
 def finished_batch(preset: Preset, images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``images`` through ``preset.per_batch`` one by one (each still in cache), stacked by ``default_collate``,
-    which in a loader's worker writes the batch straight into shared memory: 1.4-1.5x the images/s of
-    normalising the stacked batch, then copied to shared memory to cross over (results/loader_probe.md)."""
-    return default_collate([preset.per_batch(image[None])[0] for image in images])
+    """``images`` through ``preset.per_batch``, each converted straight into its row of the batch: no float
+    copy of an image is made to be stacked afterwards, which matters where fresh memory is dear (on a VM, a
+    page touched for the first time; benchmarks/results/loader_probe.md). Stays uint8 for a device."""
+    if not isinstance(preset.per_batch, ToModelInput):
+        return default_collate(list(images))
+    batch = empty_batch((len(images), *images[0].shape), torch.float32)
+    for row, image in zip(batch, images):
+        if image.shape != row.shape:  # copy_ would broadcast it
+            raise DatasetError(f"images of shapes {tuple(images[0].shape)} and {tuple(image.shape)} in one batch")
+        preset.per_batch(image, out=row)
+    return batch
 
 
 def collate_training(preset: Preset, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:

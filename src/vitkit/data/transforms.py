@@ -84,7 +84,7 @@ class Preset:
     conversion to float and normalisation, which can wait for the batch's arrival on an accelerator."""
 
     per_image: Callable[[torch.Tensor], torch.Tensor]
-    per_batch: Callable[[torch.Tensor], torch.Tensor]
+    per_batch: ToModelInput | torch.nn.Identity  # the identity where the pixels stay uint8 (for a device)
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         return self.per_batch(self.per_image(image)[None])[0]
@@ -93,7 +93,8 @@ class Preset:
 class ToModelInput(torch.nn.Module):
     """uint8 pixels (..., C, H, W) to ``(x / 255 - mean) / std`` with the checkpoint family's statistics, as
     one float copy and two in-place passes: about half the time of torchvision's ToDtype + Normalize
-    (17.5 against 37 ms for 64 images at 224 px on one core; benchmarks/results/loader_probe.md)."""
+    (17.5 against 37 ms for 64 images at 224 px on one core; benchmarks/results/loader_probe.md). The copy
+    can go straight into ``out`` (a row of a batch), so that no float image is made only to be copied."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
         super().__init__()
@@ -101,9 +102,11 @@ class ToModelInput(torch.nn.Module):
         self.shift = torch.tensor([255 * m for m in mean]).view(-1, 1, 1)
         self.scale = torch.tensor([1 / (255 * s) for s in std]).view(-1, 1, 1)
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixels: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         shift, scale = self.shift.to(pixels.device), self.scale.to(pixels.device)
-        return pixels.to(torch.float32).sub_(shift).mul_(scale)
+        if out is None:
+            out = torch.empty(pixels.shape, dtype=torch.float32, device=pixels.device)
+        return out.copy_(pixels).sub_(shift).mul_(scale)
 
 
 def evaluation_transform(image_size: tuple[int, int], channels: int, mean: Sequence[float], std: Sequence[float],
