@@ -25,6 +25,7 @@ from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DatasetError
+from .folders import class_folders, folder_listing
 
 SPLITS = ("train", "val", "test")
 # The folders listed so far inside one load_splits call: a flat image folder gives every split from one listing.
@@ -147,8 +148,9 @@ class SplitSpec:
 def held_out(size: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed random partition of ``range(size)`` into (kept, held out), the latter ``fraction`` of it."""
     order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
-    count = int(round(size * fraction))
-    return order[count:].sort().values, order[:count].sort().values
+    held = torch.zeros(size, dtype=torch.bool)
+    held[order[:int(round(size * fraction))]] = True  # a mask, not two sorts: linear in a million images
+    return (~held).nonzero().flatten(), held.nonzero().flatten()
 
 
 def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
@@ -289,10 +291,6 @@ def _folder_split(root: Path, split: str, spec: SplitSpec) -> FileDataset:
     return _with_val(scan_folder(root / "train", classes), None, split, spec)
 
 
-def class_folders(root: Path) -> list[str]:
-    return sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
-
-
 def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None = None,
                 spec: SplitSpec | None = None, corrupt: str = "fail") -> dict:
     """Several splits of dataset ``name`` (as :func:`load_dataset` gives each), its folders listed once for
@@ -306,7 +304,7 @@ def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None 
 
 def scan_folder(root: Path, classes: list[str] | None = None) -> FileDataset:
     """One sub-folder per class, listed (names and labels only: nothing is opened; hidden files are left
-    out), so a folder of any size is ready at once. ``classes`` (default: the sub-folders) fixes the
+    out; the listing cached, see ``folders.py``), so a folder of any size is ready at once. ``classes`` (default: the sub-folders) fixes the
     labels; a class without a folder here has no image in this split."""
     listings, key = _LISTINGS.get(), (str(root), tuple(classes or ()))
     if listings is None:
@@ -317,30 +315,12 @@ def scan_folder(root: Path, classes: list[str] | None = None) -> FileDataset:
 
 
 def _list_folder(root: Path, classes: list[str] | None) -> FileDataset:
-    present = class_folders(root)
-    if not present:
+    listing = folder_listing(root)
+    if not listing.classes:
         raise DatasetError(f"{root}: no class folders (expected {root}/<class>/<image>)")
-    classes = classes or present
-    files, labels = [], []
-    for name in present:
-        found = sorted(listed_files(os.fsencode(root / name)))
-        if not found:
+    for name, count in zip(listing.classes, listing.counts):
+        if count == 0:
             raise DatasetError(f"{root / name}: class folder is empty")
-        files += found
-        labels += [classes.index(name)] * len(found)
-    return FileDataset(np.array(files), labels, classes, str(root))
-
-
-def listed_files(folder: bytes) -> list[bytes]:
-    """The files under ``folder``, hidden ones left out, as bytes paths (joined by ``scandir``, in C: a
-    million files are listed in about a second)."""
-    found = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.name.startswith(b"."):
-                continue
-            if entry.is_dir():
-                found += listed_files(entry.path)
-            else:
-                found.append(entry.path)
-    return found
+    classes = classes or listing.classes
+    labels = np.repeat(np.array([classes.index(name) for name in listing.classes], dtype=np.int64), listing.counts)
+    return FileDataset(listing.files, torch.from_numpy(labels), classes, str(root))
