@@ -1,13 +1,18 @@
 """The data loader alone, as training uses it: decode + the ``pretrain`` transform at 224 px of JPEGs of
 realistic size (CIFAR-10 images upscaled to 256-500 px, quality 90), batch 64.
 
-Measured in one run, interleaved over rounds (medians reported), so that the ratios hold on a shared machine:
+Measured in one run, over interleaved rounds (medians reported), so that the ratios hold on a shared machine:
 - vitkit's loader over an image folder and over the same images in WebDataset shards, against
   torchvision's ``ImageFolder`` + ``DataLoader`` with the same workers and transform, and against the
-  single-core decode + transform rate times the workers (the decode limit); the folder loader also with
-  no worker (its own per-image work, in process) and with one (plus moving float batches between
-  processes), which tell where a shortfall from the limit comes from;
-- time to the first batch for a 10k-file and a 1M-file folder (hard links to the same JPEGs);
+  single-core decode + transform rate times the workers (the decode limit), measured afresh each round;
+  the folder loader also with no worker (its own per-image work, in process) and with one (plus moving
+  float batches between processes), which tell where a shortfall from the limit comes from. One loader
+  is alive at a time: its workers are started, its queue filled and drained, then ``--batches`` batches
+  are timed, with the main process's CPU time;
+- the price of fresh memory: filling a new float batch against refilling one already touched;
+- time to the first batch (listing, loader, workers, first batch) for a 10k-file and a 1M-file folder
+  (hard links to the same JPEGs), on the first run (the folder walked) and on later ones (its listing
+  cached; medians of 3);
 - resident memory of the loader (main process + workers) at step 10 and step 1,000.
 
     PYTHONPATH=src python benchmarks/bench_data.py [--workers 2] [--large 1000000] [--rss-steps 1000]
@@ -36,6 +41,7 @@ from torchvision.transforms import v2
 from vitkit.data import Transformed, build_transform, load_dataset, training_loader
 from vitkit.data.convert import write_webdataset
 from vitkit.data.datasets import read_image
+from vitkit.data.folders import RACY_NS
 from vitkit.data.loading import collate_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,16 +81,30 @@ def preset():
     return build_transform("pretrain", SIZE, 3, "google")
 
 
-def timed_images(iterator, batches: int, prefetched: int) -> float:
-    """Images per second over ``batches`` batches, once the ``prefetched`` ones waiting in the queue are taken,
-    then a pause while the workers fill it again (so that they do not slow down the next loader's turn)."""
-    for _ in range(prefetched):
+def loader_rate(loader, workers: int, batches: int) -> tuple[float, float]:
+    """Images/s over ``batches`` batches of ``loader`` alone, once its workers run and the queue it filled at
+    the start is drained; and the main process's CPU seconds per second meanwhile. The workers stop after."""
+    iterator = iter(loader)
+    for _ in range(2 * max(workers, 1) + 1):
         next(iterator)
-    started = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     images = sum(len(next(iterator)[0]) for _ in range(batches))
-    elapsed = time.perf_counter() - started
-    time.sleep(prefetched * elapsed / batches + 0.5)
-    return images / elapsed
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    del iterator
+    return images / wall, cpu / wall
+
+
+def fresh_memory_ms(shape=(BATCH, 3, *SIZE), repeats: int = 5) -> dict[str, float]:
+    """Milliseconds to fill a float batch in memory taken anew (each page touched for the first time) and in
+    memory already touched: what a loader pays for every buffer it allocates per batch."""
+    def mean_ms(fill) -> float:
+        started = time.perf_counter()
+        for _ in range(repeats):
+            fill()
+        return (time.perf_counter() - started) / repeats * 1000
+    touched = torch.zeros(shape)
+    return {"new": round(mean_ms(lambda: torch.empty(shape).fill_(1.0)), 1),
+            "touched": round(mean_ms(lambda: touched.fill_(1.0)), 1)}
 
 
 def vitkit_loader(dataset, workers: int, steps: int = 10_000):
@@ -102,7 +122,7 @@ def torchvision_loader(folder: Path, workers: int):
                                        persistent_workers=workers > 0)
 
 
-def single_core_rate(files: list[Path], batches: int = 2) -> float:
+def single_core_rate(files: list[Path], batches: int = 4) -> float:
     """Decode + transform in this process alone, as a worker does it on the CPU: per image, then stacked,
     converted to float and normalised (only batches for an accelerator are normalised on arrival)."""
     ours = preset()
@@ -188,40 +208,46 @@ def main() -> None:
         write_webdataset({"train": load_dataset(f"imagefolder:{folder}", "train")}, shards, total // (8 * workers))
 
         listed = load_dataset(f"imagefolder:{folder}", "train")
-        loaders = {"vitkit_folder": (vitkit_loader(listed, workers), workers),
-                   "vitkit_shards": (vitkit_loader(load_dataset(f"webdataset:{shards}", "train"), workers), workers),
-                   "torchvision_imagefolder": (torchvision_loader(folder, workers), workers),
+        sharded = load_dataset(f"webdataset:{shards}", "train")
+        loaders = {"vitkit_folder": (lambda: vitkit_loader(listed, workers), workers),
+                   "vitkit_shards": (lambda: vitkit_loader(sharded, workers), workers),
+                   "torchvision_imagefolder": (lambda: torchvision_loader(folder, workers), workers),
                    # where a shortfall comes from: the loader's own work in one process, then one worker's
                    # transfer of float batches between processes, then the cores the workers really get
-                   "vitkit_folder_in_process": (vitkit_loader(listed, 0), 0),
-                   "vitkit_folder_1_worker": (vitkit_loader(listed, 1), 1)}
-        iterators = {name: (iter(loader), 2 * count) for name, (loader, count) in loaders.items()}  # prefetch 2
-        for iterator, prefetched in iterators.values():  # workers started, queues full
-            timed_images(iterator, 1, prefetched)
+                   "vitkit_folder_in_process": (lambda: vitkit_loader(listed, 0), 0),
+                   "vitkit_folder_1_worker": (lambda: vitkit_loader(listed, 1), 1)}
         samples = {name: [] for name in [*loaders, "single_core"]}
+        main_cpu = {name: [] for name in loaders}
         for _ in range(args.rounds):  # interleaved, so that every loader meets the same load
             samples["single_core"].append(single_core_rate(files))
-            for name, (iterator, prefetched) in iterators.items():
-                samples[name].append(timed_images(iterator, args.batches, prefetched))
+            for name, (make, count) in loaders.items():
+                rate, cpu = loader_rate(make(), count, args.batches)
+                samples[name].append(rate)
+                main_cpu[name].append(cpu)
         median = {name: float(np.median(values)) for name, values in samples.items()}
         single = median.pop("single_core")
         result["single_core_images_per_s"] = round(single, 1)
         result["decode_limit_images_per_s"] = round(single * workers, 1)
         result["images_per_s"] = rates = {name: round(value, 1) for name, value in median.items()}
         result["rounds"] = {name: [round(v, 1) for v in values] for name, values in samples.items()}
-        del iterators, loaders
+        result["main_process_cpu"] = {name: round(float(np.median(v)), 2) for name, v in main_cpu.items()}
         result["vs_torchvision"] = round(rates["vitkit_folder"] / rates["torchvision_imagefolder"], 3)
         result["in_process_vs_torchvision"] = in_process_ratio(folder, args.rounds + 1)
         result["vs_decode_limit"] = {k: round(v / result["decode_limit_images_per_s"], 3) for k, v in rates.items()}
+        result["fresh_memory_ms"] = fresh_memory_ms()
 
-        small, large = linked_folder(files, scratch / "small", 10_000), None
-        result["first_batch_s_10k"] = round(first_batch_seconds(small, workers), 2)
+        small = linked_folder(files, scratch / "small", 10_000)
         started = time.perf_counter()
         large = linked_folder(files, scratch / "large", args.large)
         result["hard_links_s"] = round(time.perf_counter() - started, 1)
-        result[f"first_batch_s_{args.large // 1000}k"] = round(first_batch_seconds(large, workers), 2)
-        result["first_batch_ratio"] = round(result[f"first_batch_s_{args.large // 1000}k"] /
-                                            result["first_batch_s_10k"], 2)
+        time.sleep(RACY_NS / 1e9)  # as a folder made before the run: its listing may be cached
+        for label, path in (("10k", small), (f"{args.large // 1000}k", large)):
+            first = first_batch_seconds(path, workers)  # walks the folder and caches its listing
+            later = [first_batch_seconds(path, workers) for _ in range(3)]
+            result[f"first_batch_s_{label}"] = {"first_run": round(first, 2), "cached": round(float(np.median(later)), 2)}
+        result["first_batch_ratio"] = {
+            kind: round(result[f"first_batch_s_{args.large // 1000}k"][kind] / result["first_batch_s_10k"][kind], 2)
+            for kind in ("first_run", "cached")}
         result["rss_mb_large_folder"] = rss_over_steps(load_dataset(f"imagefolder:{large}", "train"), workers,
                                                     args.rss_steps)
     finally:
@@ -234,20 +260,22 @@ def main() -> None:
 
 
 def markdown(result: dict, large: int) -> str:
-    rates, limit = result["images_per_s"], result["decode_limit_images_per_s"]
-    rows = [f"| {name} | {value:.0f} | {value / limit:.2f}x |" for name, value in rates.items()]
+    rates, limit, cpu = result["images_per_s"], result["decode_limit_images_per_s"], result["main_process_cpu"]
+    rows = [f"| {name} | {value:.0f} | {value / limit:.2f}x | {cpu[name]:.2f} |" for name, value in rates.items()]
+    small, big = result["first_batch_s_10k"], result[f"first_batch_s_{large // 1000}k"]
     return "\n".join([
         f"# Data loader: decode + `pretrain` transform at 224 px, batch {result['batch']}, "
         f"{result['workers']} workers",
         "",
         f"JPEGs: CIFAR-10 upscaled to 256-500 px, quality 90 ({result['jpeg_kb_mean']} kB on average). "
         f"Load average {result['loadavg_before'][0]:.1f} before, {result['loadavg_after'][0]:.1f} after, "
-        f"{result['cpu_count']} cores.",
+        f"{result['cpu_count']} cores. One loader alive at a time; medians of {len(result['rounds']['single_core'])} "
+        f"interleaved rounds.",
         "",
-        "| loader | images/s | of the decode limit |",
-        "|---|---:|---:|",
+        "| loader | images/s | of the decode limit | main process CPU (cores) |",
+        "|---|---:|---:|---:|",
         *rows,
-        f"| decode limit (1 core x {result['workers']}) | {limit:.0f} | 1.00x |",
+        f"| decode limit (1 core x {result['workers']}) | {limit:.0f} | 1.00x | |",
         "",
         "In process and with one worker against the single core: the loader's own overhead, then the cost of "
         "passing batches between processes; with all workers: what the cores the machine gave added.",
@@ -255,9 +283,14 @@ def markdown(result: dict, large: int) -> str:
         f"vitkit folder / torchvision ImageFolder: {result['vs_torchvision']:.2f}x through the loaders; "
         f"{result['in_process_vs_torchvision']['median_ratio']:.2f}x for the same work in one process "
         f"(median of {len(result['in_process_vs_torchvision']['vitkit_images_per_s'])} alternated repeats).",
-        f"Time to the first batch: {result['first_batch_s_10k']} s for 10k files, "
-        f"{result[f'first_batch_s_{large // 1000}k']} s for {large:,} files "
-        f"(ratio {result['first_batch_ratio']}).",
+        f"Filling a {BATCH} x 3 x 224 x 224 float batch: {result['fresh_memory_ms']['new']} ms in new memory, "
+        f"{result['fresh_memory_ms']['touched']} ms in memory already touched.",
+        "",
+        "| time to the first batch | 10k files | " + f"{large:,} files | ratio |",
+        "|---|---:|---:|---:|",
+        *[f"| {kind.replace('_', ' ')} | {small[kind]} s | {big[kind]} s | {result['first_batch_ratio'][kind]} |"
+          for kind in ("first_run", "cached")],
+        "",
         f"Resident memory (main + workers), {large:,}-file folder: {result['rss_mb_large_folder']} MB.",
         "",
     ])

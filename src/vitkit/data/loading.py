@@ -55,8 +55,9 @@ def empty_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def finished_batch(preset: Preset, images: Sequence[torch.Tensor]) -> torch.Tensor:
     """``images`` through ``preset.per_batch``, each converted straight into its row of the batch: no float
-    copy of an image is made to be stacked afterwards, which matters where fresh memory is dear (on a VM, a
-    page touched for the first time; benchmarks/results/loader_probe.md). Stays uint8 for a device."""
+    copy of an image is made to be stacked afterwards, which matters where fresh memory is dear (on this VM,
+    a new float batch takes 15x the time of one already touched: benchmarks/results/data.md). Stays uint8 for a
+    device."""
     if not isinstance(preset.per_batch, ToModelInput):
         return default_collate(list(images))
     batch = empty_batch((len(images), *images[0].shape), torch.float32)
