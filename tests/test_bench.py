@@ -89,3 +89,12 @@ def test_what_cannot_run_is_skipped_with_the_reason():
     assert "exact GELU" in skipped["timm"]
     with pytest.raises(ValueError, match="unknown runtimes \\['tensorrt'\\]"):
         bench(model, runtimes=("tensorrt",))
+
+
+def test_one_formatting_for_the_terminal_and_the_markdown_tables():
+    from vitkit.benchmark import TABLE_HEADER, Row
+
+    row = Row("onnxruntime", "int8", "inference", 4, images_per_s=123.456, gflops_per_s=7.04, peak_gflops_per_s=88.0,
+              fraction_of_peak=0.08, peak_memory_mib=None, median_s=0.0324, speedup_vs_timm=1.5)
+    assert row.cells() == ["onnxruntime", "int8", "inference", "123.5", "7.0", "88.0", "8%", "-", "1.50x"]
+    assert len(row.cells()) == len(TABLE_HEADER)

@@ -29,6 +29,9 @@ from .train.optim import step_kernel
 
 RUNTIMES = ("eager", "compile", "onnxruntime", "timm")
 PHASES = ("inference", "train_step")
+# The columns of a row as `vitkit bench` and benchmarks/bench_model.py print it (Row.cells).
+TABLE_HEADER = ("runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
+                "vs timm fp32")
 TRAIN_STEP_PASSES = 3  # backward costs about twice the forward
 
 
@@ -48,6 +51,13 @@ class Row:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def cells(self) -> list[str]:
+        """The row as text under TABLE_HEADER: one formatting for the terminal table and the Markdown one."""
+        return [self.runtime, self.precision, self.phase, f"{self.images_per_s:.1f}", f"{self.gflops_per_s:.1f}",
+                f"{self.peak_gflops_per_s:.1f}", f"{100 * self.fraction_of_peak:.0f}%",
+                "-" if self.peak_memory_mib is None else f"{self.peak_memory_mib:.0f}",
+                "-" if self.speedup_vs_timm is None else f"{self.speedup_vs_timm:.2f}x"]
 
 
 @dataclass

@@ -26,7 +26,7 @@ from ..atomic import atomic_file
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from ..normalization import normalization
+from ..normalization import input_statistics
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"
@@ -67,7 +67,7 @@ def session(path: str | Path, device: torch.device | None = None):
 
 
 def _metadata(config: ViTConfig) -> dict[str, str]:
-    mean, std = normalization(config.provenance.normalization, config.in_chans)
+    mean, std = input_statistics(config)
     classes = config.provenance.classes or [str(i) for i in range(config.num_classes)]
     return {CONFIG_KEY: config.to_json(), "classes": json.dumps(list(classes)), "mean": json.dumps(list(mean)),
             "std": json.dumps(list(std)), "crop_pct": json.dumps(config.provenance.crop_pct)}
