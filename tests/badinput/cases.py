@@ -337,7 +337,8 @@ CASES = [
         t / "hf" / "train" / "train-0.parquet", RANDOM).parents[1])], 1, "not a readable parquet file"),
     Case("HF processor with 2 means for 3 channels", lambda t: ["info", str(_hf_with(t, json.dumps(
         {"image_mean": [0.5, 0.5], "image_std": [0.5, 0.5]})))], 1,
-         "preprocessor_config.json: image_mean=[0.5, 0.5]; expected a finite number, or one per channel of the model (3)"),
+         "preprocessor_config.json: image_mean=[0.5, 0.5]; expected a finite number, or one per channel of the "
+         "model (3)"),
     Case("HF processor that is a folder", lambda t: ["info", str(_hf_with(t, None))], 1,
          "preprocessor_config.json: unreadable (Is a directory)"),
     Case("HF processor of binary noise", lambda t: ["info", str(_hf_with(t, RANDOM))], 1,

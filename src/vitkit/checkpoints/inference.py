@@ -33,8 +33,8 @@ def known_normalization(mean: Any, std: Any, source: Any, channels: int, names: 
         given.append(list(values) * (channels // len(values)))
     family = normalization_family(*given)
     if family is None:
-        warnings.warn(f"{source}: {names[0]}={mean}, {names[1]}={std} match no known normalisation {sorted(NORMALIZATION)}; "
-                      f"evaluating with Google's [-1, 1]", stacklevel=2)
+        warnings.warn(f"{source}: {names[0]}={mean}, {names[1]}={std} match no known normalisation "
+                      f"{sorted(NORMALIZATION)}; evaluating with Google's [-1, 1]", stacklevel=2)
     return family or "google"
 
 
