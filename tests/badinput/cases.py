@@ -335,17 +335,17 @@ CASES = [
     Case("bench of an unknown model", lambda t: ["bench", "NoSuch-Model"], 2, "unknown model 'NoSuch-Model'"),
     Case("hf: parquet of noise", lambda t: ["data", "info", "hf:" + str(write(
         t / "hf" / "train" / "train-0.parquet", RANDOM).parents[1])], 1, "not a readable parquet file"),
-    Case("HF processor with 2 means for 3 channels", lambda t: ["info", str(_hf_with(t, json.dumps(
+    Case("HF processor with 2 means for 3 channels", lambda t: ["info", str(hf_with(t, json.dumps(
         {"image_mean": [0.5, 0.5], "image_std": [0.5, 0.5]})))], 1,
          "preprocessor_config.json: image_mean=[0.5, 0.5]; expected a finite number, or one per channel of the "
          "model (3)"),
-    Case("HF processor that is a folder", lambda t: ["info", str(_hf_with(t, None))], 1,
+    Case("HF processor that is a folder", lambda t: ["info", str(hf_with(t, None))], 1,
          "preprocessor_config.json: unreadable (Is a directory)"),
-    Case("HF processor of binary noise", lambda t: ["info", str(_hf_with(t, RANDOM))], 1,
+    Case("HF processor of binary noise", lambda t: ["info", str(hf_with(t, RANDOM))], 1,
          "preprocessor_config.json: not UTF-8 text"),
-    Case("HF processor holding a list", lambda t: ["info", str(_hf_with(t, "[1, 2]"))], 1,
+    Case("HF processor holding a list", lambda t: ["info", str(hf_with(t, "[1, 2]"))], 1,
          "preprocessor_config.json: expected a JSON object, got list"),
-    Case("HF processor with crop_pct true", lambda t: ["info", str(_hf_with(t, json.dumps({"crop_pct": True})))],
+    Case("HF processor with crop_pct true", lambda t: ["info", str(hf_with(t, json.dumps({"crop_pct": True})))],
          1, "preprocessor_config.json: a centre crop of True of the resized image; expected a number in (0, 1]"),
     Case("timm hub with crop_pct true", lambda t: ["info", str(_timm_hub_with(t, {"crop_pct": True}))], 1,
          "config.json: pretrained_cfg.crop_pct=True; expected a number in (0, 1]"),
@@ -365,7 +365,7 @@ def _tiny_colour_model():
     return VisionTransformer(ViTConfig(image_size=8, num_classes=3, **{**TINY, "in_chans": 3, "pool": "token"}))
 
 
-def _hf_with(tmp: Path, processor: bytes | str | None) -> Path:
+def hf_with(tmp: Path, processor: bytes | str | None) -> Path:
     """An HF directory of a tiny colour model whose preprocessor_config.json is ``processor`` (a folder for None)."""
     from vitkit.checkpoints.hf import write_hf
 
