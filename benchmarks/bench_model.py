@@ -19,7 +19,7 @@ import torch
 
 import vitkit
 from vitkit.atomic import atomic_file
-from vitkit.benchmark import RUNTIMES, bench
+from vitkit.benchmark import RUNTIMES, TABLE_HEADER, bench
 from vitkit.runtime import best_device
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -35,11 +35,12 @@ def main() -> None:
     args = parser.parse_args()
     device = best_device()
     load_before = os.getloadavg()
-    results = {}
+    measured = {}
     for name in args.models:
         torch.manual_seed(0)
-        rows, skipped = bench(vitkit.create_model(name), args.batch, device, args.runtimes, repeats=args.repeats)
-        results[name] = {"rows": [row.to_dict() for row in rows], "skipped": skipped}
+        measured[name] = bench(vitkit.create_model(name), args.batch, device, args.runtimes, repeats=args.repeats)
+    results = {name: {"rows": [row.to_dict() for row in rows], "skipped": skipped}
+               for name, (rows, skipped) in measured.items()}
     machine = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                "threads": torch.get_num_threads(), "torch": torch.__version__, "loadavg_before": load_before,
                "loadavg_after": os.getloadavg(), "batch": args.batch, "repeats": args.repeats}
@@ -48,18 +49,12 @@ def main() -> None:
         json.dump({"machine": machine, "results": results}, handle, indent=1)
     lines = [f"224 px, batch {args.batch}, median of {args.repeats} interleaved repeats on {machine['device']} "
              f"({machine['threads']} threads, load {load_before[0]:.1f} -> {machine['loadavg_after'][0]:.1f}). "
-             f"`vs timm` is the median per-repeat ratio to timm fp32 with the same weights, same phase.", "",
-             "| model | runtime | precision | phase | img/s | GFLOP/s | of GEMM peak | peak MiB | vs timm |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|"]
-    for name, result in results.items():
-        for row in result["rows"]:
-            memory = "-" if row["peak_memory_mib"] is None else f"{row['peak_memory_mib']:.0f}"
-            speedup = "-" if row["speedup_vs_timm"] is None else f"{row['speedup_vs_timm']:.2f}x"
-            lines.append(f"| {name} | {row['runtime']} | {row['precision']} | {row['phase']} | "
-                         f"{row['images_per_s']:.1f} | {row['gflops_per_s']:.0f} | "
-                         f"{100 * row['fraction_of_peak']:.0f}% | {memory} | {speedup} |")
-        lines += [f"| {name} | {runtime} | skipped: {reason} | | | | | | |"
-                  for runtime, reason in result["skipped"].items()]
+             f"`vs timm fp32` is the median per-repeat ratio to timm fp32 with the same weights, same phase.", "",
+             "| model | " + " | ".join(TABLE_HEADER) + " |", "|---|---|---|---|" + "---:|" * (len(TABLE_HEADER) - 3)]
+    for name, (rows, skipped) in measured.items():
+        lines += ["| " + " | ".join([name, *row.cells()]) + " |" for row in rows]
+        lines += [f"| {name} | {runtime} | skipped: {reason} |" + " |" * (len(TABLE_HEADER) - 2)
+                  for runtime, reason in skipped.items()]
     with atomic_file(RESULTS / f"{stem}.md") as handle:
         handle.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -89,3 +89,31 @@ def test_what_cannot_run_is_skipped_with_the_reason():
     assert "exact GELU" in skipped["timm"]
     with pytest.raises(ValueError, match="unknown runtimes \\['tensorrt'\\]"):
         bench(model, runtimes=("tensorrt",))
+
+
+def test_one_formatting_for_the_terminal_and_the_markdown_tables():
+    from vitkit.benchmark import TABLE_HEADER, Row
+
+    row = Row("onnxruntime", "int8", "inference", 4, images_per_s=123.456, gflops_per_s=7.04, peak_gflops_per_s=88.0,
+              fraction_of_peak=0.08, peak_memory_mib=None, median_s=0.0324, speedup_vs_timm=1.5)
+    assert row.cells() == ["onnxruntime", "int8", "inference", "123.5", "7.0", "88.0", "8%", "-", "1.50x"]
+    assert len(row.cells()) == len(TABLE_HEADER)
+
+
+def test_openvino_row_runs_the_models_weights(tmp_path):
+    pytest.importorskip("openvino")
+    from vitkit.benchmark import candidates
+
+    model = VisionTransformer(ViTConfig(**TINY)).eval()
+    torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would make every logit 0
+    images = torch.randn(3, 3, 16, 16)
+    found, skipped = candidates(model, images, torch.zeros(3, dtype=torch.long), ["openvino"], ["fp32"], tmp_path)
+    assert skipped == {} and [(c.runtime, c.precision, c.phase) for c in found] == [("openvino", "fp32", "inference")]
+    with torch.no_grad():
+        expected = model(images)
+    assert expected.abs().max() > 0.5
+    torch.testing.assert_close(found[0].step(), expected, atol=1e-4, rtol=0)
+    rows, skipped = bench(model, batch_size=2, runtimes=("openvino",), precisions=["fp32"], repeats=1, warmup=1,
+                          peak_size=64)
+    assert [(r.runtime, r.precision, r.phase) for r in rows] == [("openvino", "fp32", "inference")]
+    assert rows[0].images_per_s > 0

@@ -136,3 +136,54 @@ def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
         export(model, tmp_path / "x.onnx", "openvino")
     with pytest.raises(CheckpointError, match="applies to ONNX export only, not to 'openvino'"):
         export(model, tmp_path / "q.xml", "openvino", quantize="int8")
+
+
+# A `vitkit convert ... --to openvino` whose process is SIGKILLed right after the first of its two renames (the
+# new .bin in place, the old .xml still there): the moment a pair written file by file is torn apart.
+KILLED_BETWEEN_THE_RENAMES = """
+import os, signal, sys
+real_replace = os.replace
+def replace_then_die_after_the_weights(source, target):
+    real_replace(source, target)
+    if str(target).endswith(".bin"):
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace_then_die_after_the_weights
+from vitkit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_openvino_pair_torn_by_a_kill_never_runs_the_wrong_weights(tmp_path, capsys):
+    pytest.importorskip("openvino")
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from launch import SRC
+
+    old, new = small_model(), small_model()
+    old.save(tmp_path / "old")
+    new.save(tmp_path / "new")
+    assert main(["convert", str(tmp_path / "old"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0
+    images = torch.randn(2, 3, 16, 24)
+    torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), old(images).detach(), atol=1e-4, rtol=0)
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_THE_RENAMES, "convert", str(tmp_path / "new"),
+                             str(tmp_path / "m.xml"), "--to", "openvino"], env=env, capture_output=True, text=True,
+                            timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    try:  # the old pair, or a clear refusal: never the old graph running the new weights
+        logits = OpenVinoModel(tmp_path / "m.xml")(images)
+    except CheckpointError as error:
+        assert "m.bin is not the weights file this graph was exported with" in str(error)
+    else:
+        torch.testing.assert_close(logits, old(images).detach(), atol=1e-4, rtol=0)
+        capsys.readouterr()
+        assert main(["predict", str(tmp_path / "m.xml"), str(tmp_path / "none.png")]) == 1  # one line, exit 1
+        assert capsys.readouterr().err.strip().endswith("m.bin is not the weights file this graph was exported "
+                                                        "with (its SHA-256 differs from the one the graph records: an "
+                                                        "export interrupted between writing the two, or files of two "
+                                                        "exports); convert the model again")
+    assert main(["convert", str(tmp_path / "new"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0  # mended
+    torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), new(images).detach(), atol=1e-4, rtol=0)

@@ -162,7 +162,7 @@ def test_processor_statistics_are_read_whatever_their_form(tmp_path):
     with pytest.warns(UserWarning, match="match no known normalisation"):
         assert vitkit.load(tmp_path / "hf").config.provenance.normalization == "google"
     processor.write_text(json.dumps({"image_mean": "half", "image_std": 0.5}))
-    with pytest.raises(vitkit.CheckpointError, match=r"preprocessor_config.json: mean='half'"):
+    with pytest.raises(vitkit.CheckpointError, match=r"preprocessor_config.json: image_mean='half'"):
         vitkit.load(tmp_path / "hf")
 
 

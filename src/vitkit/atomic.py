@@ -81,6 +81,17 @@ def atomic_directory(path: str | Path, allowed_existing: tuple[str, ...] = ("con
         raise
 
 
+def move_into_place(*moves: tuple[Path, Path]) -> None:
+    """Put finished files, written beside their targets (same file system), in place: each fsynced, then
+    renamed in the given order, then the directories fsynced. No file is copied or read back."""
+    for source, _ in moves:
+        _fsync_file(source)
+    for source, target in moves:
+        os.replace(source, target)
+    for parent in {target.parent for _, target in moves}:
+        fsync_directory(parent)
+
+
 def name_the_file(error: BaseException, path: Path) -> None:
     """A failed write (ENOSPC, EIO) names no file by itself: name the one being written."""
     if isinstance(error, OSError) and error.errno is not None and error.filename is None:

@@ -1,8 +1,8 @@
 """Throughput of one model in every runtime and precision the machine offers: what ``vitkit bench`` measures.
 
-Rows: torch eager, ``torch.compile``, ONNX Runtime (fp32 and int8 weights) and timm holding the same
-weights, each in fp32 and, for torch and timm, in the low precision the device runs natively (bf16,
-or fp16 on GPUs without bf16); inference and, for the torch models, a training step (forward, backward,
+Rows: torch eager, ``torch.compile``, ONNX Runtime (fp32 and int8 weights), OpenVINO's CPU plugin and timm
+holding the same weights, each in fp32 and, for torch, OpenVINO and timm, in the low precision the device runs
+natively (bf16, or fp16 on GPUs without bf16); inference and, for the torch models, a training step (forward, backward,
 AdamW). Beside images/s each row gives GFLOP/s (2 x multiply-adds, counted by torch; a training step
 counts as 3 forward passes), the GEMM peak of its dtype measured on square matrices in the same run, the
 fraction of that peak reached, and the peak GPU memory. Every candidate is timed once per repeat, in
@@ -27,8 +27,11 @@ from .models.vit import VisionTransformer
 from .runtime import DTYPES, autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory, timed
 from .train.optim import step_kernel
 
-RUNTIMES = ("eager", "compile", "onnxruntime", "timm")
+RUNTIMES = ("eager", "compile", "onnxruntime", "openvino", "timm")
 PHASES = ("inference", "train_step")
+# The columns of a row as `vitkit bench` and benchmarks/bench_model.py print it (Row.cells).
+TABLE_HEADER = ("runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
+                "vs timm fp32")
 TRAIN_STEP_PASSES = 3  # backward costs about twice the forward
 
 
@@ -48,6 +51,13 @@ class Row:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def cells(self) -> list[str]:
+        """The row as text under TABLE_HEADER: one formatting for the terminal table and the Markdown one."""
+        return [self.runtime, self.precision, self.phase, f"{self.images_per_s:.1f}", f"{self.gflops_per_s:.1f}",
+                f"{self.peak_gflops_per_s:.1f}", f"{100 * self.fraction_of_peak:.0f}%",
+                "-" if self.peak_memory_mib is None else f"{self.peak_memory_mib:.0f}",
+                "-" if self.speedup_vs_timm is None else f"{self.speedup_vs_timm:.2f}x"]
 
 
 @dataclass
@@ -164,6 +174,21 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
                                            lambda s=session: s(images), precision))
         except ImportError as error:
             skipped["onnxruntime"] = str(error)
+    if "openvino" in runtimes:
+        if device.type != "cpu":
+            skipped["openvino"] = f"vitkit runs OpenVINO on its CPU plugin, not on {device.type}"
+        else:
+            try:
+                from .checkpoints.openvino import OpenVinoModel, write_openvino
+
+                path = write_openvino(model, workdir / "model.xml").path
+                for dtype in dtypes:
+                    name = precision_name(dtype)
+                    if wanted(name):
+                        network = OpenVinoModel(path, dtype)
+                        found.append(Candidate("openvino", name, "inference", lambda n=network: n(images), name))
+            except ImportError as error:
+                skipped["openvino"] = str(error)
     return found, skipped
 
 

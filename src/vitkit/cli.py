@@ -27,9 +27,10 @@ from .checkpoints.onnx import QUANTIZATIONS
 from .data import CORRUPT, RESIZE_MODES
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS
-from .evaluate.preprocessing import checkpoint_transform, input_statistics
+from .evaluate.preprocessing import checkpoint_transform
 from .models import create_model, list_models, model_config
 from .models.config import pair
+from .normalization import input_statistics
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
 from .train.recipes import (FIELD_HELP, RANGES, RECIPE_PRESETS, Recipe, Rule, at_least, field_types, fraction, merge,
@@ -215,7 +216,6 @@ def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
 _positive = _checked(int, at_least(1))
 _count = _checked(int, at_least(0))
 _fraction = _checked(float, fraction(open_top=True))
-_val_fraction = _checked(float, RANGES["val_fraction"])
 
 
 def _json_object(text: str) -> dict:
@@ -464,7 +464,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Inference and training-step throughput of a model in every runtime and precision available here."""
-    from .benchmark import bench
+    from .benchmark import TABLE_HEADER, bench
 
     device = select_device(args.device)
     overrides = {**args.overrides, **({"image_size": args.image_size} if args.image_size else {})}
@@ -488,12 +488,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {device} "
           f"({threads} threads, load {load_now:.1f}); median of {args.repeats} interleaved "
           f"repeats; GEMM peak at n={args.peak_size}")
-    print_table(["runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
-                 "vs timm fp32"],
-                [[r.runtime, r.precision, r.phase, f"{r.images_per_s:.1f}", f"{r.gflops_per_s:.1f}",
-                  f"{r.peak_gflops_per_s:.1f}", f"{100 * r.fraction_of_peak:.0f}%",
-                  "-" if r.peak_memory_mib is None else f"{r.peak_memory_mib:.0f}",
-                  "-" if r.speedup_vs_timm is None else f"{r.speedup_vs_timm:.2f}x"] for r in rows])
+    print_table(TABLE_HEADER, [row.cells() for row in rows])
     for runtime, reason in skipped.items():
         print(f"skipped {runtime}: {reason}")
     return 0
@@ -585,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--dataset", default="digits")
     evaluate_.add_argument("--data-dir")
     evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
-    evaluate_.add_argument("--val-fraction", type=_val_fraction, default=0.1)
+    evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
     evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
     evaluate_.add_argument("--batch-size", "-b", type=_positive, default=256)
     evaluate_.add_argument("--num-workers", "-j", type=_count, default=0)
@@ -619,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("dataset", metavar="SRC" if command is convert_ else "DATASET",
                              help="imagefolder:PATH, webdataset:ROOT, hf:PATH, mnist, npz:PATH, ...")
         command.add_argument("--data-dir", help="where torchvision's datasets lie")
-        command.add_argument("--val-fraction", type=_val_fraction, default=0.1,
+        command.add_argument("--val-fraction", type=_fraction, default=0.1,
                              help="validation images held out of train where the dataset has no val split")
         command.set_defaults(run=run_)
     info_.add_argument("--json", action="store_true", help="machine-readable output")

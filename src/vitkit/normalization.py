@@ -7,9 +7,12 @@ ImageNet's statistics; OpenAI's CLIP has its own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # for the annotation only: the model's config names its family from this module
+    from .models.config import ViTConfig
 
 NORMALIZATION = {
     "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -41,3 +44,9 @@ def normalization_family(mean: Any, std: Any) -> str | None:
         if len(given) == len(expected) and all(abs(a - b) < 1e-3 for a, b in zip(given, expected)):
             return family
     return None
+
+
+def input_statistics(config: ViTConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The (mean, std) a checkpoint's inputs are normalised with, one per channel: its provenance's family
+    for its channels (what evaluation applies and what the ONNX and HF exports record)."""
+    return normalization(config.provenance.normalization, config.in_chans)

@@ -335,7 +335,73 @@ CASES = [
     Case("bench of an unknown model", lambda t: ["bench", "NoSuch-Model"], 2, "unknown model 'NoSuch-Model'"),
     Case("hf: parquet of noise", lambda t: ["data", "info", "hf:" + str(write(
         t / "hf" / "train" / "train-0.parquet", RANDOM).parents[1])], 1, "not a readable parquet file"),
+    Case("HF processor with 2 means for 3 channels", lambda t: ["info", str(hf_with(t, json.dumps(
+        {"image_mean": [0.5, 0.5], "image_std": [0.5, 0.5]})))], 1,
+         "preprocessor_config.json: image_mean=[0.5, 0.5]; expected a finite number, or one per channel of the "
+         "model (3)"),
+    Case("HF processor that is a folder", lambda t: ["info", str(hf_with(t, None))], 1,
+         "preprocessor_config.json: unreadable (Is a directory)"),
+    Case("HF processor of binary noise", lambda t: ["info", str(hf_with(t, RANDOM))], 1,
+         "preprocessor_config.json: not UTF-8 text"),
+    Case("HF processor holding a list", lambda t: ["info", str(hf_with(t, "[1, 2]"))], 1,
+         "preprocessor_config.json: expected a JSON object, got list"),
+    Case("HF processor with crop_pct true", lambda t: ["info", str(hf_with(t, json.dumps({"crop_pct": True})))],
+         1, "preprocessor_config.json: a centre crop of True of the resized image; expected a number in (0, 1]"),
+    Case("timm hub with crop_pct true", lambda t: ["info", str(_timm_hub_with(t, {"crop_pct": True}))], 1,
+         "config.json: pretrained_cfg.crop_pct=True; expected a number in (0, 1]"),
+    Case("timm hub whose pretrained_cfg is a list", lambda t: ["info", str(_timm_hub_with(t, [1]))], 1,
+         "config.json: pretrained_cfg='[1]'; expected a JSON object"),
+    Case("timm hub with 2 means for 3 channels", lambda t: ["info", str(_timm_hub_with(
+        t, {"mean": [0.5, 0.5], "std": 0.5}))], 1, "config.json: pretrained_cfg.mean=[0.5, 0.5]; expected"),
+    Case("ONNX file whose config has backbone 5", lambda t: ["eval", str(_onnx_with_config(t, {"backbone": 5}))], 1,
+         "m.onnx: bad 'vitkit.config' metadata (invalid ViTConfig: backbone=5, expected null or a list of positive"),
+    Case("ONNX file whose config names a list for its normalisation", lambda t: ["eval", str(_onnx_with_config(
+        t, {"provenance": {"normalization": []}}))], 1, "m.onnx: bad 'vitkit.config' metadata (invalid provenance: "
+         "normalization=[], expected one of"),
 ]
+
+
+def _tiny_colour_model():
+    return VisionTransformer(ViTConfig(image_size=8, num_classes=3, **{**TINY, "in_chans": 3, "pool": "token"}))
+
+
+def hf_with(tmp: Path, processor: bytes | str | None) -> Path:
+    """An HF directory of a tiny colour model whose preprocessor_config.json is ``processor`` (a folder for None)."""
+    from vitkit.checkpoints.hf import write_hf
+
+    directory = write_hf(_tiny_colour_model(), tmp / "hf")
+    side = directory / "preprocessor_config.json"
+    side.unlink()
+    if processor is None:
+        side.mkdir()
+    else:
+        write(side, processor)
+    return directory
+
+
+def _timm_hub_with(tmp: Path, pretrained_cfg: object) -> Path:
+    """A timm hub directory (config.json + model.safetensors) of a tiny colour model with this pretrained_cfg."""
+    from vitkit.checkpoints.timm import write_timm
+
+    directory = tmp / "hub"
+    directory.mkdir()
+    write_timm(_tiny_colour_model(), directory / "model.safetensors")
+    write(directory / "config.json", json.dumps({"architecture": "vit_tiny_patch16_224", "num_classes": 3,
+                                                 "model_args": {"num_heads": 2}, "pretrained_cfg": pretrained_cfg}))
+    return directory
+
+
+def _onnx_with_config(tmp: Path, config: dict) -> Path:
+    """An ONNX file written by vitkit whose 'vitkit.config' metadata is replaced by ``config``."""
+    import onnx
+
+    from vitkit.checkpoints.onnx import CONFIG_KEY, write_onnx
+
+    path = write_onnx(_tiny_colour_model(), tmp / "m.onnx").path
+    graph = onnx.load(str(path))
+    next(entry for entry in graph.metadata_props if entry.key == CONFIG_KEY).value = json.dumps(config)
+    onnx.save(graph, str(path))
+    return path
 
 
 def _zip_of(**members: str) -> bytes:

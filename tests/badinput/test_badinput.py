@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import CASES, PWNED, TRAIN
+from cases import CASES, PWNED, TRAIN, hf_with
 from launch import SRC
 from vitkit.cli import main
 
@@ -85,6 +85,18 @@ def test_a_read_only_run_directory_is_named(tmp_path):
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"{run}" in result.stderr and "Permission denied" in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and not shutil.which("setpriv"), reason="root needs setpriv to obey modes")
+def test_an_unreadable_processor_config_is_named(tmp_path):
+    """An HF directory whose preprocessor_config.json the user may not read: one line naming it, exit 1."""
+    prefix = AS_ROOT_WITHOUT_OVERRIDE if os.geteuid() == 0 else []
+    directory = hf_with(tmp_path, "{}")
+    (directory / "preprocessor_config.json").chmod(0)
+    result = run_in_process(["info", str(directory)], prefix=prefix)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip() == (f"vitkit info: error: {directory}/preprocessor_config.json: unreadable "
+                                      f"(Permission denied); expected a JSON file")
 
 
 def test_debug_shows_the_traceback_and_bugs_are_not_hidden(tmp_path, capsys, monkeypatch):

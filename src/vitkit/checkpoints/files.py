@@ -30,6 +30,25 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_side_file(path: Path) -> dict[str, Any] | None:
+    """The JSON object of a file beside the weights (a processor config); None when there is none. A file
+    that is there but unreadable, not UTF-8 text, not JSON or not an object is an error naming it."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:  # a directory of that name, no permission
+        raise CheckpointError(f"{path}: unreadable ({error.strerror or error}); expected a JSON file") from error
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); expected a JSON "
+                              f"file") from error
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: not JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 # The weights an HF or timm hub directory holds, in order of preference (safetensors before a pickle).
 HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 

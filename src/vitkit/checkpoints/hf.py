@@ -22,10 +22,10 @@ from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
 from ..errors import CheckpointError
-from ..models.config import Provenance, ViTConfig
+from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int
 from ..models.vit import VisionTransformer
-from ..normalization import normalization
-from .files import HUB_WEIGHT_FILES, hub_weights_file, read_weights
+from ..normalization import input_statistics
+from .files import HUB_WEIGHT_FILES, hub_weights_file, read_side_file, read_weights
 from .inference import kept_overrides, known_normalization, options_in_use
 from .names import Names, fuse_qkv, rename, split_qkv, with_prefix_positions
 
@@ -76,17 +76,17 @@ def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
     state = fuse_qkv(rename(state, NAMES, str(weights)))
     head = state.get("head.weight")
     pooler = state.get("pre_logits.0.weight")
-    num_classes = head.shape[0] if head is not None else 0
+    num_classes, channels = head.shape[0] if head is not None else 0, hf.get("num_channels", 3)
     config = dict(
         image_size=hf.get("image_size", 224), patch_size=hf.get("patch_size", 16),
-        in_chans=hf.get("num_channels", 3), dim=hf["hidden_size"], depth=hf["num_hidden_layers"],
+        in_chans=channels, dim=hf["hidden_size"], depth=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], qkv_bias=hf.get("qkv_bias", True),
         num_classes=num_classes,
         representation_size=pooler.shape[0] if pooler is not None else None,
         dropout=hf.get("hidden_dropout_prob", 0.0), attn_dropout=hf.get("attention_probs_dropout_prob", 0.0),
         ln_eps=hf.get("layer_norm_eps", 1e-12), gelu=GELUS[hf.get("hidden_act", "gelu")],
         pos_interp="bicubic", pos_interp_antialias=False,
-        provenance=Provenance(format="hf", source=str(directory), **read_preprocessing(directory),
+        provenance=Provenance(format="hf", source=str(directory), **read_preprocessing(directory, channels),
                               classes=read_labels(hf, num_classes, directory / CONFIG_FILE)),
     )
     try:
@@ -115,19 +115,16 @@ def _abridged(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def read_preprocessing(directory: Path) -> dict[str, Any]:
-    """The provenance fields ``preprocessor_config.json`` gives: the normalisation family and the crop
-    fraction (Google's statistics and the whole image when there is no file)."""
+def read_preprocessing(directory: Path, channels: int) -> dict[str, Any]:
+    """The provenance fields ``preprocessor_config.json`` gives for a model of ``channels`` input channels:
+    the normalisation family and the crop fraction (Google's statistics and the whole image when there is
+    no file)."""
     path = directory / PREPROCESSOR_FILE
-    if not path.exists():
+    processor = read_side_file(path)
+    if processor is None:
         return dict(normalization="google", crop_pct=1.0)
-    try:
-        processor = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path}: not JSON ({error})") from error
-    if not isinstance(processor, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(processor).__name__}")
-    return dict(normalization=known_normalization(processor.get("image_mean"), processor.get("image_std"), path),
+    return dict(normalization=known_normalization(processor.get("image_mean"), processor.get("image_std"), path,
+                                                  channels, ("image_mean", "image_std")),
                 crop_pct=processor_crop_pct(processor, path))
 
 
@@ -142,20 +139,17 @@ def processor_crop_pct(processor: dict[str, Any], path: Path) -> float:
         crop_pct = crop / resized
     else:
         return 1.0
-    if not (isinstance(crop_pct, int | float) and 0 < crop_pct <= 1):
-        raise CheckpointError(f"{path}: a centre crop of {crop_pct!r} of the resized image; expected a fraction in "
-                              f"(0, 1] (crop_pct, or crop_size over size)")
+    if not is_crop_pct(crop_pct):
+        raise CheckpointError(f"{path}: a centre crop of {crop_pct!r} of the resized image; expected {CROP_PCT} "
+                              f"(crop_pct, or crop_size over size)")
     return float(crop_pct)
 
 
 def _side(size: Any, key: str, path: Path) -> int:
     """The shorter side (or the height) an HF ``size``/``crop_size`` entry names."""
-    if isinstance(size, int):
-        return size
-    if isinstance(size, dict):
-        side = size.get("shortest_edge", size.get("height"))
-        if isinstance(side, int) and side > 0:
-            return side
+    side = size.get("shortest_edge", size.get("height")) if isinstance(size, dict) else size
+    if is_int(side) and side > 0:
+        return side
     raise CheckpointError(f"{path}: {key}={size!r}; expected a number of pixels, or an object with "
                           f"'shortest_edge' or 'height'")
 
@@ -220,7 +214,7 @@ def write_hf_directory(directory: str | Path, config: ViTConfig, hf: dict[str, A
                        state: dict[str, torch.Tensor]) -> Path:
     """An HF directory, atomically: ``config.json`` (``hf``), the weights (``state`` in HF's names) and a
     ``preprocessor_config.json`` with the checkpoint's size, input statistics and crop fraction."""
-    mean, std = normalization(config.provenance.normalization, config.in_chans)
+    mean, std = input_statistics(config)
     processor = {**processor_geometry(config, directory), "resample": 2, "do_rescale": True,
                  "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
     weights = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}

@@ -118,7 +118,7 @@ def read_hf_family(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
                     gelu=GELUS.get(act, "exact"), pos_interp="bicubic", pos_interp_antialias=antialias,
                     no_embed_class="reg_token" in state,
                     provenance=Provenance(format=f"hf-{family}", source=str(directory),
-                                          **read_preprocessing(directory)))
+                                          **read_preprocessing(directory, tower.get("num_channels", 3))))
     config, state = infer_config(state, overrides, str(weights), **settings)
     classes = read_labels(hf, config.num_classes, directory / CONFIG_FILE)  # DeiT's; the others have no head
     return config.replace(provenance=config.provenance.replace(classes=classes)), state

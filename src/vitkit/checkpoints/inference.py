@@ -12,26 +12,29 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..models.config import ViTConfig, backbone_stride, pair
+from ..models.config import ViTConfig, backbone_stride, is_real, pair
 from ..models.registry import FAMILY_SIZES, SIZES
 from ..normalization import NORMALIZATION, normalization_family
 
 
-def known_normalization(mean: Any, std: Any, source: Any) -> str:
-    """The family of a file's input statistics (a number, or one per channel; Google's when the file
-    gives none, and, with a warning, when they match no family)."""
+def known_normalization(mean: Any, std: Any, source: Any, channels: int, names: tuple[str, str] = ("mean", "std")
+                        ) -> str:
+    """The family of a file's input statistics for a model of ``channels`` channels (a number, or one per
+    channel; Google's when the file gives none, and, with a warning, when they match no family); ``names``
+    are the file's keys for them, for the messages."""
     if mean is None and std is None:
         return "google"
     given = []
-    for name, value in (("mean", mean), ("std", std)):
-        value = [value] * 3 if isinstance(value, (int, float)) else value
-        if not (isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value)):
-            raise CheckpointError(f"{source}: {name}={value!r}; expected a number, or one per channel")
-        given.append(value)
+    for name, value in zip(names, (mean, std)):
+        values = [value] if is_real(value) else value
+        if not (isinstance(values, list | tuple) and len(values) in (1, channels) and all(map(is_real, values))):
+            raise CheckpointError(f"{source}: {name}={value!r}; expected a finite number, or one per channel of "
+                                  f"the model ({channels})")
+        given.append(list(values) * (channels // len(values)))
     family = normalization_family(*given)
     if family is None:
-        warnings.warn(f"{source}: mean={mean}, std={std} match no known normalisation {sorted(NORMALIZATION)}; "
-                      f"evaluating with Google's [-1, 1]", stacklevel=2)
+        warnings.warn(f"{source}: {names[0]}={mean}, {names[1]}={std} match no known normalisation "
+                      f"{sorted(NORMALIZATION)}; evaluating with Google's [-1, 1]", stacklevel=2)
     return family or "google"
 
 

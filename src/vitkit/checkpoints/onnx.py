@@ -11,6 +11,7 @@ activations are quantised on the fly, attention products stay in fp32).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import tempfile
@@ -22,11 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import atomic_file
+from ..atomic import move_into_place
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from ..normalization import normalization
+from ..normalization import input_statistics
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"
@@ -67,23 +68,27 @@ def session(path: str | Path, device: torch.device | None = None):
 
 
 def _metadata(config: ViTConfig) -> dict[str, str]:
-    mean, std = normalization(config.provenance.normalization, config.in_chans)
+    mean, std = input_statistics(config)
     classes = config.provenance.classes or [str(i) for i in range(config.num_classes)]
     return {CONFIG_KEY: config.to_json(), "classes": json.dumps(list(classes)), "mean": json.dumps(list(mean)),
             "std": json.dumps(list(std)), "crop_pct": json.dumps(config.provenance.crop_pct)}
 
 
-def _trace(model: VisionTransformer, path: Path, device: torch.device) -> None:
+def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: bool = True) -> None:
+    """Export ``model`` to ``path``, written once: traced into memory, then saved with its metadata."""
     onnx, _ = _require_runtime()
     config = model.config
     example = torch.randn(_TRACE_BATCH, config.in_chans, *config.image_size, device=device)
+    traced = io.BytesIO()
     with warnings.catch_warnings():  # the tracer's notes on shape checks that are constant for a fixed size
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=OPSET, input_names=[INPUT],
+        torch.onnx.export(model, (example,), traced, dynamo=False, opset_version=OPSET, input_names=[INPUT],
                           output_names=[OUTPUT], dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}})
-    graph = onnx.load(str(path))
-    for key, value in _metadata(config).items():
-        graph.metadata_props.add(key=key, value=value)
+    graph = onnx.load_from_string(traced.getvalue())
+    del traced  # the graph holds the weights now
+    if metadata:
+        for key, value in _metadata(config).items():
+            graph.metadata_props.add(key=key, value=value)
     onnx.save(graph, str(path))
 
 
@@ -125,9 +130,10 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
     scale = max(1.0, float(np.abs(reference).max()))
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent if path.parent.exists() else None) as tmp:
+    path.parent.mkdir(parents=True, exist_ok=True)  # the export is built beside its target, then renamed
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
         exported = Path(tmp) / "fp32.onnx"
-        _trace(model, exported, device)
+        trace(model, exported, device)
         difference = float(np.abs(_logits(exported, probe, device) - reference).max())
         if difference > TOLERANCE * scale:
             raise CheckpointError(f"{path}: ONNX Runtime's logits differ from PyTorch's by {difference:.3g} on a probe "
@@ -140,8 +146,7 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
             report.quantized_difference = float(np.abs(logits - reference).max())
             report.quantized_agreement = float((logits.argmax(-1) == reference.argmax(-1)).mean())
             exported = quantized
-        with atomic_file(path, "wb") as handle:
-            handle.write(exported.read_bytes())
+        move_into_place((exported, path))
     return report
 
 

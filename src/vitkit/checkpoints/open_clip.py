@@ -89,5 +89,8 @@ def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tupl
     weights = hub_weights_file(directory, "an open_clip", HUB_WEIGHTS)
     config, state = from_open_clip(read_weights(weights), {**told, **overrides}, str(weights))
     preprocess = hub.get("preprocess_cfg", {})
-    family = known_normalization(preprocess.get("mean"), preprocess.get("std"), directory / HUB_CONFIG)
+    if not isinstance(preprocess, dict):
+        raise CheckpointError(f"{directory / HUB_CONFIG}: preprocess_cfg={preprocess!r}; expected a JSON object")
+    family = known_normalization(preprocess.get("mean"), preprocess.get("std"), directory / HUB_CONFIG,
+                                 config.in_chans, ("preprocess_cfg.mean", "preprocess_cfg.std"))
     return config.replace(provenance=config.provenance.replace(source=str(directory), normalization=family)), state

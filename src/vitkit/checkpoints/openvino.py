@@ -3,12 +3,15 @@
 native bf16 it ran ViT-S/16 in bf16 1.25x faster than ONNX Runtime's int8 and 1.7x faster than torch's bf16,
 and 1.1x ONNX Runtime in fp32 (``benchmarks/results/deploy_int8_openvino.md``).
 
-The graph comes from the ONNX export (checked against PyTorch there), and is checked again after
-conversion; the ``ViTConfig`` travels in the model's runtime info (``vitkit.config``), as in ONNX's metadata.
+The graph comes from the ONNX trace and is checked once, by OpenVINO against PyTorch, after conversion; the
+``ViTConfig`` travels in the model's runtime info (``vitkit.config``), as in ONNX's metadata, beside the SHA-256
+of the ``.bin`` (``vitkit.weights_sha256``), which the reader checks: the two files cannot be replaced in one
+step, and a graph must never run another export's weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +20,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import atomic_file
+from ..atomic import move_into_place
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from ..runtime import precision_name
-from .onnx import CONFIG_KEY, TOLERANCE, probe_batch, write_onnx
+from .onnx import CONFIG_KEY, TOLERANCE, probe_batch, trace
 
+WEIGHTS_KEY = "vitkit.weights_sha256"  # runtime info: the digest of the .bin the graph was exported with
+_DIGEST_PENDING = "pending-" + "0" * 56  # a digest's length, filled in once the weights are written
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # the CPU plugin's INFERENCE_PRECISION_HINT
 
 
@@ -51,7 +56,10 @@ def _compiled(openvino, graph, precision: str):
 
 
 def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu") -> OpenVinoExport:
-    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it), checked by OpenVINO in fp32."""
+    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it), checked by OpenVINO in fp32.
+
+    The two files are replaced one after the other, the weights first; the graph records the SHA-256 of its
+    weights, so that a pair cut apart by a kill between the two renames is refused when read, never run."""
     openvino = _require_openvino()
     path = Path(path)
     if path.suffix != ".xml":
@@ -60,22 +68,34 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     probe = probe_batch(model.config)
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent if path.parent.exists() else None) as tmp:
-        onnx_path, ir_path = Path(tmp) / "model.onnx", Path(tmp) / "model.xml"
-        write_onnx(model, onnx_path, device=device)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the export is built beside its target, then renamed
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
+        onnx_path, ir_path, bin_path = Path(tmp) / "model.onnx", Path(tmp) / "model.xml", Path(tmp) / "model.bin"
+        trace(model, onnx_path, device, metadata=False)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
+        graph.set_rt_info(_DIGEST_PENDING, WEIGHTS_KEY)
         openvino.save_model(graph, ir_path, compress_to_fp16=False)
+        del graph
+        graph_text = ir_path.read_text(encoding="utf-8")
+        if graph_text.count(_DIGEST_PENDING) != 1:
+            raise CheckpointError(f"{path}: OpenVINO wrote the runtime info in a form vitkit does not know; "
+                                  f"nothing was written")
+        ir_path.write_text(graph_text.replace(_DIGEST_PENDING, weights_digest(bin_path)), encoding="utf-8")
         logits = _compiled(openvino, openvino.Core().read_model(ir_path), "fp32")(probe.numpy())[0]
         difference = float(np.abs(logits - reference).max())
         scale = max(1.0, float(np.abs(reference).max()))
         if difference > TOLERANCE * scale:
             raise CheckpointError(f"{path}: OpenVINO's logits differ from PyTorch's by {difference:.3g} on a probe "
                                   f"batch (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
-        for source, target in ((ir_path.with_suffix(".bin"), path.with_suffix(".bin")), (ir_path, path)):
-            with atomic_file(target, "wb") as handle:  # the weights first, then the graph that reads them
-                handle.write(source.read_bytes())
+        move_into_place((bin_path, path.with_suffix(".bin")), (ir_path, path))  # the weights, then their graph
     return OpenVinoExport(path, difference)
+
+
+def weights_digest(path: Path) -> str:
+    """The SHA-256 of an IR's weights file, read in chunks."""
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 class OpenVinoModel(nn.Module):
@@ -102,6 +122,11 @@ class OpenVinoModel(nn.Module):
             self.config = ViTConfig.from_json(graph.get_rt_info(CONFIG_KEY).astype(str))
         except ValueError as error:
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' runtime info ({error})") from error
+        weights = self.path.with_suffix(".bin")
+        if graph.has_rt_info(WEIGHTS_KEY) and graph.get_rt_info(WEIGHTS_KEY).astype(str) != weights_digest(weights):
+            raise CheckpointError(f"{self.path}: {weights} is not the weights file this graph was exported with "
+                                  f"(its SHA-256 differs from the one the graph records: an export interrupted "
+                                  f"between writing the two, or files of two exports); convert the model again")
         self.compiled = _compiled(openvino, graph, precision_name(dtype))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from safetensors.torch import save
 
 from ..atomic import atomic_file
 from ..errors import CheckpointError
-from ..models.config import Provenance, ViTConfig
+from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct
 from ..models.vit import VisionTransformer
 from .files import hub_weights_file, read_weights
 from .inference import infer_config, known_normalization, refuse_unsupported
@@ -84,6 +84,9 @@ def is_timm_config(config_json: dict[str, Any] | None) -> bool:
 def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[str, Any]
                         ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """A timm hub directory whose ``config.json`` the caller has parsed into ``hub``."""
+    for key in ("pretrained_cfg", "model_args"):
+        if not isinstance(hub.get(key, {}), dict):
+            raise CheckpointError(f"{directory / HUB_CONFIG}: {key}={str(hub[key])[:80]!r}; expected a JSON object")
     weights = hub_weights_file(directory, "a timm")
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg", "map"):
@@ -98,7 +101,8 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
     refuse_unsupported(state, str(weights))  # a bare state dict is checked by vitkit.load, before its layout is told
     config, state = from_timm(state, {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
-    family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG)
+    family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG,
+                                 config.in_chans, ("pretrained_cfg.mean", "pretrained_cfg.std"))
     provenance = config.provenance.replace(source=str(directory), normalization=family,
                                            crop_pct=hub_crop_pct(pretrained, directory / HUB_CONFIG))
     return config.replace(provenance=provenance), state
@@ -108,8 +112,8 @@ def hub_crop_pct(pretrained: dict[str, Any], path: Path) -> float:
     """The fraction timm centre-crops at evaluation. Its other crop modes ('squash' resizes both sides to
     size / crop_pct, 'border' pads) are not vitkit's geometry: read with a warning that says so."""
     crop_pct = pretrained.get("crop_pct", TIMM_DEFAULT_CROP_PCT)
-    if not (isinstance(crop_pct, int | float) and 0 < crop_pct <= 1):
-        raise CheckpointError(f"{path}: pretrained_cfg.crop_pct={crop_pct!r}; expected a fraction in (0, 1]")
+    if not is_crop_pct(crop_pct):
+        raise CheckpointError(f"{path}: pretrained_cfg.crop_pct={crop_pct!r}; expected {CROP_PCT}")
     mode = pretrained.get("crop_mode", "center")
     if mode != "center":
         warnings.warn(f"{path}: pretrained_cfg.crop_mode={mode!r}; vitkit evaluates with a centre crop of "

@@ -8,12 +8,7 @@ from collections.abc import Sequence
 
 from ..data.transforms import Preset, evaluation_transform
 from ..models.config import ViTConfig
-from ..normalization import normalization
-
-
-def input_statistics(config: ViTConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The (mean, std) a checkpoint's inputs are normalised with, one per channel."""
-    return normalization(config.provenance.normalization, config.in_chans)
+from ..normalization import input_statistics
 
 
 def checkpoint_transform(config: ViTConfig, resize: str = "crop", image_size: tuple[int, int] | None = None,

@@ -47,6 +47,14 @@ def is_real(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+CROP_PCT = "a number in (0, 1]"  # what a crop fraction must be, for the messages of every check of one
+
+
+def is_crop_pct(value: Any) -> bool:
+    """Whether ``value`` is a crop fraction: the share of the resized image that evaluation centre-crops."""
+    return is_real(value) and 0 < value <= 1
+
+
 def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     """An image or grid size as (height, width)."""
     if is_int(value):
@@ -84,14 +92,14 @@ class Provenance:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"invalid provenance: {name}={value!r}, expected a string or null")
-        if self.normalization not in NORMALIZATION:
+        if not (isinstance(self.normalization, str) and self.normalization in NORMALIZATION):
             raise ConfigError(f"invalid provenance: normalization={self.normalization!r}, expected one of "
                               f"{list(NORMALIZATION)}")
         if self.classes is not None and not (isinstance(self.classes, tuple)
                                              and all(isinstance(c, str) for c in self.classes)):
             raise ConfigError(f"invalid provenance: classes={self.classes!r}, expected a list of strings or null")
-        if not (is_real(self.crop_pct) and 0 < self.crop_pct <= 1):
-            raise ConfigError(f"invalid provenance: crop_pct={self.crop_pct!r}, expected a number in (0, 1]")
+        if not is_crop_pct(self.crop_pct):
+            raise ConfigError(f"invalid provenance: crop_pct={self.crop_pct!r}, expected {CROP_PCT}")
 
     def replace(self, **changes: Any) -> "Provenance":
         return dataclasses.replace(self, **changes)
@@ -196,7 +204,8 @@ class ViTConfig:
         size = self.representation_size
         need(size is None or (is_int(size) and size >= 1),
              f"representation_size={size!r}, expected null or an int >= 1")
-        need(self.backbone is None or all(is_int(blocks) and blocks > 0 for blocks in self.backbone),
+        need(self.backbone is None or (isinstance(self.backbone, tuple)
+                                       and all(is_int(blocks) and blocks > 0 for blocks in self.backbone)),
              f"backbone={self.backbone!r}, expected null or a list of positive block counts")
         need(isinstance(self.provenance, Provenance), f"provenance={self.provenance!r}, expected a Provenance or a JSON object")
         classes = self.provenance.classes
