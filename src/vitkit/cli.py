@@ -30,7 +30,6 @@ from .evaluate.fewshot import DEFAULT_L2_REGS
 from .evaluate.preprocessing import checkpoint_transform
 from .models import create_model, list_models, model_config
 from .models.config import pair
-from .normalization import input_statistics
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
 from .train.recipes import (FIELD_HELP, RANGES, RECIPE_PRESETS, Recipe, Rule, at_least, field_types, fraction, merge,
@@ -83,7 +82,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
           + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
              if config.backbone is not None else ""))
-    mean, std = input_statistics(config)
+    mean, std = config.input_statistics
     print(f"input        {config.in_chans}x{height}x{width} (grid {config.grid_size[0]}x{config.grid_size[1]}), "
           f"crop_pct {config.provenance.crop_pct:g}, normalised '{config.provenance.normalization}': "
           f"mean {[round(m, 3) for m in mean]}, std {[round(v, 3) for v in std]}")

@@ -7,12 +7,9 @@ ImageNet's statistics; OpenAI's CLIP has its own.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import ConfigError
-
-if TYPE_CHECKING:  # for the annotation only: the model's config names its family from this module
-    from .models.config import ViTConfig
 
 NORMALIZATION = {
     "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -45,8 +42,3 @@ def normalization_family(mean: Any, std: Any) -> str | None:
             return family
     return None
 
-
-def input_statistics(config: ViTConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The (mean, std) a checkpoint's inputs are normalised with, one per channel: its provenance's family
-    for its channels (what evaluation applies and what the ONNX and HF exports record)."""
-    return normalization(config.provenance.normalization, config.in_chans)

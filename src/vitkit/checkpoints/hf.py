@@ -24,7 +24,6 @@ from ..atomic import atomic_directory
 from ..errors import CheckpointError
 from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int
 from ..models.vit import VisionTransformer
-from ..normalization import input_statistics
 from .files import HUB_WEIGHT_FILES, hub_weights_file, read_side_file, read_weights
 from .inference import kept_overrides, known_normalization, options_in_use
 from .names import Names, fuse_qkv, rename, split_qkv, with_prefix_positions
@@ -214,7 +213,7 @@ def write_hf_directory(directory: str | Path, config: ViTConfig, hf: dict[str, A
                        state: dict[str, torch.Tensor]) -> Path:
     """An HF directory, atomically: ``config.json`` (``hf``), the weights (``state`` in HF's names) and a
     ``preprocessor_config.json`` with the checkpoint's size, input statistics and crop fraction."""
-    mean, std = input_statistics(config)
+    mean, std = config.input_statistics
     processor = {**processor_geometry(config, directory), "resample": 2, "do_rescale": True,
                  "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
     weights = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}

@@ -27,7 +27,6 @@ from ..atomic import move_into_place
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
-from ..normalization import input_statistics
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"
@@ -68,7 +67,7 @@ def session(path: str | Path, device: torch.device | None = None):
 
 
 def _metadata(config: ViTConfig) -> dict[str, str]:
-    mean, std = input_statistics(config)
+    mean, std = config.input_statistics
     classes = config.provenance.classes or [str(i) for i in range(config.num_classes)]
     return {CONFIG_KEY: config.to_json(), "classes": json.dumps(list(classes)), "mean": json.dumps(list(mean)),
             "std": json.dumps(list(std)), "crop_pct": json.dumps(config.provenance.crop_pct)}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..normalization import NORMALIZATION
+from ..normalization import NORMALIZATION, normalization
 
 # "map": multi-head attention pooling with a learned probe (SigLIP's head).
 POOLINGS = ("token", "gap", "map")
@@ -257,6 +257,12 @@ class ViTConfig:
     @property
     def head_dim(self) -> int:
         return self.dim // self.num_heads
+
+    @property
+    def input_statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The (mean, std) the inputs are normalised with, one per channel: the provenance's family for the
+        model's channels (what evaluation applies and what the ONNX and HF exports record)."""
+        return normalization(self.provenance.normalization, self.in_chans)
 
     def replace(self, **changes: Any) -> "ViTConfig":
         return dataclasses.replace(self, **changes)

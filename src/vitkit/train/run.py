@@ -23,7 +23,7 @@ from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, default_
 from ..data.transforms import augreg_level
 from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
-from ..evaluate.preprocessing import checkpoint_transform, input_statistics
+from ..evaluate.preprocessing import checkpoint_transform
 from ..models import ViTConfig, VisionTransformer, create_model
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
@@ -107,7 +107,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     config = model.config
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
-                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, *input_statistics(config))
+                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, *config.input_statistics)
     model = shard(model.to(env.device), env, recipe.parallel)
     if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
         torch.manual_seed(recipe.seed + env.rank)
