@@ -236,3 +236,15 @@ def test_unusable_samples_of_a_shard_cost_one_search_for_their_stand_in(tmp_path
     batch = next(iter(loader))
     assert sorted(numbers([batch])) == [*range(4), *[99] * 5] and len(batch[2]) == 4
     assert opened[str(tmp_path / "train-000001.tar")] == 2, "the stream's pass, and one search for a stand-in"
+
+
+def test_data_info_reads_the_index_not_the_images(tmp_path):
+    """`vitkit data info` counts from tar headers and .cls members: shards of undecodable images describe
+    fully, while decoding them (data verify) names every one."""
+    from vitkit.data.survey import unreadable_images
+    with wds.TarWriter(str(tmp_path / "train-000000.tar")) as sink:
+        for number in range(6):
+            sink.write({"__key__": f"garbled{number}", "jpg": b"\xff\xd8 not a jpeg", "cls": str(number % 2)})
+    split = load_dataset(f"webdataset:{tmp_path}", "train")
+    assert describe({"train": split})["splits"]["train"]["per_class"] == {"0": 3, "1": 3}
+    assert len(unreadable_images(split)) == 6
