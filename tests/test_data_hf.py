@@ -99,3 +99,83 @@ def test_a_saved_validation_split_is_val_and_string_labels_are_refused(tmp_path)
     words.to_parquet(str(tmp_path / "words" / "data" / "train-00000-of-00001.parquet"))
     with pytest.raises(DatasetError, match="column 'label' holds string, expected integers"):
         load_dataset(f"hf:{tmp_path / 'words'}", "train")
+
+
+def parquet_folder(root, image, label, metadata: bytes | None = None) -> str:
+    """``hf:root`` holding one train file of the given arrow ``image`` and ``label`` columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.table({"image": image, "label": label})
+    if metadata is not None:
+        table = table.replace_schema_metadata({"huggingface": metadata})
+    (root / "data").mkdir(parents=True)
+    pq.write_table(table, root / "data" / "train-00000-of-00001.parquet")
+    return f"hf:{root}"
+
+
+def image_structs(numbers):
+    import pyarrow as pa
+    from data_helpers import png
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    return pa.array([{"bytes": png(numbered_image(n)), "path": None} for n in numbers], kind)
+
+
+@pytest.mark.parametrize("metadata, expected", [
+    (b"{not json", "is not JSON"),
+    (b"\xff\xfe", "is not JSON"),
+    (b"[]", r"the document is \[\], expected an object"),
+    (b'{"info": {"features": []}}', r"info.features is \[\], expected an object"),
+    (b'{"info": {"features": {"label": "ClassLabel"}}}', 'info.features.label is "ClassLabel", expected an object'),
+    (b'{"info": {"features": {"label": {"names": 3, "_type": "ClassLabel"}}}}', "has names 3, expected a list"),
+    (b'{"info": {"features": {"label": {"names": ["a", 1]}}}}', r'has names \["a", 1\], expected a list'),
+    (b'{"info": {"features": {"label": {"_type": "ClassLabel"}}}}', "has names null, expected a list"),
+])
+def test_malformed_schema_metadata_is_named(tmp_path, metadata, expected):
+    import pyarrow as pa
+    spec = parquet_folder(tmp_path, image_structs([0, 1]), pa.array([0, 1]), metadata)
+    with pytest.raises(DatasetError, match=rf"train-00000-of-00001.parquet: schema metadata 'huggingface'.*{expected}"):
+        load_dataset(spec, "train")
+
+
+def test_plain_integer_labels_and_image_bytes_read_and_other_image_columns_are_named(tmp_path):
+    import pyarrow as pa
+    from data_helpers import png
+    plain = b'{"info": {"features": {"label": {"dtype": "int64", "_type": "Value"}}}}'
+    spec = parquet_folder(tmp_path / "bytes", pa.array([png(numbered_image(n)) for n in range(3)]),
+                          pa.array([2, 0, 1]), plain)
+    split = load_dataset(spec, "train")
+    assert split.classes == ["0", "1", "2"] and read_back(split) == [(0, 2), (1, 0), (2, 1)]
+    spec = parquet_folder(tmp_path / "words", pa.array(["a.png", "b.png"]), pa.array([0, 1]))
+    with pytest.raises(DatasetError, match="column 'image' holds string, expected the Image feature"):
+        read_back(load_dataset(spec, "train"))
+
+
+def test_a_hub_dataset_is_resolved_once_per_run(tmp_path, monkeypatch):
+    """hf:ORG/NAME through huggingface_hub's own snapshot_download, offline, from a cache laid out as the hub
+    leaves it: a run's split listing and its splits ask the hub once."""
+    import huggingface_hub
+    import pyarrow as pa
+
+    from vitkit.data import load_splits
+    from vitkit.data.hf import hub_folder
+    commit = "1" * 40
+    repo = tmp_path / "hub-cache" / "datasets--someone--numbers"
+    parquet_folder(repo / "snapshots" / commit, image_structs(range(4)), pa.array([0, 1, 0, 1]))
+    (repo / "snapshots" / commit / "data" / "train-00000-of-00001.parquet").rename(
+        repo / "snapshots" / commit / "data" / "test-00000-of-00001.parquet")
+    parquet_folder(repo / "snapshots" / commit / "more", image_structs(range(6)), pa.array([1, 0] * 3))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    asked, download = [], huggingface_hub.snapshot_download
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: asked.append(a) or download(*a, **k))
+    hub_folder.cache_clear()
+    names = split_names("hf:someone/numbers")
+    splits = load_splits("hf:someone/numbers", names)
+    assert names == ("train", "test") and {name: len(s) for name, s in splits.items()} == {"train": 6, "test": 4}
+    assert read_back(splits["test"]) == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    assert len(asked) == 1
+    hub_folder.cache_clear()
+    with pytest.raises(DatasetError, match="hf:someone/absent: not a local folder, and the hub did not give it"):
+        load_dataset("hf:someone/absent", "train")

@@ -186,3 +186,65 @@ def test_workers_send_uint8_to_an_accelerator_and_finished_batches_to_the_cpu(tm
     assert all(torch.allclose(a, (s.float() / 255 - 0.5) / 0.5, atol=1e-6) for s, a in zip(sent, arrived))
     finished = [images for _, (images, _, _) in zip(range(3), loader(None).loader)]
     assert all(torch.equal(f, a) for f, a in zip(finished, arrived))
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"ant\n\xff\xfe\n", "not a readable class list .*utf-8.* expected UTF-8 text"),
+    ("folder", "not a readable class list .*Is a directory"),
+    (b"", "names no class"),
+])
+def test_a_class_list_that_is_not_one_is_named(tmp_path, content, expected):
+    numbered_shards(tmp_path, "train", [3])
+    if content == "folder":
+        (tmp_path / "classes.txt").mkdir()
+    else:
+        (tmp_path / "classes.txt").write_bytes(content)
+    with pytest.raises(DatasetError, match=rf"classes.txt: {expected}"):
+        load_dataset(f"webdataset:{tmp_path}", "train")
+
+
+def test_labels_no_class_count_can_hold_are_refused_not_allocated(tmp_path):
+    """Without classes.txt the classes are 0..largest label: a damaged .cls must not ask for millions."""
+    numbered_shards(tmp_path, "train", [3])
+    with wds.TarWriter(str(tmp_path / "train-000001.tar")) as sink:
+        sink.write({"__key__": "huge", "png": png(numbered_image(1)), "cls": "2000000"})
+    with pytest.raises(DatasetError, match="train-000001.tar: sample huge: label 2000000 out of range 0..2"):
+        load_dataset(f"webdataset:{tmp_path}", "train")
+    for tar in tmp_path.glob("*.tar"):
+        tar.unlink()
+    with wds.TarWriter(str(tmp_path / "train-000000.tar")) as sink:
+        sink.write({"__key__": "negative", "png": png(numbered_image(1)), "cls": "-1"})
+    with pytest.raises(DatasetError, match="sample negative: label -1 is not a class index"):
+        load_dataset(f"webdataset:{tmp_path}", "train")
+
+
+def test_unusable_samples_of_a_shard_cost_one_search_for_their_stand_in(tmp_path):
+    numbered_shards(tmp_path, "train", [4])
+    with wds.TarWriter(str(tmp_path / "train-000001.tar")) as sink:
+        for number in range(4):
+            sink.write({"__key__": f"broken{number}", "png": b"not a png", "cls": "1"})
+        sink.write({"__key__": "fine", "png": png(numbered_image(99)), "cls": "3"})
+    split = load_dataset(f"webdataset:{tmp_path}", "train")
+    opened, read = collections.Counter(), split.read
+
+    def counted_read(shard):
+        opened[shard.path] += 1
+        return read(shard)
+
+    split.read = counted_read
+    loader = training_loader(split, AS_IS, global_batch=9, total_steps=1, start_step=0, seed=0, corrupt="skip")
+    batch = next(iter(loader))
+    assert sorted(numbers([batch])) == [*range(4), *[99] * 5] and len(batch[2]) == 4
+    assert opened[str(tmp_path / "train-000001.tar")] == 2, "the stream's pass, and one search for a stand-in"
+
+
+def test_data_info_reads_the_index_not_the_images(tmp_path):
+    """`vitkit data info` counts from tar headers and .cls members: shards of undecodable images describe
+    fully, while decoding them (data verify) names every one."""
+    from vitkit.data.survey import unreadable_images
+    with wds.TarWriter(str(tmp_path / "train-000000.tar")) as sink:
+        for number in range(6):
+            sink.write({"__key__": f"garbled{number}", "jpg": b"\xff\xd8 not a jpeg", "cls": str(number % 2)})
+    split = load_dataset(f"webdataset:{tmp_path}", "train")
+    assert describe({"train": split})["splits"]["train"]["per_class"] == {"0": 3, "1": 3}
+    assert len(unreadable_images(split)) == 6

@@ -107,3 +107,33 @@ def test_killed_run_on_shards_resumes_to_the_same_weights(tmp_path, shards):
     launch(VITKIT, *ARGS, *extra, "--run-dir", killed, "--resume")
     straight, resumed = _weights(tmp_path / "straight"), _weights(killed)
     assert all(torch.equal(resumed[key], straight[key]) for key in straight)
+
+
+@pytest.mark.parametrize("layout, final, images", [
+    ("flat", "test", 4),  # test and val held out of the whole: 4 of 16, then 3 of the 12 left
+    ("train", "val", 4),  # val held out of train/; no test split: the final numbers are val's
+    ("train+val", "val", 6),  # ImageNet's layout: validation and final numbers on val/
+    ("train+val+test", "test", 2),
+    ("train+val, no hold-out", "val", 6),  # val_fraction 0 holds nothing out; val/ is still there
+])
+def test_every_folder_layout_trains_and_names_the_split_of_its_final_numbers(tmp_path, capsys, layout, final,
+                                                                           images):
+    from PIL import Image
+
+    from vitkit.cli import main
+    sizes = {"flat": {"": 8}, "train": {"train": 8}, "train+val": {"train": 8, "val": 3},
+             "train+val+test": {"train": 8, "val": 3, "test": 1}, "train+val, no hold-out": {"train": 8, "val": 3}}
+    for split, per_class in sizes[layout].items():
+        for label in ("cat", "dog"):
+            (tmp_path / "data" / split / label).mkdir(parents=True)
+            for index in range(per_class):
+                Image.new("RGB", (4, 4), (index * 20, 200 * (label == "cat"), 0)).save(
+                    tmp_path / "data" / split / label / f"{index}.png")
+    val_fraction = "0" if "no hold-out" in layout else "0.25"
+    code = main([*ARGS, "--dataset", f"imagefolder:{tmp_path / 'data'}", "--steps", "2", "--batch-size", "4",
+                 "--num-workers", "0", "--val-fraction", val_fraction, "--run-dir", str(tmp_path / "run")])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert code == 0 and summary["test/split"] == final and summary["test/images"] == images
+    assert "val/accuracy" in summary  # validated during training
+    assert f"{final} accuracy: " in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / f"eval-{final}.json").read_text())["images"] == images

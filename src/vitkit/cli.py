@@ -306,7 +306,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
     print_table(["metric", "value"], rows)
     if "test/accuracy" in summary:
-        print(f"test accuracy: {100 * summary['test/accuracy']:.2f}% ({summary['test/images']} images)")
+        print(f"{summary['test/split']} accuracy: {100 * summary['test/accuracy']:.2f}% "
+              f"({summary['test/images']} images)")
     else:
         print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
     return 0

@@ -9,6 +9,7 @@ Needs pyarrow (``pip install 'vitkit[data]'``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 from collections.abc import Iterator
@@ -38,8 +39,10 @@ def hf_root(spec: str) -> Path:
     return Path(spec) if Path(spec).is_dir() else hub_folder(spec)
 
 
+@functools.cache
 def hub_folder(name: str) -> Path:
-    """The local copy of hub dataset ``ORG/NAME``'s parquet files (downloaded once, then cached)."""
+    """The local copy of hub dataset ``ORG/NAME``'s parquet files (downloaded once, then cached). The hub is
+    asked once per process: a run's splits and its split listing all read the same snapshot."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError as error:
@@ -84,14 +87,29 @@ def open_table(path: Path):
     return pa.ipc.open_stream(pa.memory_map(str(path)))
 
 
-def class_names(schema) -> list[str] | None:
-    """The ``label`` ClassLabel's names from the features that ``datasets`` stores in every file's schema."""
+def class_names(path: Path, schema) -> list[str] | None:
+    """The ``label`` ClassLabel's names from the features that ``datasets`` stores in every file's schema
+    (``{"info": {"features": {"label": {"names": [...]}}}}``); None when the file has no such metadata or its
+    label is a plain integer. Metadata that is not what ``datasets`` writes is named, not guessed at."""
     meta = (schema.metadata or {}).get(b"huggingface")
     if meta is None:
         return None
-    features = json.loads(meta).get("info", {}).get("features", {})
-    names = features.get("label", {}).get("names")
-    return list(names) if names else None
+    where = f"{path}: schema metadata 'huggingface'"
+    try:
+        node = json.loads(meta)
+    except ValueError as error:  # not UTF-8, or not JSON
+        raise DatasetError(f"{where} is not JSON ({error})") from None
+    for trail in ("", "info", "info.features", "info.features.label"):
+        node = node.get(trail.rsplit(".", 1)[-1], {}) if trail else node
+        if not isinstance(node, dict):
+            raise DatasetError(f"{where}: {trail or 'the document'} is {json.dumps(node)[:60]}, expected an object")
+    names = node.get("names")
+    if names is None and node.get("_type") != "ClassLabel":
+        return None
+    if not (isinstance(names, list) and names and all(isinstance(name, str) for name in names)):
+        raise DatasetError(f"{where}: the ClassLabel 'label' has names {json.dumps(names)[:60]}, expected a "
+                           f"list of class names")
+    return names
 
 
 def schema_of(table):
@@ -118,6 +136,9 @@ def batches(path: Path, columns: tuple[str, ...]):
             raise DatasetError(f"{path}: no column {missing[0]!r}; it has {schema.names} (expected {list(COLUMNS)})")
         if "label" in columns and not pa.types.is_integer(schema.field("label").type):
             raise DatasetError(f"{path}: column 'label' holds {schema.field('label').type}, expected integers")
+        if "image" in columns and not holds_images(pa, schema.field("image").type):
+            raise DatasetError(f"{path}: column 'image' holds {schema.field('image').type}, expected the Image "
+                               f"feature (a struct of bytes and path) or encoded image bytes")
         if hasattr(table, "iter_batches"):
             yield from table.iter_batches(batch_size=ROWS_PER_READ, columns=list(columns))
         else:
@@ -125,7 +146,14 @@ def batches(path: Path, columns: tuple[str, ...]):
                 yield batch.select(list(columns))
 
 
-def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | None, int | None]]]:
+def holds_images(pa, kind) -> bool:
+    """Whether a column of arrow type ``kind`` can hold images: the Image feature's struct, or plain bytes."""
+    if pa.types.is_struct(kind):
+        return bool({"bytes", "path"} & {kind.field(i).name for i in range(kind.num_fields)})
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+
+
+def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | bytes | None, int | None]]]:
     row = 0
     for batch in batches(Path(shard.path), COLUMNS):
         for image, label in zip(batch.column("image").to_pylist(), batch.column("label").to_pylist()):
@@ -133,14 +161,16 @@ def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | None, int | None
             row += 1
 
 
-def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | None, int | None]) -> tuple[torch.Tensor, int]:
+def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | bytes | None, int | None]
+               ) -> tuple[torch.Tensor, int]:
     image, label = row
     problem = label_problem(label, classes)
     if problem is not None:
         raise DatasetError(f"{shard.path}: {key}: {problem}")
-    if not isinstance(image, dict) or not (image.get("bytes") or image.get("path")):
+    encoded, path = (image.get("bytes"), image.get("path")) if isinstance(image, dict) else (image, None)
+    if not (encoded or path):
         raise DatasetError(f"{shard.path}: {key}: no image (expected the Image feature's bytes or path)")
-    source = io.BytesIO(image["bytes"]) if image.get("bytes") else Path(image["path"])
+    source = io.BytesIO(encoded) if encoded else Path(path)
     return read_image(source, f"{shard.path}: {key}"), label
 
 
@@ -158,6 +188,6 @@ def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     if not files:
         raise DatasetError(f"hf:{spec}: no {split} split (found {sorted(split_files(root)) or 'none'})")
     with named_errors(files[0]):
-        names = class_names(schema_of(open_table(files[0])))
+        names = class_names(files[0], schema_of(open_table(files[0])))
     return indexed_split(f"hf:{spec}[{split}]", [str(path) for path in files], "hf-labels", label_index, names,
                          read_rows, decode_row, corrupt)

@@ -49,6 +49,9 @@ from .transforms import Preset
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE_BUFFER = 1000
+# Without class names the classes are the labels 0..largest; a label beyond this is taken for a damaged one
+# rather than asking for that many classes (ImageNet-21k has 21,843, JFT 18,291).
+MAX_UNNAMED_CLASSES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class ShardedSplit:
     decode: Callable[[Shard, str, object], tuple[torch.Tensor, int]]
     class_counts: Counter = field(default_factory=Counter)
     bad: list[str] = field(default_factory=list)  # samples found unusable by the index pass
+    stand_ins: dict[str, tuple[str, object] | None] = field(default_factory=dict, repr=False)  # see item()
 
     def __len__(self) -> int:
         return sum(shard.size for shard in self.shards)
@@ -98,12 +102,22 @@ class ShardedSplit:
         name = f"{shard.path}:{key}"
         if not replace:
             return None, -1, (name,)
-        for other_key, other in self.read(shard):
+        if shard.path not in self.stand_ins:
+            self.stand_ins[shard.path] = self.first_usable(shard)
+        if self.stand_ins[shard.path] is None:
+            raise DatasetError(f"{shard.path}: no readable sample to stand in for {key}")
+        return *self.decode(shard, *self.stand_ins[shard.path]), (name,)
+
+    def first_usable(self, shard: Shard) -> tuple[str, object] | None:
+        """The shard's first sample that decodes, as read (``item`` remembers it: the shard is searched once
+        per process, not once per unusable sample)."""
+        for key, payload in self.read(shard):
             try:
-                return *self.decode(shard, other_key, other), (name,)
+                self.decode(shard, key, payload)
             except DatasetError:
                 continue
-        raise DatasetError(f"{shard.path}: no readable sample to stand in for {key}")
+            return key, payload
+        return None
 
 
 def split_by_slot(shards: list[Shard], slot: int, slots: int, seed: int, epoch: int) -> list[Shard]:
@@ -258,7 +272,7 @@ def parse_label(text: bytes) -> tuple[int | None, str | None]:
 def label_problem(label: int | None, classes: int) -> str | None:
     """What is wrong with a sample's label for a dataset of ``classes`` classes (None when nothing is)."""
     if label is None or not 0 <= label < classes:
-        return f"label {label} out of range 0..{classes - 1}"
+        return f"label {label} out of range 0..{classes - 1}" if classes else f"label {label} is not a class index"
     return None
 
 
@@ -288,9 +302,22 @@ def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSpl
     if not files:
         raise DatasetError(f"{spec}: no {split} shards ({split}-NNNNNN.tar)")
     root = spec if os.path.isdir(spec) else os.path.dirname(files[0])
-    names_file = Path(root) / "classes.txt"
-    names = names_file.read_text().splitlines() if names_file.is_file() else None
+    names = read_class_names(Path(root) / "classes.txt")
     return indexed_split(f"{spec}[{split}]", files, "tar", tar_index, names, read_tar, decode_tar_sample, corrupt)
+
+
+def read_class_names(path: Path) -> list[str] | None:
+    """The class names of ``classes.txt`` (one a line, UTF-8), or None when there is no such file."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        names = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise DatasetError(f"{path}: not a readable class list ({error}); expected UTF-8 text, one class name "
+                           f"a line") from None
+    if not names:
+        raise DatasetError(f"{path}: names no class; expected one class name a line")
+    return names
 
 
 def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[[str], ShardIndex],
@@ -301,7 +328,8 @@ def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[
     check_corrupt(corrupt)
     indexes = shard_indexes(files, kind, index_shard)
     if classes is None:
-        largest = max((label for index in indexes for label in index.labels if label is not None), default=-1)
+        largest = max((label for index in indexes for label in index.labels
+                       if label is not None and label < MAX_UNNAMED_CLASSES), default=-1)
         classes = [str(c) for c in range(largest + 1)]
     shards, counts, bad, offset = [], Counter(), [], 0
     for path, index in zip(files, indexes):

@@ -65,11 +65,14 @@ def total_steps(recipe: Recipe, train_size: int) -> int:
 
 
 def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
-    """The splits a run measures: validation when it has one, and the test split after classification."""
+    """The splits a run measures, the final one last: validation when the dataset has or can hold out one, then
+    after classification the test split, or val where the dataset has none (ImageNet's ``train/`` + ``val/``:
+    the split timm and big_vision report their final numbers on)."""
     if pretraining:
         return ()
-    has_val = recipe.val_fraction > 0 and "val" in split_names(recipe.dataset)
-    return ("val", "test") if has_val else ("test",)
+    available = split_names(recipe.dataset)
+    validation = ("val",) if recipe.val_fraction > 0 and "val" in available else ()
+    return tuple(dict.fromkeys((*validation, "test" if "test" in available else "val")))
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Experiment:
     classes: list[str]
     measure: Callable[[VisionTransformer, str], Evaluation]
     skipped: SkippedFiles
+    final_split: str | None  # the split the final numbers come from (None when pre-training)
 
 
 def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
@@ -94,7 +98,8 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     run_dir = Path(recipe.run_dir or default_run_dir(recipe))
     spec = SplitSpec(recipe.val_fraction, seed=0)
     pretraining = recipe.objective == "mpp"
-    splits = load_splits(recipe.dataset, ("train", *evaluated_splits(recipe, pretraining)), recipe.data_dir, spec,
+    evaluated = evaluated_splits(recipe, pretraining)
+    splits = load_splits(recipe.dataset, ("train", *evaluated), recipe.data_dir, spec,
                          recipe.corrupt)  # once per run, every evaluation reuses them
     train_set = splits["train"]
     if recipe.train_subset:
@@ -154,12 +159,13 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
                       eval_every=recipe.eval_every, checkpoint_every=recipe.checkpoint_every,
                       checkpoint_minutes=recipe.checkpoint_minutes, keep_last=recipe.keep_last, compile=recipe.compile)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
-    return Experiment(recipe, run_dir, trainer, classes, measure, skipped)
+    return Experiment(recipe, run_dir, trainer, classes, measure, skipped, evaluated[-1] if evaluated else None)
 
 
 def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict[str, Any]:
     """Train (or fine-tune) as ``recipe`` says, then save the final model and evaluate it on the test
-    split; returns the summary also written to ``summary.json``."""
+    split (val where there is none: ``test/split`` in the summary says which); returns the summary also
+    written to ``summary.json``."""
     experiment = prepare(recipe, device)
     trainer, run_dir = experiment.trainer, experiment.run_dir
     found = list_checkpoints(run_dir)
@@ -185,9 +191,10 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
         if trainer.env.is_main:
             final.save(run_dir / "model")
             if recipe.objective == "classification":
-                report = write_report(experiment.measure(final, "test"), experiment.classes, run_dir, "test")
+                split = experiment.final_split
+                report = write_report(experiment.measure(final, split), experiment.classes, run_dir, split)
                 summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
-                                "test/images": report["images"]})
+                                "test/images": report["images"], "test/split": split})
             names = experiment.skipped.all_ranks()
             summary.update({"data/skipped": len(names), "data/skipped_files": names})
             with atomic_file(run_dir / "summary.json") as handle:
