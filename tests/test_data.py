@@ -162,6 +162,26 @@ def test_a_finished_batch_is_each_image_normalised_into_its_row():
         finished_batch(preset, [images[0], images[1][:1]])
 
 
+def test_a_batch_buffer_is_reused_only_once_nothing_holds_its_batch():
+    """A buffer goes back to the pool when its batch's storage is freed: not while a view of it lives, nor
+    while autograd keeps it for a backward pass."""
+    from vitkit.data.pipelines import BatchBuffers
+    buffers, shape = BatchBuffers(), (1, 3, 4, 4)
+    first = buffers.take(shape)
+    row, address = first[0], first.data_ptr()
+    del first
+    assert buffers.take(shape).data_ptr() != address  # the view still holds it (and the new batch is dropped)
+    del row
+    batch = buffers.take(shape)
+    assert batch.data_ptr() == address  # free again, reused
+    loss = torch.nn.Conv2d(3, 2, 2)(batch.fill_(1.0)).sum()  # the convolution saves its input for backward
+    del batch
+    assert buffers.take(shape).data_ptr() != address
+    loss.backward()
+    del loss
+    assert buffers.take(shape).data_ptr() == address
+
+
 def test_pretrain_preset_is_random_and_seeded_per_sample():
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     dataset = [(images[i], i) for i in range(4)]

@@ -169,10 +169,10 @@ def test_raw_loader_batches_are_dataloader_batches(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["digits", "shards"])
-def test_workers_send_uint8_to_an_accelerator_and_finished_batches_to_the_cpu(tmp_path, name):
-    """With a device named (an accelerator in a run; the CPU stands in here), two workers pass uint8 images and
-    the batches that come out are those images converted and normalised to [-1, 1] (Google's mean = std =
-    0.5), as the preset's per-batch step says; without one the workers send those finished batches."""
+def test_workers_send_uint8_and_batches_are_finished_where_they_arrive(tmp_path, name):
+    """Two workers pass uint8 images; the batches that come out are those images converted and normalised to
+    [-1, 1] (Google's mean = std = 0.5), on the device named (an accelerator in a run; the CPU stands in
+    here) or, with none, on the CPU: the same values either way."""
     numbered_shards(tmp_path, "train", [6, 6, 6, 6])
     dataset = load_dataset(f"webdataset:{tmp_path}" if name == "shards" else "digits", "train")
 
@@ -184,7 +184,9 @@ def test_workers_send_uint8_to_an_accelerator_and_finished_batches_to_the_cpu(tm
     arrived = [images for _, (images, _, _) in zip(range(3), deferred)]
     assert len(sent) == len(arrived) == 3 and all(images.dtype == torch.uint8 for images in sent)
     assert all(torch.allclose(a, (s.float() / 255 - 0.5) / 0.5, atol=1e-6) for s, a in zip(sent, arrived))
-    finished = [images for _, (images, _, _) in zip(range(3), loader(None).loader)]
+    on_cpu = loader(None)
+    assert all(images.dtype == torch.uint8 for _, (images, _, _) in zip(range(3), on_cpu.loader))
+    finished = [images for _, (images, _, _) in zip(range(3), on_cpu)]
     assert all(torch.equal(f, a) for f, a in zip(finished, arrived))
 
 

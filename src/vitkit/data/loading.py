@@ -8,12 +8,11 @@ the same crop whichever rank, worker or resumed process loads it.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from ..errors import ConfigError, DatasetError
 from .transforms import Preset, ToModelInput
@@ -44,23 +43,13 @@ def seeded_transform(preset: Preset, image: torch.Tensor, seed: int) -> torch.Te
         generator.set_state(state)
 
 
-def empty_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A batch to fill; in a DataLoader worker, in shared memory, where a batch must lie to cross to the main
-    process (as ``default_collate`` allocates it there), so that it is written once, not copied."""
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
-    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
-
-
 def finished_batch(preset: Preset, images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``images`` through ``preset.per_batch``, each converted straight into its row of the batch: no float
-    copy of an image is made to be stacked afterwards, which matters where fresh memory is dear (on this VM,
-    a new float batch takes 15x the time of one already touched: benchmarks/results/data.md). Stays uint8 for a
-    device."""
+    """``images`` through ``preset.per_batch``, each converted straight into its row of the batch (no float
+    copy of an image made only to be stacked); stacked as they are where the step is the identity (the
+    loaders' workers, which send uint8: see ``pipelines``)."""
     if not isinstance(preset.per_batch, ToModelInput):
         return default_collate(list(images))
-    batch = empty_batch((len(images), *images[0].shape), torch.float32)
+    batch = torch.empty((len(images), *images[0].shape), dtype=torch.float32)
     for row, image in zip(batch, images):
         if image.shape != row.shape:  # copy_ would broadcast it
             raise DatasetError(f"images of shapes {tuple(images[0].shape)} and {tuple(image.shape)} in one batch")

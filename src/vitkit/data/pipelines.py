@@ -3,25 +3,28 @@ step-indexed ``StepSampler``, sharded ones (``ShardedSplit``) through their stre
 training micro-batches ``(images, labels, names of files replaced)`` fixed by (seed, step), and
 evaluation batches ``(images, labels)`` over every image once.
 
-Where the preset's per-batch step (float conversion, normalisation) runs depends on where the batches go.
-For an accelerator (``device``), the workers send uint8 (a quarter of float32's bytes, across processes and
-the bus) and the step runs on the device after a non-blocking copy. For the CPU it runs in the workers, as
-torchvision's loaders do: the main process is the training process, and on a quiet 2-core machine doing the
-step there took 0.8-0.9 of a core from the two workers (benchmarks/results/loader_probe.md).
+The workers decode and transform images and send them as uint8, a quarter of float32's bytes; the
+preset's per-batch step (float conversion, normalisation) runs where the batch arrives: on an accelerator
+after a non-blocking copy, on the CPU into a batch buffer that is reused once the batch before is dropped.
+Fresh memory is what a float batch costs most on the CPU (on this project's 2-core VM a new 64 x 224 px
+batch takes 10x the time of one already touched), so this made the folder loader 1.2x faster than workers
+sending finished float batches, at a fifth of a core in the main process (benchmarks/results/data.md).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
 from .loading import StepSampler, Transformed, eval_loader, step_loader, worker_options
 from .shards import EvaluationStream, ShardedSplit, TrainingStream
-from .transforms import Preset
+from .transforms import Preset, ToModelInput
 
 MAX_DEFAULT_WORKERS = 8
 
@@ -38,13 +41,34 @@ def default_num_workers(dataset, local_ranks: int = 1, world_size: int = 1) -> i
     return max(1, workers)
 
 
-class Arrived:
-    """The batches of ``loader`` finished where they arrive: moved to ``device`` (if any), then ``per_batch``
-    applied to the images (the identity when the workers ran it)."""
+class BatchBuffers:
+    """Float batches for the per-batch step to write into on the CPU, each reused once the batch it held is
+    dropped everywhere: the tensor lent out wraps a numpy view of a kept buffer, and torch holds that view
+    until the tensor's storage (any view of it, anything autograd saved) is freed. A batch still held when
+    the next arrives never has its buffer written over; up to ``keep`` idle buffers are kept per shape."""
 
-    def __init__(self, loader: DataLoader, per_batch: Callable[[torch.Tensor], torch.Tensor],
+    def __init__(self, keep: int = 2):
+        self.keep, self.idle = keep, {}
+
+    def take(self, shape: tuple[int, ...]) -> torch.Tensor:
+        idle = self.idle.setdefault(shape, [])
+        buffer = idle.pop() if idle else np.empty(shape, dtype=np.float32)
+        lent = buffer.view()
+        weakref.finalize(lent, self._return, idle, buffer)
+        return torch.from_numpy(lent)
+
+    def _return(self, idle: list[np.ndarray], buffer: np.ndarray) -> None:
+        if len(idle) < self.keep:
+            idle.append(buffer)
+
+
+class Arrived:
+    """The batches of ``loader`` (uint8 images) finished where they arrive: moved to ``device`` (if any), then
+    ``per_batch`` applied to the images (into a reused buffer on the CPU)."""
+
+    def __init__(self, loader: DataLoader, per_batch: ToModelInput | torch.nn.Identity,
                  device: torch.device | None = None):
-        self.loader, self.per_batch, self.device = loader, per_batch, device
+        self.loader, self.per_batch, self.device, self.buffers = loader, per_batch, device, BatchBuffers()
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -53,22 +77,25 @@ class Arrived:
         for images, *rest in self.loader:
             if self.device is not None:
                 images = images.to(self.device, non_blocking=True)
-            yield self.per_batch(images), *rest
+            yield self.finish(images), *rest
+
+    def finish(self, images: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.per_batch, ToModelInput) and images.device.type == "cpu":
+            return self.per_batch(images, out=self.buffers.take(tuple(images.shape)))
+        return self.per_batch(images)
 
 
-def split(preset: Preset, device: torch.device | None) -> tuple[Preset, Callable[[torch.Tensor], torch.Tensor]]:
-    """What the loader's workers run of ``preset``, and what is left for the batches' arrival: the per-batch
-    step waits for an accelerator (``device``), else the workers run it all."""
-    if device is None:
-        return preset, torch.nn.Identity()
-    return Preset(preset.per_image, torch.nn.Identity()), preset.per_batch
+def for_workers(preset: Preset) -> Preset:
+    """What the loader's workers run of ``preset``: the per-image steps; the per-batch step waits for the
+    batch's arrival (see the module doc)."""
+    return Preset(preset.per_image, torch.nn.Identity())
 
 
 def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: int, start_step: int, seed: int,
                     accum_steps: int = 1, rank: int = 0, world_size: int = 1, num_workers: int = 0,
                     corrupt: str = "fail", device: torch.device | None = None) -> Arrived:
     """This rank's micro-batches for steps ``start_step .. total_steps - 1`` (images on ``device`` if given)."""
-    preset, arrival = split(preset, device)
+    preset, arrival = for_workers(preset), preset.per_batch
     if not isinstance(dataset, ShardedSplit):
         sampler = StepSampler(len(dataset), global_batch, total_steps, seed=seed, start_step=start_step,
                               accum_steps=accum_steps, rank=rank, world_size=world_size)
@@ -88,7 +115,7 @@ def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: 
 def evaluation_loader(dataset, preset: Preset, batch_size: int, num_workers: int = 0, corrupt: str = "fail",
                       device: torch.device | None = None) -> Arrived:
     """Every image of ``dataset`` once, in its order (``corrupt='skip'`` leaves unreadable ones out)."""
-    preset, arrival = split(preset, device)
+    preset, arrival = for_workers(preset), preset.per_batch
     if not isinstance(dataset, ShardedSplit):
         loader = eval_loader(Transformed(dataset, preset, corrupt=corrupt), batch_size, num_workers)
         return Arrived(loader, arrival, device)
