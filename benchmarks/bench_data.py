@@ -151,7 +151,7 @@ def concurrent_rate(files: list[Path], processes: int) -> float:
     started = [context.Process(target=single_core_rate, args=(files, 4, queue)) for _ in range(processes)]
     for process in started:
         process.start()
-    rates = [queue.get() for _ in started]
+    rates = [queue.get(timeout=600) for _ in started]  # a process that died would leave it waiting
     for process in started:
         process.join()
     return sum(rates)

@@ -149,17 +149,22 @@ def test_grey_images_expand_to_model_channels_and_normalise():
 
 def test_a_finished_batch_is_each_image_normalised_into_its_row():
     """finished_batch writes every image straight into its row: the values of torchvision's ToDtype + Normalize
-    (ImageNet statistics), and a clear error where an image of another shape would be broadcast."""
+    (ImageNet statistics) within float rounding, and a clear error where an image of another shape would be
+    broadcast."""
     from torchvision.transforms import v2
     from vitkit.data.loading import finished_batch
+    from vitkit.data.transforms import Preset
     preset = build_transform("eval", (4, 4), channels=3, family="imagenet")
     images = [torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
               for i in range(3)]
     reference = v2.Compose([v2.ToDtype(torch.float32, scale=True),
                             v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     torch.testing.assert_close(finished_batch(preset, images), reference(torch.stack(images)))
-    with pytest.raises(DatasetError, match=r"shapes \(3, 4, 4\) and \(1, 4, 4\) in one batch"):
-        finished_batch(preset, [images[0], images[1][:1]])
+    for step in (preset, Preset(preset.per_image, torch.nn.Identity())):  # normalised here, or in a loader's worker
+        with pytest.raises(DatasetError, match=r"shapes \(1, 4, 4\) and \(3, 4, 4\) in one batch"):
+            finished_batch(step, [images[0], images[1][:1]])
+    with pytest.raises(ValueError, match=r"out must be float32 \(3, 4, 4\)"):
+        preset.per_batch(images[0], out=torch.empty(2, 3, 4, 4))  # would be filled by broadcasting
 
 
 def test_a_batch_buffer_is_reused_only_once_nothing_holds_its_batch():
@@ -180,6 +185,12 @@ def test_a_batch_buffer_is_reused_only_once_nothing_holds_its_batch():
     loss.backward()
     del loss
     assert buffers.take(shape).data_ptr() == address
+    assert buffers.take((1, 3, 2, 4)).data_ptr() == address  # a smaller batch takes the front of a buffer
+    held = [buffers.take(shape) for _ in range(3)]
+    del held
+    assert len(buffers.idle) == 2  # at most `keep` idle buffers
+    buffers.clear()
+    assert buffers.idle == []
 
 
 def test_pretrain_preset_is_random_and_seeded_per_sample():

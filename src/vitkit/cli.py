@@ -352,7 +352,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
-    loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt)
+    loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt, device=device)
     report = write_report(evaluate(model, loader, config.num_classes, device, dtype), dataset.classes, args.out,
                           args.split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
@@ -386,7 +386,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     transform = checkpoint_transform(config, args.resize)
     features = {}
     for split, dataset in load_splits(args.dataset, ("train", "test"), args.data_dir, SplitSpec(0.0)).items():
-        loader = evaluation_loader(dataset, transform, args.batch_size)
+        loader = evaluation_loader(dataset, transform, args.batch_size, device=device)
         with autocast(device, resolve_precision(args.precision, device)):
             features[split] = extract_features(model, loader, device)
     results = fewshot_evaluate(*features["train"], *features["test"], shots=args.shots, seeds=range(args.seeds),

@@ -2,10 +2,12 @@
 once (about two seconds), and from then on its listing loads in a fraction of that.
 
 A listing is kept under ``cache_dir()/folder-listing`` as an ``.npz`` file (read without pickle), keyed by
-the folder's absolute path, and trusted only while every directory it walked still has the modification
-time it had: adding, removing or renaming an entry changes its directory's mtime. As git does for its
-index, a listing is not kept when a directory changed less than ``RACY_NS`` before the walk began, since a
-change within the same tick of a coarse clock would leave the mtime as it was. A cache that cannot be
+the folder's absolute path, and trusted only while every directory it walked is the same directory (device
+and inode) with the same change and modification times: adding, removing or renaming an entry changes its
+directory's times, a tree put in its place has other inodes, and the change time cannot be set back by
+``touch``, ``tar`` or ``rsync`` as the modification time can (git's index checks the same). As git does, a
+listing is not kept when a directory changed less than ``RACY_NS`` before the walk began, since a change
+within the same tick of a coarse clock would leave the times as they were. A cache that cannot be read or
 written costs only time.
 """
 
@@ -15,13 +17,12 @@ import hashlib
 import os
 import time
 import warnings
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_file
+from ..atomic import atomic_file, sweep
 from ..cache import cache_dir
 from ..errors import DatasetError
 
@@ -32,46 +33,59 @@ RACY_NS = 2_000_000_000  # the coarsest common mtime step (FAT's 2 s); ext4, xfs
 @dataclass
 class Listing:
     """A folder's class sub-folders (sorted) and their files, class by class and each class's sorted, as
-    bytes paths in a numpy array (workers share its pages instead of touching a million reference counts);
-    with every directory walked and its mtime when it was listed."""
+    absolute bytes paths in a numpy array (workers share its pages instead of touching a million reference
+    counts); with every directory walked and its ``STAMP`` when it was listed, the root's first."""
 
     classes: list[str]
     files: np.ndarray
     counts: np.ndarray
     directories: np.ndarray
-    mtimes: np.ndarray
+    stamps: np.ndarray  # (directories, 4): STAMP of each
+
+
+STAMP = ("st_dev", "st_ino", "st_ctime_ns", "st_mtime_ns")
+
+
+def _stamp(stat: os.stat_result) -> list[int]:
+    return [getattr(stat, field) for field in STAMP]
 
 
 def folder_listing(root: Path) -> Listing:
     """The listing of ``root/<class>/...`` (hidden entries left out), from the cache when it still holds."""
-    entry = _entry(root)
+    root = root.absolute()
+    try:
+        entry = _entry(root)
+    except (OSError, RuntimeError):  # no cache folder to be had (no home directory): list every time
+        return _walk(root)
     listing = _cached(entry, root)
     if listing is None:
         started = time.time_ns()
         listing = _walk(root)
-        if int(listing.mtimes.max()) < started - RACY_NS:
+        if int(listing.stamps[:, 2:].max()) < started - RACY_NS:
             _store(entry, root, listing)
     return listing
 
 
 def class_folders(root: Path) -> list[str]:
-    return sorted(os.fsdecode(entry.name) for entry in _entries(os.fsencode(root)) if entry.is_dir())
+    return sorted(os.fsdecode(name) for path, name, is_dir in _entries(os.fsencode(root)) if is_dir)
 
 
-def _entries(folder: bytes) -> list[os.DirEntry]:
-    """The entries of ``folder`` that are not hidden."""
+def _entries(folder: bytes) -> list[tuple[bytes, bytes, bool]]:
+    """``(path, name, is a directory)`` of the entries of ``folder`` that are not hidden; a symbolic link is
+    followed (a link to itself, or one that cannot be followed, is an error naming it)."""
     try:
         with os.scandir(folder) as entries:
-            return [entry for entry in entries if not entry.name.startswith(b".")]
+            return [(entry.path, entry.name, entry.is_dir()) for entry in entries if not entry.name.startswith(b".")]
     except OSError as error:
-        raise DatasetError(f"{os.fsdecode(folder)}: cannot list the folder ({error.strerror})") from error
+        name = os.fsdecode(error.filename) if isinstance(error.filename, bytes | str) else os.fsdecode(folder)
+        raise DatasetError(f"{name}: cannot list the folder ({error.strerror})") from error
 
 
 def _walk(root: Path) -> Listing:
-    directories, mtimes = [], []
+    directories, stamps = [], []
 
     def visit(folder: bytes, ancestors: frozenset) -> list[bytes]:
-        """The files under ``folder``; its mtime is read before its entries, so a change made during the walk
+        """The files under ``folder``; its times are read before its entries, so a change made during the walk
         makes the listing stale rather than the cache wrong."""
         try:
             stat = os.stat(folder)
@@ -81,54 +95,60 @@ def _walk(root: Path) -> Listing:
         if identity in ancestors:
             raise DatasetError(f"{os.fsdecode(folder)}: a symbolic link loop (the folder is one of its own parents)")
         directories.append(folder)
-        mtimes.append(stat.st_mtime_ns)
+        stamps.append(_stamp(stat))
         found = []
-        for entry in _entries(folder):
-            if entry.is_dir():
-                found += visit(entry.path, ancestors | {identity})
+        for path, _, is_dir in _entries(folder):
+            if is_dir:
+                found += visit(path, ancestors | {identity})
             else:
-                found.append(entry.path)
+                found.append(path)
         return found
 
     top = os.fsencode(root)
-    stat = os.stat(top)  # before its class folders are listed, as in visit
+    try:
+        stat = os.stat(top)  # before its class folders are listed, as in visit
+    except OSError as error:
+        raise DatasetError(f"{root}: cannot list the folder ({error.strerror})") from error
     directories.append(top)
-    mtimes.append(stat.st_mtime_ns)
+    stamps.append(_stamp(stat))
     classes, above = class_folders(root), frozenset({(stat.st_dev, stat.st_ino)})
     per_class = [sorted(visit(os.path.join(top, os.fsencode(name)), above)) for name in classes]
     return Listing(classes, np.array([path for files in per_class for path in files], dtype=bytes),
                    np.array([len(files) for files in per_class], dtype=np.int64),
-                   np.array(directories, dtype=bytes), np.array(mtimes, dtype=np.int64))
+                   np.array(directories, dtype=bytes), np.array(stamps, dtype=np.int64))
 
 
 def _entry(root: Path) -> Path:
-    return cache_dir() / "folder-listing" / f"{hashlib.sha256(os.fsencode(root.absolute())).hexdigest()[:32]}.npz"
+    return cache_dir() / "folder-listing" / f"{hashlib.sha256(os.fsencode(root)).hexdigest()[:32]}.npz"
 
 
 def _cached(entry: Path, root: Path) -> Listing | None:
     """The cached listing of ``root``, or None when there is none to trust."""
     try:
         with np.load(entry, allow_pickle=False) as arrays:
-            if int(arrays["version"]) != FORMAT_VERSION or arrays["root"].item() != os.fsencode(root.absolute()):
+            if int(arrays["version"]) != FORMAT_VERSION or arrays["root"].item() != os.fsencode(root):
                 return None
             listing = Listing([os.fsdecode(name) for name in arrays["classes"]], arrays["files"], arrays["counts"],
-                              arrays["directories"], arrays["mtimes"])
-        if len(listing.directories) != len(listing.mtimes) or int(listing.counts.sum()) != len(listing.files):
+                              arrays["directories"], arrays["stamps"])
+        if not (len(listing.directories) and listing.directories[0] == os.fsencode(root)
+                and listing.stamps.shape == (len(listing.directories), len(STAMP))
+                and len(listing.classes) == len(listing.counts) and int(listing.counts.sum()) == len(listing.files)):
             return None
-        if any(os.stat(folder).st_mtime_ns != mtime for folder, mtime in zip(listing.directories, listing.mtimes)):
+        if any(_stamp(os.stat(folder)) != list(stamp) for folder, stamp in zip(listing.directories, listing.stamps)):
             return None
         return listing
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # absent, changed, torn or someone else's file
+    except Exception:  # absent, changed, torn, empty or someone else's file: walk the folder again
         return None
 
 
 def _store(entry: Path, root: Path, listing: Listing) -> None:
     try:
+        sweep(entry.parent)  # what a writer killed half-way left
         with atomic_file(entry, "wb") as handle:
-            np.savez(handle, version=FORMAT_VERSION, root=np.array(os.fsencode(root.absolute())),
+            np.savez(handle, version=FORMAT_VERSION, root=np.array(os.fsencode(root)),
                      classes=np.array([os.fsencode(name) for name in listing.classes], dtype=bytes),
                      files=listing.files, counts=listing.counts, directories=listing.directories,
-                     mtimes=listing.mtimes)
+                     stamps=listing.stamps)
     except OSError as error:
         warnings.warn(f"could not cache the listing of {root} in {cache_dir()} ({error}); it will be walked again "
                       f"next time (set VITKIT_CACHE to a writable folder)", stacklevel=3)

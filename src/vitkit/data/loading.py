@@ -47,12 +47,13 @@ def finished_batch(preset: Preset, images: Sequence[torch.Tensor]) -> torch.Tens
     """``images`` through ``preset.per_batch``, each converted straight into its row of the batch (no float
     copy of an image made only to be stacked); stacked as they are where the step is the identity (the
     loaders' workers, which send uint8: see ``pipelines``)."""
+    shapes = {tuple(image.shape) for image in images}
+    if len(shapes) > 1:
+        raise DatasetError(f"images of shapes {' and '.join(map(str, sorted(shapes)))} in one batch")
     if not isinstance(preset.per_batch, ToModelInput):
         return default_collate(list(images))
     batch = torch.empty((len(images), *images[0].shape), dtype=torch.float32)
     for row, image in zip(batch, images):
-        if image.shape != row.shape:  # copy_ would broadcast it
-            raise DatasetError(f"images of shapes {tuple(images[0].shape)} and {tuple(image.shape)} in one batch")
         preset.per_batch(image, out=row)
     return batch
 

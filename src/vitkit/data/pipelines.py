@@ -13,6 +13,7 @@ sending finished float batches, at a fifth of a core in the main process (benchm
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from collections.abc import Iterator
@@ -45,21 +46,29 @@ class BatchBuffers:
     """Float batches for the per-batch step to write into on the CPU, each reused once the batch it held is
     dropped everywhere: the tensor lent out wraps a numpy view of a kept buffer, and torch holds that view
     until the tensor's storage (any view of it, anything autograd saved) is freed. A batch still held when
-    the next arrives never has its buffer written over; up to ``keep`` idle buffers are kept per shape."""
+    the next arrives never has its buffer written over. Up to ``keep`` idle buffers are kept, of any size
+    (a smaller batch takes the front of a larger buffer); ``clear`` lets them go."""
 
     def __init__(self, keep: int = 2):
-        self.keep, self.idle = keep, {}
+        self.keep, self.idle = keep, []
 
     def take(self, shape: tuple[int, ...]) -> torch.Tensor:
-        idle = self.idle.setdefault(shape, [])
-        buffer = idle.pop() if idle else np.empty(shape, dtype=np.float32)
-        lent = buffer.view()
-        weakref.finalize(lent, self._return, idle, buffer)
+        size = math.prod(shape)
+        fits = [i for i in reversed(range(len(self.idle))) if self.idle[i].size >= size]  # the latest returned first
+        if fits:
+            buffer = self.idle.pop(min(fits, key=lambda i: self.idle[i].size))
+        else:
+            buffer = np.empty(size, dtype=np.float32)
+        lent = buffer[:size].reshape(shape)
+        weakref.finalize(lent, self._return, buffer)
         return torch.from_numpy(lent)
 
-    def _return(self, idle: list[np.ndarray], buffer: np.ndarray) -> None:
-        if len(idle) < self.keep:
-            idle.append(buffer)
+    def _return(self, buffer: np.ndarray) -> None:
+        if len(self.idle) < self.keep:
+            self.idle.append(buffer)
+
+    def clear(self) -> None:
+        self.idle.clear()
 
 
 class Arrived:
@@ -74,10 +83,13 @@ class Arrived:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple]:
-        for images, *rest in self.loader:
-            if self.device is not None:
-                images = images.to(self.device, non_blocking=True)
-            yield self.finish(images), *rest
+        try:
+            for images, *rest in self.loader:
+                if self.device is not None:
+                    images = images.to(self.device, non_blocking=True)
+                yield self.finish(images), *rest
+        finally:  # an evaluation loader lives as long as its run: its buffers need not
+            self.buffers.clear()
 
     def finish(self, images: torch.Tensor) -> torch.Tensor:
         if isinstance(self.per_batch, ToModelInput) and images.device.type == "cpu":

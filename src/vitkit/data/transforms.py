@@ -103,10 +103,19 @@ class ToModelInput(torch.nn.Module):
         self.scale = torch.tensor([1 / (255 * s) for s in std]).view(-1, 1, 1)
 
     def forward(self, pixels: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        shift, scale = self.shift.to(pixels.device), self.scale.to(pixels.device)
         if out is None:
             out = torch.empty(pixels.shape, dtype=torch.float32, device=pixels.device)
+        elif out.shape != pixels.shape or out.dtype != torch.float32 or out.device != pixels.device:
+            raise ValueError(f"out must be float32 {tuple(pixels.shape)} on {pixels.device}, like the pixels; "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        shift, scale = self.statistics(pixels.device)
         return out.copy_(pixels).sub_(shift).mul_(scale)
+
+    def statistics(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shift and scale on ``device``, copied there once (a copy per batch would wait for the device)."""
+        if self.shift.device != device:
+            self.shift, self.scale = self.shift.to(device), self.scale.to(device)
+        return self.shift, self.scale
 
 
 def evaluation_transform(image_size: tuple[int, int], channels: int, mean: Sequence[float], std: Sequence[float],
