@@ -93,3 +93,18 @@ def test_yaml_exponents_are_numbers(tmp_path):
     """YAML 1.1 reads 1e-3 as the string '1e-3'; a recipe means the number, as JSON does."""
     (tmp_path / "r.yaml").write_text("lr: 1e-3\nweight_decay: 5E-2\nmodel: ViT-B/16\n")
     assert read_config_file(tmp_path / "r.yaml") == {"lr": 1e-3, "weight_decay": 5e-2, "model": "ViT-B/16"}
+
+
+def test_threads_zero_gives_torch_its_own_count_back_whatever_a_run_before_set(tmp_path):
+    """In one process (a notebook, a benchmark running presets in turn) a run's thread count must not leak
+    into the next run that asks for torch's default (threads=0)."""
+    import torch
+    from vitkit.train.run import TORCH_THREADS, prepare
+    before = torch.get_num_threads()
+    try:
+        prepare(resolve("digits").replace(threads=TORCH_THREADS + 1, run_dir=str(tmp_path / "a")))
+        assert torch.get_num_threads() == TORCH_THREADS + 1
+        prepare(resolve("digits").replace(threads=0, run_dir=str(tmp_path / "b")))
+        assert torch.get_num_threads() == TORCH_THREADS
+    finally:
+        torch.set_num_threads(before)

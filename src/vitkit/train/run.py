@@ -36,6 +36,8 @@ from .skipped import SkippedFiles
 
 RECIPE_FILE = "recipe.json"
 
+TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what threads=0 stands for
+
 
 def build_model(recipe: Recipe, classes: list[str]) -> VisionTransformer:
     """A fresh model, or (``recipe.init``) a checkpoint prepared for fine-tuning as in section 3.2:
@@ -92,8 +94,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     """Data, model, optimiser, schedule and objective of ``recipe``, wired into a ``Trainer`` on ``device``
     (default: a GPU when there is one)."""
     env = setup(device)
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
+    torch.set_num_threads(recipe.threads or TORCH_THREADS)  # 0 restores torch's own, whatever a run before set
     torch.manual_seed(recipe.seed)
     run_dir = Path(recipe.run_dir or default_run_dir(recipe))
     spec = SplitSpec(recipe.val_fraction, seed=0)
