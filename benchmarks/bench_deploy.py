@@ -30,7 +30,8 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from vitkit.checkpoints import load
 from vitkit.checkpoints.onnx import INPUT, OUTPUT, session, write_onnx
-from vitkit.data import checkpoint_transform, evaluation_loader, load_dataset
+from vitkit.data import evaluation_loader, load_dataset
+from vitkit.evaluate.preprocessing import checkpoint_transform
 from vitkit.models import create_model
 
 

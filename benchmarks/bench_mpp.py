@@ -24,7 +24,8 @@ import torch
 
 import vitkit
 from vitkit.atomic import atomic_file
-from vitkit.data import SplitSpec, Transformed, checkpoint_transform, eval_loader, load_dataset
+from vitkit.data import SplitSpec, Transformed, eval_loader, load_dataset
+from vitkit.evaluate.preprocessing import checkpoint_transform
 from vitkit.evaluate.fewshot import extract_features, fewshot_evaluate
 from vitkit.train import Recipe
 

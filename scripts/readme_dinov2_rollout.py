@@ -10,13 +10,13 @@ import vitkit
 from vitkit.analysis import attention_maps, attention_rollout
 from vitkit.analysis.inputs import prepare, sample_photos
 from vitkit.analysis.plots import rollout_overlay, save_figure
-from vitkit.checkpoints.common import normalization
+from vitkit.evaluate.preprocessing import checkpoint_transform
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "figures" / "dinov2_s14_reg4_random_rollout.png"
 
 torch.manual_seed(0)
 model = vitkit.create_model("DINOv2-S/14-reg4", image_size=224).eval()
-images, pictures = prepare(sample_photos()[:1], (224, 224), 3, *normalization("imagenet", 3))
+images, pictures = prepare(sample_photos()[:1], checkpoint_transform(model.config))  # DINOv2: ImageNet statistics
 attn = attention_maps(model, images)
 heat = attention_rollout(attn, (16, 16))[0]
 figure = rollout_overlay(pictures[0], heat, "DINOv2-S/14-reg4, random weights (untrained)")

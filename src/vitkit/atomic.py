@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,8 +166,9 @@ def retire(path: Path) -> bool:
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[^.]+\.(?P<kind>tmp|old)$")
 
 
-def sweep(directory: str | Path) -> list[Path]:
-    """Clear the temporaries that killed writers left in ``directory``; a previous version moved aside
+def sweep(directory: str | Path, only: str | None = None, min_age_s: float = 0) -> list[Path]:
+    """Clear the temporaries that killed writers left in ``directory`` (those of ``only`` if named; those
+    older than ``min_age_s`` where other processes may be writing there now); a previous version moved aside
     whose replacement never arrived is put back first. Returns what was removed."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -174,7 +176,12 @@ def sweep(directory: str | Path) -> list[Path]:
     removed = []
     for entry in sorted(directory.iterdir()):
         match = _TEMPORARY.match(entry.name)
-        if not match:
+        if not match or (only is not None and match["name"] != only):
+            continue
+        try:
+            if time.time() - entry.lstat().st_mtime < min_age_s:
+                continue
+        except FileNotFoundError:  # its writer finished meanwhile
             continue
         moved_aside = entry / match["name"]
         target = directory / match["name"]

@@ -3,8 +3,14 @@ so that checkpoints and data agree on one folder without importing each other.""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 from pathlib import Path
+
+from .atomic import sweep
+
+KILLED_WRITER_S = 3600  # a cache temporary this old was left by a killed writer, not one still at work
 
 
 def cache_dir() -> Path:
@@ -12,3 +18,15 @@ def cache_dir() -> Path:
     if os.environ.get("VITKIT_CACHE"):
         return Path(os.environ["VITKIT_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitkit"
+
+
+def cache_entry(kind: str, key: bytes, suffix: str) -> Path:
+    """Where the cache keeps ``kind``'s entry for ``key`` (a path, usually): ``cache_dir()/kind/<hash><suffix>``."""
+    return cache_dir() / kind / f"{hashlib.sha256(key).hexdigest()[:32]}{suffix}"
+
+
+def sweep_cache(kind: str) -> None:
+    """Clear what writers killed long ago left in ``kind``'s folder; other processes (torchrun's ranks) may be
+    writing there now, so recent temporaries stay. A cache is only ever worth time: failures are ignored."""
+    with contextlib.suppress(OSError, RuntimeError):
+        sweep(cache_dir() / kind, min_age_s=KILLED_WRITER_S)

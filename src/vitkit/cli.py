@@ -155,7 +155,7 @@ def _override_flags(parser: argparse.ArgumentParser, dest: str = "overrides", js
 
 
 def _drop_path(text: str) -> dict[str, float]:
-    return {"drop_path": float(text)}
+    return {"drop_path": _fraction(text)}
 
 
 def _checkpoint_flags(parser: argparse.ArgumentParser, help: str = "anything vitkit.load reads: a vitkit, HF or "
@@ -294,7 +294,7 @@ def recipe_from_args(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train a ViT (default: a small one on the embedded digits, about two minutes on 2 CPU cores);
+    """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores);
     ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: new resolution, new zero head, SGD)."""
     from .train import run
     from .train.distributed import leave

@@ -37,7 +37,10 @@ def normalization_family(mean: Any, std: Any) -> str | None:
     """The family whose statistics these are (1 grey or 3 colour channels, to 3 decimals), or None."""
     given = [*mean, *std]
     for family in NORMALIZATION:
-        expected = [value for stats in normalization(family, len(mean)) for value in stats]
+        try:
+            expected = [value for stats in normalization(family, len(mean)) for value in stats]
+        except ConfigError:  # a family without statistics for this many channels is not it
+            continue
         if len(given) == len(expected) and all(abs(a - b) < 1e-3 for a, b in zip(given, expected)):
             return family
     return None

@@ -3,7 +3,7 @@
 ``hf-hub:ORG/NAME[@REVISION]`` goes through ``huggingface_hub`` (its cache, its offline mode, its
 token); ``gs://vit_models/...`` (Google's bucket of the paper's and AugReg's ``.npz`` files) is
 downloaded over HTTPS from the bucket's public address (``$VITKIT_GS_URL`` points at a mirror) into
-``cache_dir()`` (``$VITKIT_CACHE``, default ``~/.cache/vitkit``).
+``vitkit.cache.cache_dir()``.
 """
 
 from __future__ import annotations

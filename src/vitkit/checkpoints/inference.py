@@ -49,14 +49,9 @@ UNSUPPORTED_FAMILIES = (
 
 
 def refuse_unsupported(state: dict[str, Any], source: str) -> None:
-    """Refuse a state dict of a family vitkit cannot compute exactly, naming the family and the keys; the
-    keys are looked at once, whatever the number of families."""
-    telling: dict[str, list[str]] = {family: [] for family, _ in UNSUPPORTED_FAMILIES}
-    for key in state:
-        for family, pattern in UNSUPPORTED_FAMILIES:
-            if pattern.search(key):
-                telling[family].append(key)
-    for family, keys in telling.items():
+    """Refuse a state dict of a family vitkit cannot compute exactly, naming the family and the keys."""
+    for family, pattern in UNSUPPORTED_FAMILIES:
+        keys = [key for key in state if pattern.search(key)]
         if keys:
             raise CheckpointError(f"{source}: a checkpoint of the {family} family, which vitkit does not read; "
                                   f"these keys give it away: " + ", ".join(sorted(keys)[:6])

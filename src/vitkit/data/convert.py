@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 from PIL import Image
 from webdataset import ShardWriter
 
-from ..atomic import atomic_directory, remove_tree
+from ..atomic import atomic_directory, sweep
 from ..errors import ConfigError, DatasetError
 from ..progress import track
 from .datasets import read_image
@@ -76,10 +75,7 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
     destination = Path(destination)
     if destination.exists():
         raise FileExistsError(f"{destination} exists; choose a new folder for the shards")
-    staged = re.compile(rf"\.{re.escape(destination.name)}\.[^.]+\.tmp")  # atomic_directory's staging folders
-    for leftover in destination.parent.iterdir() if destination.parent.is_dir() else ():
-        if staged.fullmatch(leftover.name) and leftover.is_dir():  # from a conversion killed mid-way
-            remove_tree(leftover)
+    sweep(destination.parent, only=destination.name)  # the staging folder of a conversion killed mid-way
     written, classes = {}, None
     with atomic_directory(destination, allowed_existing=()) as staging:
         for split, dataset in splits.items():

@@ -304,8 +304,8 @@ def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None 
 
 def scan_folder(root: Path, classes: list[str] | None = None) -> FileDataset:
     """One sub-folder per class, listed (names and labels only: nothing is opened; hidden files are left
-    out; the listing cached, see ``folders.py``), so a folder of any size is ready at once. ``classes`` (default: the sub-folders) fixes the
-    labels; a class without a folder here has no image in this split."""
+    out; the listing cached, see ``folders.py``), so a folder of any size is ready at once. ``classes``
+    (default: the sub-folders) fixes the labels; a class without a folder here has no image in this split."""
     listings, key = _LISTINGS.get(), (str(root), tuple(classes or ()))
     if listings is None:
         return _list_folder(Path(root), classes)
@@ -322,5 +322,6 @@ def _list_folder(root: Path, classes: list[str] | None) -> FileDataset:
         if count == 0:
             raise DatasetError(f"{root / name}: class folder is empty")
     classes = classes or listing.classes
-    labels = np.repeat(np.array([classes.index(name) for name in listing.classes], dtype=np.int64), listing.counts)
+    position = {name: label for label, name in enumerate(classes)}  # not classes.index: 21k classes would take 3 s
+    labels = np.repeat(np.array([position[name] for name in listing.classes], dtype=np.int64), listing.counts)
     return FileDataset(listing.files, torch.from_numpy(labels), classes, str(root))

@@ -13,7 +13,6 @@ written costs only time.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import warnings
@@ -22,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_file, sweep
-from ..cache import cache_dir
+from ..atomic import atomic_file
+from ..cache import cache_dir, cache_entry, sweep_cache
 from ..errors import DatasetError
 
 FORMAT_VERSION = 1
@@ -81,16 +80,20 @@ def _entries(folder: bytes) -> list[tuple[bytes, bytes, bool]]:
         raise DatasetError(f"{name}: cannot list the folder ({error.strerror})") from error
 
 
+def _stat(folder: bytes) -> os.stat_result:
+    try:
+        return os.stat(folder)
+    except OSError as error:
+        raise DatasetError(f"{os.fsdecode(folder)}: cannot list the folder ({error.strerror})") from error
+
+
 def _walk(root: Path) -> Listing:
     directories, stamps = [], []
 
     def visit(folder: bytes, ancestors: frozenset) -> list[bytes]:
         """The files under ``folder``; its times are read before its entries, so a change made during the walk
         makes the listing stale rather than the cache wrong."""
-        try:
-            stat = os.stat(folder)
-        except OSError as error:
-            raise DatasetError(f"{os.fsdecode(folder)}: cannot list the folder ({error.strerror})") from error
+        stat = _stat(folder)
         identity = (stat.st_dev, stat.st_ino)
         if identity in ancestors:
             raise DatasetError(f"{os.fsdecode(folder)}: a symbolic link loop (the folder is one of its own parents)")
@@ -105,10 +108,7 @@ def _walk(root: Path) -> Listing:
         return found
 
     top = os.fsencode(root)
-    try:
-        stat = os.stat(top)  # before its class folders are listed, as in visit
-    except OSError as error:
-        raise DatasetError(f"{root}: cannot list the folder ({error.strerror})") from error
+    stat = _stat(top)  # before its class folders are listed, as in visit
     directories.append(top)
     stamps.append(_stamp(stat))
     classes, above = class_folders(root), frozenset({(stat.st_dev, stat.st_ino)})
@@ -119,7 +119,7 @@ def _walk(root: Path) -> Listing:
 
 
 def _entry(root: Path) -> Path:
-    return cache_dir() / "folder-listing" / f"{hashlib.sha256(os.fsencode(root)).hexdigest()[:32]}.npz"
+    return cache_entry("folder-listing", os.fsencode(root), ".npz")
 
 
 def _cached(entry: Path, root: Path) -> Listing | None:
@@ -143,7 +143,7 @@ def _cached(entry: Path, root: Path) -> Listing | None:
 
 def _store(entry: Path, root: Path, listing: Listing) -> None:
     try:
-        sweep(entry.parent)  # what a writer killed half-way left
+        sweep_cache("folder-listing")
         with atomic_file(entry, "wb") as handle:
             np.savez(handle, version=FORMAT_VERSION, root=np.array(os.fsencode(root)),
                      classes=np.array([os.fsencode(name) for name in listing.classes], dtype=bytes),

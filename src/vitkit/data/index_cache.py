@@ -2,8 +2,9 @@
 
 The index pass (tar headers and ``.cls`` members, or a parquet file's label column) reads every shard
 before training starts. Its result is kept per shard as a JSON file under ``cache_dir()/shard-index``,
-keyed by the shard's absolute path, size and mtime_ns and by ``FORMAT_VERSION``: a shard that changed,
-or an entry that is stale, torn or not what this module writes, is indexed again, never trusted. The
+keyed by the shard's absolute path, size, device, inode, mtime_ns and ctime_ns and by ``FORMAT_VERSION``:
+a shard that changed, or an entry that is stale, torn or not what this module writes, is indexed again,
+never trusted (a shard rewritten at the same size, its mtime kept by ``cp -p``, has a new ctime). The
 cache lies outside the data, so read-only shard folders are fine; an unwritable cache only costs time.
 
 Under an initialised process group (torchrun) each rank indexes every ``world_size``-th shard and the
@@ -15,7 +16,6 @@ others waiting.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..atomic import atomic_file
-from ..cache import cache_dir
+from ..cache import cache_dir, cache_entry, sweep_cache
 from ..errors import DatasetError
 
 FORMAT_VERSION = 1
@@ -60,12 +60,11 @@ class ShardIndex:
 def _stamp(path: str, kind: str) -> dict:
     stat = os.stat(path)
     return {"version": FORMAT_VERSION, "kind": kind, "path": os.path.abspath(path), "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns}
+            "mtime_ns": stat.st_mtime_ns, "dev": stat.st_dev, "ino": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
 
 
 def _entry(stamp: dict) -> Path:
-    name = hashlib.sha256(f"{stamp['kind']}:{stamp['path']}".encode()).hexdigest()[:32]
-    return cache_dir() / "shard-index" / f"{name}.json"
+    return cache_entry("shard-index", f"{stamp['kind']}:{stamp['path']}".encode(), ".json")
 
 
 def _cached(stamp: dict) -> ShardIndex | None:
@@ -109,6 +108,7 @@ def shard_indexes(files: list[str], kind: str, index_shard: Callable[[str], Shar
     """The index of every file (see module doc), in the order of ``files``; ``kind`` names the format
     ``index_shard`` reads, so that its entries are not taken for another format's."""
     rank, ranks = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    sweep_cache("shard-index")
     found, failures = {}, []
     for position in range(rank, len(files), ranks):
         found[position], failure = _index(files[position], kind, index_shard)

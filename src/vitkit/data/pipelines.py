@@ -7,9 +7,9 @@ The workers decode and transform images and send them as uint8, a quarter of flo
 preset's per-batch step (float conversion, normalisation) runs where the batch arrives: on an accelerator
 after a non-blocking copy, on the CPU into a batch buffer that is reused once the batch before is dropped.
 Fresh memory is what a float batch costs most on the CPU (on this project's 2-core VM a new 64 x 224 px
-batch takes over 10x the time of one already touched: benchmarks/results/data.md), so this made the
-folder loader 1.2x faster than workers sending finished float batches, at a fifth of a core in the main
-process (benchmarks/results/loader_probe.md).
+batch takes over 10x the time of one already touched), and the folder loader built this way runs at 1.23x
+torchvision's ImageFolder loader for a fifth of a core in the main process (both in
+benchmarks/results/data.md, from benchmarks/bench_data.py).
 """
 
 from __future__ import annotations

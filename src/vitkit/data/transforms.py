@@ -93,7 +93,8 @@ class Preset:
 class ToModelInput(torch.nn.Module):
     """uint8 pixels (..., C, H, W) to ``(x / 255 - mean) / std`` with the checkpoint family's statistics, as
     one float copy and two in-place passes: about half the time of torchvision's ToDtype + Normalize
-    (17.5 against 37 ms for 64 images at 224 px on one core; benchmarks/results/loader_probe.md). The copy
+    (17.5 against 37 ms for 64 images at 224 px on one core, in a one-off probe whose script was not kept:
+    benchmarks/results/loader_probe.md). The copy
     can go straight into ``out`` (a row of a batch), so that no float image is made only to be copied."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]):

@@ -379,23 +379,23 @@ class Trainer:
         micro_batches = iter(self.batches(self.step))
         window: list[tuple[float, float]] = []
         progress = StepProgress(config.total_steps, self.step, logger, quiet=not self.env.is_main)
-        last: dict[str, float] = {}
-        while self.step < config.total_steps:
-            tick = time.perf_counter()
-            last = self._train_step(micro_batches, stop)
-            window.append((last["train/images"], time.perf_counter() - tick))
-            done = self.step
-            progress.advance(done)
-            if done % config.log_every == 0 or done == config.total_steps:
-                rate = sum(n for n, _ in window) / max(sum(t for _, t in window), 1e-9)
-                window.clear()
-                shown = {k: v for k, v in last.items() if k != "train/images"}
-                self.log.write(done, {**shown, "train/images_per_s": rate})
-                progress.report(done, shown, rate)
-            if config.eval_every and done % config.eval_every == 0 and done < config.total_steps:
-                last.update(self._evaluate())
-            self._after_step(stop)
-        progress.close()
+        with contextlib.closing(progress):  # closed on a stop or an error as well
+            last: dict[str, float] = {}
+            while self.step < config.total_steps:
+                tick = time.perf_counter()
+                last = self._train_step(micro_batches, stop)
+                window.append((last["train/images"], time.perf_counter() - tick))
+                done = self.step
+                progress.advance(done)
+                if done % config.log_every == 0 or done == config.total_steps:
+                    rate = sum(n for n, _ in window) / max(sum(t for _, t in window), 1e-9)
+                    window.clear()
+                    shown = {k: v for k, v in last.items() if k != "train/images"}
+                    self.log.write(done, {**shown, "train/images_per_s": rate})
+                    progress.report(done, shown, rate)
+                if config.eval_every and done % config.eval_every == 0 and done < config.total_steps:
+                    last.update(self._evaluate())
+                self._after_step(stop)
         last.update(self._evaluate())
         self.save()
         if stop.signum is not None:

@@ -126,14 +126,13 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
     workers = recipe.num_workers
-    accelerator = None if env.device.type == "cpu" else env.device  # where batches are normalised on arrival
     skipped = SkippedFiles(run_dir, env.rank)
 
     def batches(start_step: int):
         loader = training_loader(train_set, train_transform, global_batch=recipe.batch_size, total_steps=steps,
                                  start_step=start_step, seed=recipe.seed, accum_steps=recipe.accum_steps,
                                  rank=env.rank, world_size=env.world_size, num_workers=workers, corrupt=recipe.corrupt,
-                                 device=accelerator)
+                                 device=env.device)
         skipped.resume(start_step)
         for index, (images, labels, names) in enumerate(loader):
             if names:
@@ -141,7 +140,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
             yield images, labels
 
     loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt,
-                                       accelerator) for name, dataset in splits.items() if name != "train"}
+                                       env.device) for name, dataset in splits.items() if name != "train"}
 
     def measure(network: VisionTransformer, split_name: str) -> Evaluation:
         return evaluate(network, loaders[split_name], len(classes), env.device)
