@@ -10,6 +10,7 @@ from PIL import Image
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
                          scan_folder, split_names)
 from vitkit.normalization import normalization
+from vitkit.data.datasets import ArrayDataset
 from vitkit.data.transforms import ToChannels
 
 
@@ -167,30 +168,74 @@ def test_a_finished_batch_is_each_image_normalised_into_its_row():
         preset.per_batch(images[0], out=torch.empty(2, 3, 4, 4))  # would be filled by broadcasting
 
 
-def test_a_batch_buffer_is_reused_only_once_nothing_holds_its_batch():
-    """A buffer goes back to the pool when its batch's storage is freed: not while a view of it lives, nor
-    while autograd keeps it for a backward pass."""
-    from vitkit.data.pipelines import BatchBuffers
-    buffers, shape = BatchBuffers(), (1, 3, 4, 4)
-    first = buffers.take(shape)
+def test_a_batch_slot_is_reused_only_once_nothing_holds_its_batch():
+    """A slot is taken again when its batch's storage is freed: not while a view of it lives, nor while autograd
+    keeps it for a backward pass; with every slot held, a batch goes into fresh memory."""
+    from vitkit.data.slots import BatchSlots
+    slots, shape = BatchSlots(count=2), (1, 3, 4, 4)
+
+    def lent(shape=shape):
+        slot = slots.take(shape)
+        return None if slot is None else slot.lend()
+    first = lent()
     row, address = first[0], first.data_ptr()
     del first
-    assert buffers.take(shape).data_ptr() != address  # the view still holds it (and the new batch is dropped)
-    del row
-    batch = buffers.take(shape)
+    other = lent()
+    assert other.data_ptr() != address  # the view still holds it
+    assert lent() is None  # both slots held
+    del row, other
+    batch = lent()
     assert batch.data_ptr() == address  # free again, reused
     loss = torch.nn.Conv2d(3, 2, 2)(batch.fill_(1.0)).sum()  # the convolution saves its input for backward
     del batch
-    assert buffers.take(shape).data_ptr() != address
+    kept = lent()
+    assert kept.data_ptr() != address and lent() is None
     loss.backward()
     del loss
-    assert buffers.take(shape).data_ptr() == address
-    assert buffers.take((1, 3, 2, 4)).data_ptr() == address  # a smaller batch takes the front of a buffer
-    held = [buffers.take(shape) for _ in range(3)]
-    del held
-    assert len(buffers.idle) == 2  # at most `keep` idle buffers
-    buffers.clear()
-    assert buffers.idle == []
+    small = lent((1, 3, 2, 4))
+    assert small.data_ptr() == address  # a smaller batch takes the front of a slot
+    del kept, small
+    assert lent((2, 3, 4, 4)).data_ptr() not in (0, address)  # a larger one: new slots
+
+
+def test_workers_batches_in_their_slots_are_the_in_process_ones_and_never_written_over(tmp_path):
+    """Two workers finishing batches in shared slots give the batches the main process makes alone, even when
+    every batch of the pass is kept (more than the slots: the rest in fresh memory); dropped batches' slots are
+    taken again, so a pass maps a bounded set of memory."""
+    from vitkit.data.pipelines import training_loader
+    from vitkit.data.slots import SLOTS
+    images = torch.randint(0, 256, (48, 3, 12, 12), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    dataset = ArrayDataset(images, torch.arange(48) % 3, ["a", "b", "c"], "toy")
+    preset = build_transform("pretrain", (8, 8), 3)
+
+    def batches(workers: int, steps: int = 24):
+        return training_loader(dataset, preset, global_batch=4, total_steps=steps, start_step=0, seed=5,
+                               num_workers=workers)
+    alone = [images.clone() for images, _, _ in batches(0)]
+    kept = [images for images, _, _ in batches(2)]
+    assert len(kept) == 24 > 2 * SLOTS
+    for ours, reference in zip(kept, alone):
+        assert torch.equal(ours, reference)
+    addresses = set()
+    for step, (images, _, _) in enumerate(batches(2)):
+        addresses.add(images.data_ptr())
+        assert torch.equal(images, alone[step])
+    assert len(addresses) <= 2 * SLOTS
+
+
+def test_splits_and_epoch_orders_are_torch_randperm_of_the_seed():
+    """Held-out splits and the sampler's epochs keep the order of int64 ``torch.randperm`` (what earlier
+    versions drew, so a run resumed across versions sees the same images), though drawn as int32."""
+    from vitkit.data.datasets import held_out, seeded_permutation
+    for size, seed in ((1, 0), (10, 3), (1000, 7), (100_003, 11)):
+        reference = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(seeded_permutation(size, seed).long(), reference)
+        kept, held = held_out(size, 0.1, seed)
+        assert held.tolist() == sorted(reference[:round(size * 0.1)].tolist())
+        assert kept.tolist() == sorted(reference[round(size * 0.1):].tolist())
+    sampler = StepSampler(1000, 10, total_steps=200, seed=2)
+    assert torch.equal(sampler.permutation(1).long(),
+                       torch.randperm(1000, generator=torch.Generator().manual_seed(2 * 100_003 + 1)))
 
 
 def test_pretrain_preset_is_random_and_seeded_per_sample():

@@ -55,6 +55,7 @@ def test_a_listing_is_cached_until_a_directory_it_walked_changes(tmp_path, walks
     assert names(root) == ["cat/0.png", "cat/1.png", "dog/deep/2.png"]
     assert len(cached_listings() - before) == 1 and len(walks) == 1
     assert names(root) == ["cat/0.png", "cat/1.png", "dog/deep/2.png"] and len(walks) == 1  # from the cache
+    assert isinstance(folders.folder_listing(root).files, np.memmap)  # mapped, not read
 
     tree(root, ["dog/deep/3.png"])  # two levels down: only that directory changes
     assert names(root) == ["cat/0.png", "cat/1.png", "dog/deep/2.png", "dog/deep/3.png"] and len(walks) == 2
@@ -91,10 +92,16 @@ def test_a_damaged_or_unwritable_cache_only_costs_time(tmp_path, monkeypatch, wa
     before = cached_listings()
     names(root)
     (entry,) = cached_listings() - before
-    for damage in (entry.read_bytes()[:100], b"not a zip file", b""):  # torn, someone else's, empty
+    with np.load(entry, allow_pickle=False) as arrays:
+        members = dict(arrays)
+    np.savez_compressed(compressed := tmp_path / "compressed.npz", **members)  # valid, but cannot be mapped
+    objects = dict(members, files=np.array([b"a/0.png", None], dtype=object))  # would need pickle to read
+    np.savez(with_objects := tmp_path / "objects.npz", **objects)
+    for damage in (entry.read_bytes()[:100], b"not a zip file", b"", compressed.read_bytes(),
+                   with_objects.read_bytes()):  # torn, someone else's, empty, compressed, holding objects
         entry.write_bytes(damage)
         assert names(root) == ["a/0.png", "b/1.png"]
-    assert len(walks) == 4
+    assert len(walks) == 6
 
     blocked = tmp_path / "cache-is-a-file"
     blocked.write_text("")

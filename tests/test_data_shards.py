@@ -169,25 +169,28 @@ def test_raw_loader_batches_are_dataloader_batches(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["digits", "shards"])
-def test_workers_send_uint8_and_batches_are_finished_where_they_arrive(tmp_path, name):
-    """Two workers pass uint8 images; the batches that come out are those images converted and normalised to
-    [-1, 1] (Google's mean = std = 0.5), on the device named (an accelerator in a run; the CPU stands in
-    here) or, with none, on the CPU: the same values either way."""
+def test_workers_finish_cpu_batches_in_slots_and_send_uint8_for_an_accelerator(tmp_path, name):
+    """For the CPU, two workers send finished float batches in their slots; for an accelerator they send uint8
+    images, which the step left for the batch's arrival converts and normalises to [-1, 1] (Google's mean =
+    std = 0.5): the same values either way."""
+    from vitkit.data.pipelines import for_workers
+    from vitkit.data.slots import SlotBatch
     numbered_shards(tmp_path, "train", [6, 6, 6, 6])
     dataset = load_dataset(f"webdataset:{tmp_path}" if name == "shards" else "digits", "train")
+    preset = build_transform("pretrain", (8, 8), 3, "google")
 
-    def loader(device):
-        return training_loader(dataset, build_transform("pretrain", (8, 8), 3, "google"), global_batch=4,
-                               total_steps=3, start_step=0, seed=0, num_workers=2, device=device)
-    deferred = loader(torch.device("cpu"))
-    sent = [images for _, (images, _, _) in zip(range(3), deferred.loader)]  # a stream has no end: 3 steps
-    arrived = [images for _, (images, _, _) in zip(range(3), deferred)]
-    assert len(sent) == len(arrived) == 3 and all(images.dtype == torch.uint8 for images in sent)
-    assert all(torch.allclose(a, (s.float() / 255 - 0.5) / 0.5, atol=1e-6) for s, a in zip(sent, arrived))
-    on_cpu = loader(None)
-    assert all(images.dtype == torch.uint8 for _, (images, _, _) in zip(range(3), on_cpu.loader))
+    def loader(preset):
+        return training_loader(dataset, preset, global_batch=4, total_steps=3, start_step=0, seed=0, num_workers=2)
+    on_cpu = loader(preset)
+    sent = [images for _, (images, _, _) in zip(range(3), on_cpu.loader)]  # a stream has no end: 3 steps
+    assert all(isinstance(batch, SlotBatch) and batch.images.dtype == torch.float32 for batch in sent)
     finished = [images for _, (images, _, _) in zip(range(3), on_cpu)]
-    assert all(torch.equal(f, a) for f, a in zip(finished, arrived))
+    in_workers, on_arrival = for_workers(preset, torch.device("cuda"))  # the split only: no accelerator needed
+    uint8 = [images for _, (images, _, _) in zip(range(3), loader(in_workers))]
+    assert len(uint8) == len(finished) == 3 and all(images.dtype == torch.uint8 for images in uint8)
+    for pixels, batch in zip(uint8, finished):
+        assert torch.equal(on_arrival(pixels), batch)
+        torch.testing.assert_close(batch, (pixels.float() / 255 - 0.5) / 0.5)
 
 
 @pytest.mark.parametrize("content, expected", [

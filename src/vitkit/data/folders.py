@@ -14,8 +14,10 @@ written costs only time.
 from __future__ import annotations
 
 import os
+import struct
 import time
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,8 +130,8 @@ def _cached(entry: Path, root: Path) -> Listing | None:
         with np.load(entry, allow_pickle=False) as arrays:
             if int(arrays["version"]) != FORMAT_VERSION or arrays["root"].item() != os.fsencode(root):
                 return None
-            listing = Listing([os.fsdecode(name) for name in arrays["classes"]], arrays["files"], arrays["counts"],
-                              arrays["directories"], arrays["stamps"])
+            listing = Listing([os.fsdecode(name) for name in arrays["classes"]], _mapped(entry, "files"),
+                              arrays["counts"], arrays["directories"], arrays["stamps"])
         if not (len(listing.directories) and listing.directories[0] == os.fsencode(root)
                 and listing.stamps.shape == (len(listing.directories), len(STAMP))
                 and len(listing.classes) == len(listing.counts) and int(listing.counts.sum()) == len(listing.files)):
@@ -139,6 +141,25 @@ def _cached(entry: Path, root: Path) -> Listing | None:
         return listing
     except Exception:  # absent, changed, torn, empty or someone else's file: walk the folder again
         return None
+
+
+def _mapped(entry: Path, name: str) -> np.memmap:
+    """Array ``name`` of the ``.npz`` file ``entry`` mapped, not read: np.savez stores its members uncompressed,
+    each an ``.npy`` file after a zip header, so the array's bytes lie at a fixed place in ``entry``. Loading a
+    million paths then costs no copy, and the processes that list one folder share its pages."""
+    with zipfile.ZipFile(entry) as archive, open(entry, "rb") as handle:
+        member = archive.getinfo(f"{name}.npy")
+        if member.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"{entry}: {name} is compressed")
+        handle.seek(member.header_offset + 26)  # a zip local header: 30 bytes, the last 4 two lengths
+        name_length, extra_length = struct.unpack("<HH", handle.read(4))
+        handle.seek(name_length + extra_length, os.SEEK_CUR)
+        version = np.lib.format.read_magic(handle)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        shape, fortran_order, dtype = read_header[version](handle)
+        if dtype.hasobject:
+            raise ValueError(f"{entry}: {name} holds Python objects")
+        return np.memmap(handle, dtype, "r", handle.tell(), shape, "F" if fortran_order else "C")
 
 
 def _store(entry: Path, root: Path, listing: Listing) -> None:

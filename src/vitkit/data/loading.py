@@ -15,6 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from ..errors import ConfigError, DatasetError
+from .datasets import seeded_permutation
+from .slots import BatchSlots, SlotBatch
 from .transforms import Preset, ToModelInput
 
 Key = tuple[int, int]  # (index, epoch)
@@ -43,28 +45,33 @@ def seeded_transform(preset: Preset, image: torch.Tensor, seed: int) -> torch.Te
         generator.set_state(state)
 
 
-def finished_batch(preset: Preset, images: Sequence[torch.Tensor]) -> torch.Tensor:
+def finished_batch(preset: Preset, images: Sequence[torch.Tensor],
+                   slots: BatchSlots | None = None) -> torch.Tensor | SlotBatch:
     """``images`` through ``preset.per_batch``, each converted straight into its row of the batch (no float
-    copy of an image made only to be stacked); stacked as they are where the step is the identity (the
-    loaders' workers, which send uint8: see ``pipelines``)."""
+    copy of an image made only to be stacked), in a free one of ``slots`` if there is one; stacked as they are
+    where the step is the identity (uint8 for an accelerator: see ``pipelines``)."""
     shapes = {tuple(image.shape) for image in images}
     if len(shapes) > 1:
         raise DatasetError(f"images of shapes {' and '.join(map(str, sorted(shapes)))} in one batch")
     if not isinstance(preset.per_batch, ToModelInput):
         return default_collate(list(images))
-    batch = torch.empty((len(images), *images[0].shape), dtype=torch.float32)
+    shape = (len(images), *images[0].shape)
+    slot = slots.take(shape) if slots is not None else None
+    batch = slot.images if slot is not None else torch.empty(shape, dtype=torch.float32)
     for row, image in zip(batch, images):
         preset.per_batch(image, out=row)
-    return batch
+    return slot.handed_on() if slot is not None else batch
 
 
-def collate_training(preset: Preset, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def collate_training(preset: Preset, items: list[Item],
+                     slots: BatchSlots | None = None) -> tuple[torch.Tensor | SlotBatch, torch.Tensor, list[str]]:
     """A training micro-batch and the names of the files replaced in it."""
     images, labels, skipped = zip(*items)
-    return finished_batch(preset, images), torch.tensor(labels), [n for names in skipped for n in names]
+    return finished_batch(preset, images, slots), torch.tensor(labels), [n for names in skipped for n in names]
 
 
-def collate_evaluation(preset: Preset, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
+def collate_evaluation(preset: Preset, items: list[Item],
+                       slots: BatchSlots | None = None) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
     """An evaluation batch; the images that could not be read (``--corrupt skip``) are left out, with a warning."""
     kept = [item for item in items if item[0] is not None]
     skipped = [name for item in items for name in item[2]]
@@ -74,7 +81,7 @@ def collate_evaluation(preset: Preset, items: list[Item]) -> tuple[torch.Tensor,
         raise DatasetError(f"a whole evaluation batch is unreadable ({', '.join(skipped[:5])}, ...); check the "
                            f"data with `vitkit data verify`")
     images, labels, _ = zip(*kept)
-    return finished_batch(preset, images), torch.tensor(labels)
+    return finished_batch(preset, images, slots), torch.tensor(labels)
 
 
 class Transformed(Dataset):
@@ -88,7 +95,7 @@ class Transformed(Dataset):
 
     def __init__(self, dataset: Dataset, preset: Preset, seed: int = 0, corrupt: str = "fail"):
         self.dataset, self.preset, self.seed, self.corrupt = dataset, preset, seed, check_corrupt(corrupt)
-        self.classes = getattr(dataset, "classes", None)
+        self.classes, self.batch_slots = getattr(dataset, "classes", None), BatchSlots()
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -113,11 +120,11 @@ class Transformed(Dataset):
             return self.preset.per_image(image), label, tuple(skipped)
         return seeded_transform(self.preset, image, sample_seed(self.seed, epoch, key[0])), label, tuple(skipped)
 
-    def collate(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
-        return collate_evaluation(self.preset, items)
+    def collate(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
+        return collate_evaluation(self.preset, items, self.batch_slots)
 
-    def collate_training(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        return collate_training(self.preset, items)
+    def collate_training(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor, list[str]]:
+        return collate_training(self.preset, items, self.batch_slots)
 
 
 class StepSampler(Sampler[list[Key]]):
@@ -146,7 +153,7 @@ class StepSampler(Sampler[list[Key]]):
         return max(0, self.total_steps - self.start_step) * self.accum_steps
 
     def permutation(self, epoch: int) -> torch.Tensor:
-        return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        return seeded_permutation(self.size, self.seed * 100_003 + epoch)
 
     def __iter__(self) -> Iterator[list[Key]]:
         epoch, order = -1, None

@@ -45,6 +45,7 @@ from .datasets import SPLITS, read_image
 from .index_cache import ShardIndex, shard_indexes
 from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
                       seeded_transform)
+from .slots import BatchSlots, SlotBatch
 from .transforms import Preset
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -140,7 +141,7 @@ class TrainingStream(IterableDataset):
             raise DatasetError(f"{split.name}: {len(split.shards)} shard(s) cannot feed {world_size} rank(s) x "
                                f"{self.workers} worker(s) without repeating samples; write smaller shards "
                                f"(vitkit data convert --shard-size) or use fewer workers")
-        self.classes = split.classes
+        self.classes, self.batch_slots = split.classes, BatchSlots()
 
     def epoch(self, epoch: int, slot: int, slots: int) -> Iterator[tuple[int, Shard, str, object]]:
         """One epoch of a slot: its shards read in turn, mixed by the seeded shuffle buffer."""
@@ -168,8 +169,8 @@ class TrainingStream(IterableDataset):
                 yield seeded_transform(self.preset, image, sample_seed(self.seed, epoch, index)), label, skipped
             to_skip = 0
 
-    def collate_training(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        return collate_training(self.preset, items)
+    def collate_training(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor, list[str]]:
+        return collate_training(self.preset, items, self.batch_slots)
 
 
 class EvaluationStream(IterableDataset):
@@ -177,7 +178,7 @@ class EvaluationStream(IterableDataset):
 
     def __init__(self, split: ShardedSplit, preset: Preset, corrupt: str = "fail"):
         self.split, self.preset, self.corrupt = split, preset, check_corrupt(corrupt)
-        self.classes = split.classes
+        self.classes, self.batch_slots = split.classes, BatchSlots()
 
     def __len__(self) -> int:
         return len(self.split)
@@ -190,8 +191,8 @@ class EvaluationStream(IterableDataset):
                 image, label, skipped = self.split.item(shard, key, payload, self.corrupt, replace=False)
                 yield (None if image is None else self.preset.per_image(image)), label, skipped
 
-    def collate(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
-        return collate_evaluation(self.preset, items)
+    def collate(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
+        return collate_evaluation(self.preset, items, self.batch_slots)
 
 
 # ---------------------------------------------------------------------------------------- WebDataset tar

@@ -1,0 +1,93 @@
+"""Batch memory that a loader fills again and again rather than taking anew for every batch.
+
+On the CPU, memory touched for the first time is what a float batch costs most: on this project's 2-core VM a
+new 64 x 3 x 224 x 224 batch takes over 10x the time of one already touched (``fresh_memory_ms`` in
+benchmarks/results/data.md), and a batch made in a loader's worker used to be new shared memory twice over,
+once in the worker and once where the main process mapped it. Here each process that finishes batches (a
+worker, or the main process when there are none) keeps ``SLOTS`` of them, in shared memory when it is a worker;
+the main process maps a worker's slots once and receives, for each batch, only which slot holds it.
+
+A batch is lent as a ``SlotBatch``, and its slot is written again only once that object is gone everywhere:
+the tensor lent out wraps a numpy view whose base is the ``SlotBatch``, and torch keeps that view until the
+tensor's storage (any view of it, anything autograd saved) is freed. When every slot is still held, the batch
+goes into fresh memory instead, so a consumer that keeps batches costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+SLOTS = 4  # the loader's prefetch (2 a worker), the batch in use, and the one before it, not yet dropped
+
+
+def _free(busy: torch.Tensor, index: int) -> None:
+    busy[index] = 0
+
+
+class SlotBatch:
+    """The images of a finished batch, in slot ``index`` of a ``BatchSlots`` whose flags are ``busy``; the slot
+    is freed when this object is collected where the batch is consumed (never in the worker that sent it)."""
+
+    def __init__(self, images: torch.Tensor, busy: torch.Tensor, index: int):
+        self.images, self.busy, self.index = images, busy, index
+
+    @classmethod
+    def consumed_here(cls, images: torch.Tensor, busy: torch.Tensor, index: int) -> "SlotBatch":
+        batch = cls(images, busy, index)
+        weakref.finalize(batch, _free, busy, index)
+        return batch
+
+    def __reduce__(self):  # sent by a worker: rebuilt in the main process, which frees the slot
+        return SlotBatch.consumed_here, (self.images, self.busy, self.index)
+
+    @property
+    def __array_interface__(self) -> dict:
+        return self.images.numpy().__array_interface__
+
+    def lend(self) -> torch.Tensor:
+        """The images as a tensor that keeps this batch, hence its slot, for as long as torch keeps its storage."""
+        return torch.from_numpy(np.asarray(self))
+
+    def handed_on(self) -> SlotBatch | torch.Tensor:
+        """What a collation gives the loader: from a worker this batch, to be sent; elsewhere its images, lent."""
+        return self if get_worker_info() is not None else self.lend()
+
+
+class BatchSlots:
+    """Up to ``count`` float batches' memory of the process that fills them, each made when first needed and
+    taken again as soon as its batch is freed; made anew in each process (a forked worker does not write into its
+    parent's) and when a larger batch comes (a smaller one takes the front of a slot)."""
+
+    def __init__(self, count: int = SLOTS):
+        self.count, self.owner, self.memory = count, None, []
+        self.busy = torch.zeros(count, dtype=torch.uint8)
+
+    def take(self, shape: tuple[int, ...]) -> SlotBatch | None:
+        """A free slot for a batch of ``shape``, or None when every slot is still held."""
+        size, in_worker = math.prod(shape), get_worker_info() is not None
+        if self.owner != os.getpid() or (self.memory and len(self.memory[0]) < size):
+            self.owner, self.memory = os.getpid(), []
+            self.busy = torch.zeros(self.count, dtype=torch.uint8)
+            if in_worker:
+                self.busy.share_memory_()
+        busy = self.busy.tolist()
+        index = next((i for i in range(len(self.memory)) if not busy[i]), len(self.memory))
+        if index == self.count:
+            return None
+        if index == len(self.memory):
+            self.memory.append(_shared_floats(size) if in_worker else torch.empty(size))
+        self.busy[index] = 1
+        images = self.memory[index][:size].view(shape)
+        return SlotBatch(images, self.busy, index) if in_worker else SlotBatch.consumed_here(images, self.busy, index)
+
+
+def _shared_floats(size: int) -> torch.Tensor:
+    """Float memory made in shared memory, as DataLoader's own collation makes it, rather than made and then
+    copied there by ``share_memory_`` (which touches every page twice before the first batch)."""
+    return torch.empty(0).set_(torch.UntypedStorage._new_shared(4 * size), 0, (size,))
