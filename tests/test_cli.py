@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import vitkit
 from launch import SRC
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
-from vitkit.train.recipes import Recipe, field_types, resolve
+from vitkit.train.recipes import IMAGE_SIZE_FORMS, Recipe, field_types, resolve
 
 TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, in_chans=1, num_classes=3)
 TINY_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}
@@ -103,10 +104,22 @@ def test_image_size_is_h_or_hxw_everywhere(tmp_path):
         for text, size in (("8x12", (8, 12)), ("16", (16, 16))):
             args = build_parser().parse_args([name, *positional, flags[0], text])
             assert tuple(args.image_size) == size, (name, text)
-    (tmp_path / "r.yaml").write_text("image_size: [8, 12]\n")
-    assert resolve(config_file=tmp_path / "r.yaml").image_size == (8, 12)
-    with pytest.raises(ConfigError, match=r"image_size=\(8, 0\): expected >= 1"):
-        Recipe(image_size=[8, 0])
+    for text, size in (("[8, 12]", (8, 12)), ("8x12", (8, 12)), ("8 X 12", (8, 12)), ("16", 16), ("'16'", 16)):
+        (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")  # the forms of the flag read as they are there
+        assert resolve(config_file=tmp_path / "r.yaml").image_size == size, text
+
+
+# (not "0x8": YAML reads it as the hexadecimal integer 8)
+@pytest.mark.parametrize("text", ["8y", "8x0", "8x12x3", "x12", "-8", "8.5", "[8]", "[8, 0]", "[8, true]",
+                                  "[8, 12.0]", "true"])
+def test_image_size_forms_are_refused_alike_by_flag_and_recipe_file(tmp_path, text, capsys):
+    """One parser: a size that the flag refuses, a recipe file refuses too, with the same expectation."""
+    (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")
+    with pytest.raises(ConfigError, match=rf"r.yaml: recipe field image_size=.*: expected {re.escape(IMAGE_SIZE_FORMS)}$"):
+        resolve(config_file=tmp_path / "r.yaml")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--image-size", text])
+    assert f"argument --image-size: expected {IMAGE_SIZE_FORMS}, got {text!r}" in capsys.readouterr().err
 
 
 def test_recipe_help_groups_hold_every_field_once_with_typed_choices():

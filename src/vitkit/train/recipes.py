@@ -24,7 +24,6 @@ from ..data.loading import CORRUPT
 from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
 from ..errors import ConfigError
 from ..models import ViTConfig
-from ..models.config import pair
 from ..normalization import NORMALIZATION
 from .distributed import PARALLEL
 from .loop import TRAINING_PRECISIONS
@@ -101,7 +100,8 @@ class Recipe:
     def __post_init__(self) -> None:
         hints = field_types()
         for item in dataclasses.fields(self):
-            setattr(self, item.name, _typed(item.name, getattr(self, item.name), hints[item.name]))
+            parse = PARSERS.get(item.name, functools.partial(_typed, item.name, kind=hints[item.name]))
+            setattr(self, item.name, parse(getattr(self, item.name)))
         for name, (holds, expected) in RANGES.items():
             if not holds(getattr(self, name)):
                 raise ConfigError(f"recipe field {name}={getattr(self, name)!r}: expected {expected}")
@@ -216,10 +216,33 @@ def fraction(open_top: bool = False) -> Rule:
     return (lambda value: 0 <= value <= 1), "a number in [0, 1]"
 
 
+IMAGE_SIZE_FORMS = "a size such as 224, 384x512 (height x width) or [384, 512], with sides >= 1"
+
+
+def image_size(value: Any) -> int | tuple[int, int]:
+    """An image size in every form a recipe file or a flag gives it: ``H``, ``[H, W]`` (JSON, YAML) or the text
+    ``H`` or ``HxW`` (the command line, and YAML's reading of ``8x12``); one parser, so that all accept and
+    refuse the same forms."""
+    size = value
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.lower().split("x")]
+        if len(parts) in (1, 2) and all(part.isdigit() for part in parts):
+            size = int(parts[0]) if len(parts) == 1 else tuple(int(part) for part in parts)
+    elif isinstance(value, list):
+        size = tuple(value)
+    sides = size if isinstance(size, tuple) and len(size) == 2 else (size,)
+    if not all(type(side) is int and side >= 1 for side in sides):
+        raise ConfigError(f"recipe field image_size={value!r}: expected {IMAGE_SIZE_FORMS}")
+    return size
+
+
+# Fields read by a parser of their own rather than by their annotation.
+PARSERS: dict[str, typing.Callable[[Any], Any]] = {"image_size": image_size}
+
 # Ranges of the fields beyond their types.
 RANGES: dict[str, Rule] = {
     "val_fraction": fraction(open_top=True), "train_subset": at_least(0), "num_workers": at_least(-1),
-    "threads": at_least(0), "image_size": ((lambda v: min(pair(v)) >= 1), ">= 1"),
+    "threads": at_least(0),
     "mpp_bits": ((lambda v: 1 <= v <= 8), "1 to 8 bits"),
     "mpp_ratio": ((lambda v: 0 < v <= 1), "a number in (0, 1]"), "mpp_mask_prob": fraction(),
     "mpp_random_prob": fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),
