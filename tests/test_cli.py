@@ -25,7 +25,7 @@ import vitkit
 from launch import SRC
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
-from vitkit.train.recipes import IMAGE_SIZE_FORMS, Recipe, field_types, resolve
+from vitkit.train.recipes import CONCERNS, IMAGE_SIZE_FORMS, Recipe, field_types, resolve
 
 TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, in_chans=1, num_classes=3)
 TINY_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}
@@ -130,6 +130,12 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
         if group.title.startswith("recipe: "):
             grouped.update({action.dest for action in group._group_actions})  # --set, --model-args: one field
     assert grouped == collections.Counter(field.name for field in dataclasses.fields(Recipe))
+    titles = [group.title for group in train._action_groups if group.title.startswith("recipe: ")]
+    assert titles == [f"recipe: {concern}" for concern in CONCERNS]
+    helps = {field.name: field.metadata["help"] for field in dataclasses.fields(Recipe)}  # written once, beside it
+    for action in train._actions:
+        if action.dest in helps and action.option_strings[0] not in ("--model-args", "--drop-path"):  # spellings of --set
+            assert action.help == helps[action.dest], action.dest
     for action in train._actions:
         kind = field_types().get(action.dest)
         if typing.get_origin(kind) is typing.Literal:
