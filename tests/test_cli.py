@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import vitkit
-from launch import SRC
+from launch import SRC, launch
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
 from vitkit.train.recipes import CONCERNS, IMAGE_SIZE_FORMS, Recipe, field_types, resolve
@@ -202,3 +202,11 @@ def test_loops_draw_a_bar_on_a_terminal_and_nothing_elsewhere(tmp_path):
     with open(tmp_path / "log", "w") as log:
         assert list(track(range(7), "verify", stream=log)) == list(range(7))
     assert (tmp_path / "log").read_text() == ""
+
+
+def test_commands_start_without_the_training_machinery():
+    """The parser needs the recipes' fields, not torch's distributed state-dict helpers (0.3 s to import): those
+    load when a sharded model is saved or resumed."""
+    loaded = launch([sys.executable, "-c", "import sys, vitkit.cli, vitkit.train; "
+                                           "print('torch.distributed.checkpoint' in sys.modules)"])
+    assert loaded.strip() == "False"
