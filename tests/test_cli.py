@@ -115,7 +115,8 @@ def test_image_size_is_h_or_hxw_everywhere(tmp_path):
 def test_image_size_forms_are_refused_alike_by_flag_and_recipe_file(tmp_path, text, capsys):
     """One parser: a size that the flag refuses, a recipe file refuses too, with the same expectation."""
     (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")
-    with pytest.raises(ConfigError, match=rf"r.yaml: recipe field image_size=.*: expected {re.escape(IMAGE_SIZE_FORMS)}$"):
+    expected = re.escape(IMAGE_SIZE_FORMS)
+    with pytest.raises(ConfigError, match=rf"r.yaml: recipe field image_size=.*: expected {expected}$"):
         resolve(config_file=tmp_path / "r.yaml")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--image-size", text])
@@ -134,7 +135,7 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
     assert titles == [f"recipe: {concern}" for concern in CONCERNS]
     helps = {field.name: field.metadata["help"] for field in dataclasses.fields(Recipe)}  # written once, beside it
     for action in train._actions:
-        if action.dest in helps and action.option_strings[0] not in ("--model-args", "--drop-path"):  # spellings of --set
+        if action.dest in helps and action.option_strings[0] not in ("--model-args", "--drop-path"):  # --set's too
             assert action.help == helps[action.dest], action.dest
     for action in train._actions:
         kind = field_types().get(action.dest)

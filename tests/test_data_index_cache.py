@@ -154,7 +154,8 @@ def test_an_hf_entry_keeps_labels_not_row_names_and_replaces_a_format_1_entry(tm
     legacy.write_text(json.dumps({"stamp": {**stamp, "version": 1},
                                   "index": {"names": [f"row {n}" for n in range(7)], "labels": [0] * 7,
                                             "problems": {}, "cut": None, "error": None}}))
-    expected = ["train.parquet: row 2: label None out of range 0..3", "train.parquet: row 4: label -1 out of range 0..3"]
+    expected = ["train.parquet: row 2: label None out of range 0..3",
+                "train.parquet: row 4: label -1 out of range 0..3"]
     for _ in range(2):  # the index pass, then the cache
         with pytest.warns(UserWarning, match="2 unusable") as warned:
             split = load_dataset(f"hf:{tmp_path / 'hub'}", "train", corrupt="skip")

@@ -2,9 +2,9 @@
 
 The index pass (tar headers and ``.cls`` members, or a parquet file's label column) reads every shard
 before training starts. Its result is kept per shard as an ``.npz`` of arrays (read without pickle) under
-``cache_dir()/shard-index``, keyed by the shard's absolute path, size, device, inode, mtime_ns and ctime_ns
-and by ``FORMAT_VERSION``: a shard that changed, or an entry that is stale, torn or not what this module writes, is indexed again,
-never trusted (a shard rewritten at the same size, its mtime kept by ``cp -p``, has a new ctime). The
+``cache_dir()/shard-index``, keyed by the shard's absolute path, size, device, inode, mtime_ns and ctime_ns and
+by ``FORMAT_VERSION``: a shard that changed, or an entry that is stale, torn or not what this module writes, is
+indexed again, never trusted (a shard rewritten at the same size, its mtime kept by ``cp -p``, has a new ctime). The
 cache lies outside the data, so read-only shard folders are fine; an unwritable cache only costs time.
 
 Under an initialised process group (torchrun) each rank indexes every ``world_size``-th shard and the
@@ -75,11 +75,11 @@ class ShardIndex:
 
     def check(self) -> "ShardIndex":
         """The index itself; ValueError if any part is not what ``of`` or the index pass makes."""
-        count = len(self.labels)
+        count, names = len(self.labels), self.names
         if not (self.labels.dtype == np.int64 and self.labels.ndim == 1 and self.missing.dtype == np.int64
                 and self.missing.ndim == 1 and bool(((self.missing >= 0) & (self.missing < count)).all())
-                and (self.names is None or (len(self.names) == count and all(isinstance(n, str) for n in self.names)))
-                and all(type(p) is int and 0 <= p < count and isinstance(text, str) for p, text in self.problems.items())
+                and (names is None or (len(names) == count and all(isinstance(name, str) for name in names)))
+                and all(type(p) is int and 0 <= p < count and isinstance(t, str) for p, t in self.problems.items())
                 and (self.cut is None or isinstance(self.cut, str)) and self.error is None):
             raise ValueError("not a shard index")
         return self
