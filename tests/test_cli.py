@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -21,10 +22,10 @@ import pytest
 import torch
 
 import vitkit
-from launch import SRC
+from launch import SRC, launch
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
-from vitkit.train.recipes import Recipe, field_types, resolve
+from vitkit.train.recipes import CONCERNS, IMAGE_SIZE_FORMS, Recipe, field_types, resolve
 
 TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, in_chans=1, num_classes=3)
 TINY_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}
@@ -103,10 +104,23 @@ def test_image_size_is_h_or_hxw_everywhere(tmp_path):
         for text, size in (("8x12", (8, 12)), ("16", (16, 16))):
             args = build_parser().parse_args([name, *positional, flags[0], text])
             assert tuple(args.image_size) == size, (name, text)
-    (tmp_path / "r.yaml").write_text("image_size: [8, 12]\n")
-    assert resolve(config_file=tmp_path / "r.yaml").image_size == (8, 12)
-    with pytest.raises(ConfigError, match=r"image_size=\(8, 0\): expected >= 1"):
-        Recipe(image_size=[8, 0])
+    for text, size in (("[8, 12]", (8, 12)), ("8x12", (8, 12)), ("8 X 12", (8, 12)), ("16", 16), ("'16'", 16)):
+        (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")  # the forms of the flag read as they are there
+        assert resolve(config_file=tmp_path / "r.yaml").image_size == size, text
+
+
+# (not "0x8": YAML reads it as the hexadecimal integer 8)
+@pytest.mark.parametrize("text", ["8y", "8x0", "8x12x3", "x12", "-8", "8.5", "[8]", "[8, 0]", "[8, true]",
+                                  "[8, 12.0]", "true"])
+def test_image_size_forms_are_refused_alike_by_flag_and_recipe_file(tmp_path, text, capsys):
+    """One parser: a size that the flag refuses, a recipe file refuses too, with the same expectation."""
+    (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")
+    expected = re.escape(IMAGE_SIZE_FORMS)
+    with pytest.raises(ConfigError, match=rf"r.yaml: recipe field image_size=.*: expected {expected}$"):
+        resolve(config_file=tmp_path / "r.yaml")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--image-size", text])
+    assert f"argument --image-size: expected {IMAGE_SIZE_FORMS}, got {text!r}" in capsys.readouterr().err
 
 
 def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
@@ -117,6 +131,12 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
         if group.title.startswith("recipe: "):
             grouped.update({action.dest for action in group._group_actions})  # --set, --model-args: one field
     assert grouped == collections.Counter(field.name for field in dataclasses.fields(Recipe))
+    titles = [group.title for group in train._action_groups if group.title.startswith("recipe: ")]
+    assert titles == [f"recipe: {concern}" for concern in CONCERNS]
+    helps = {field.name: field.metadata["help"] for field in dataclasses.fields(Recipe)}  # written once, beside it
+    for action in train._actions:
+        if action.dest in helps and action.option_strings[0] not in ("--model-args", "--drop-path"):  # --set's too
+            assert action.help == helps[action.dest], action.dest
     for action in train._actions:
         kind = field_types().get(action.dest)
         if typing.get_origin(kind) is typing.Literal:
@@ -183,3 +203,11 @@ def test_loops_draw_a_bar_on_a_terminal_and_nothing_elsewhere(tmp_path):
     with open(tmp_path / "log", "w") as log:
         assert list(track(range(7), "verify", stream=log)) == list(range(7))
     assert (tmp_path / "log").read_text() == ""
+
+
+def test_commands_start_without_the_training_machinery():
+    """The parser needs the recipes' fields, not torch's distributed state-dict helpers (0.3 s to import): those
+    load when a sharded model is saved or resumed."""
+    loaded = launch([sys.executable, "-c", "import sys, vitkit.cli, vitkit.train; "
+                                           "print('torch.distributed.checkpoint' in sys.modules)"])
+    assert loaded.strip() == "False"

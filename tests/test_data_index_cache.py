@@ -5,6 +5,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import webdataset as wds
 from data_helpers import numbered_image, numbered_shards, png
@@ -62,12 +63,19 @@ def test_damaged_entries_are_indexed_again_and_bad_samples_stay_bad(tmp_path, pa
     with pytest.warns(UserWarning, match="1 unusable"):
         fresh = load_dataset(f"webdataset:{root}", "train", corrupt="skip")
     entries = sorted((tmp_path / "cache" / "shard-index").iterdir())
-    assert len(entries) == 5
-    good = json.loads(entries[0].read_text())
-    damage = [b"\x00garbage", b'{"stamp": 1', b"[]", json.dumps({**good, "index": {**good["index"], "labels": "x"}}),
-              json.dumps({**good["index"], "stamp": good["stamp"]})]
-    for entry, text in zip(entries, damage):
-        entry.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert len(entries) == 5 and {entry.suffix for entry in entries} == {".npz"}
+    with np.load(entries[0], allow_pickle=False) as arrays:
+        good = dict(arrays)
+    damage = [b"\x00garbage", entries[1].read_bytes()[:-40],  # torn: the zip's directory cut off
+              {**good, "labels": good["labels"].astype(np.float64)},
+              {**good, "missing": np.array([len(good["labels"])])},
+              {**good, "labels": np.array([{"pickled": 1}], dtype=object)}]  # np.load would have to unpickle it
+    for entry, data in zip(entries, damage):
+        if isinstance(data, bytes):
+            entry.write_bytes(data)
+        else:
+            with entry.open("wb") as handle:
+                np.savez(handle, **data)
     with pytest.warns(UserWarning, match="1 unusable"):
         rebuilt = load_dataset(f"webdataset:{root}", "train", corrupt="skip")
     assert len(passes) == 10 and facts(rebuilt) == facts(fresh)
@@ -126,3 +134,36 @@ def test_torchrun_ranks_index_their_share_and_exchange_it(tmp_path, passes):
     assert passes == [] and all(r["sizes"] == [s.size for s in alone.shards] for r in found)
     assert all(r["counts"] == [list(c) for c in sorted(alone.class_counts.items())] for r in found)
     assert all("bad/train-000001.tar: not a readable tar shard" in r["failed"] for r in found)
+
+
+def test_an_hf_entry_keeps_labels_not_row_names_and_replaces_a_format_1_entry(tmp_path, monkeypatch):
+    """Rows are named by number, so an hf: file's entry holds its labels as an array and no names; a null label
+    and one out of range are named by row from the cache as on the first pass; the JSON entry of format 1 is
+    not read, and is removed when the new one is written."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    import vitkit.data.index_cache as index_cache
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
+    labels = [0, 1, None, 3, -1, 2, 1]
+    table = pa.table({"image": pa.array([png(numbered_image(n)) for n in range(7)], pa.binary()),
+                      "label": pa.array(labels, pa.int64())})
+    (tmp_path / "hub").mkdir()
+    pq.write_table(table, tmp_path / "hub" / "train.parquet")
+    stamp = index_cache._stamp(str(tmp_path / "hub" / "train.parquet"), "hf-labels")
+    legacy = index_cache._entry(stamp, ".json")
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps({"stamp": {**stamp, "version": 1},
+                                  "index": {"names": [f"row {n}" for n in range(7)], "labels": [0] * 7,
+                                            "problems": {}, "cut": None, "error": None}}))
+    expected = ["train.parquet: row 2: label None out of range 0..3",
+                "train.parquet: row 4: label -1 out of range 0..3"]
+    for _ in range(2):  # the index pass, then the cache
+        with pytest.warns(UserWarning, match="2 unusable") as warned:
+            split = load_dataset(f"hf:{tmp_path / 'hub'}", "train", corrupt="skip")
+        assert all(text in str(warned[0].message) for text in expected)
+        assert split.classes == list("0123") and [s.size for s in split.shards] == [7]
+        assert sorted(split.class_counts.items()) == [(0, 1), (1, 2), (2, 1), (3, 1)]
+    entries = list((tmp_path / "cache" / "shard-index").iterdir())
+    assert [entry.suffix for entry in entries] == [".npz"], "the format-1 entry is gone"
+    with np.load(entries[0], allow_pickle=False) as arrays:
+        assert sorted(arrays.files) == ["about", "labels", "missing"]
+        assert arrays["labels"].tolist() == [0, 1, 0, 3, -1, 2, 1] and arrays["missing"].tolist() == [2]

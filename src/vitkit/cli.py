@@ -32,8 +32,8 @@ from .models import create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
-from .train.recipes import (FIELD_HELP, RANGES, RECIPE_PRESETS, Recipe, Rule, at_least, field_types, fraction, merge,
-                            read_config_file, resolve)
+from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least, field_types,
+                            fraction, image_size, merge, read_config_file, resolve)
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -229,18 +229,11 @@ def _json_object(text: str) -> dict:
 
 
 def _image_size(text: str) -> tuple[int, int]:
-    """``224`` or ``384x512`` (height x width), in pixels; sides by the recipe's ``image_size`` rule."""
-    holds, expected = RANGES["image_size"]
+    """``224`` or ``384x512`` (height x width), in pixels, read as a recipe's ``image_size`` is."""
     try:
-        parts = [int(p) for p in text.lower().split("x")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2):
-        raise argparse.ArgumentTypeError(f"expected a size such as 224 or 384x512, got {text!r}")
-    size = pair(parts[0] if len(parts) == 1 else tuple(parts))
-    if not holds(size):
-        raise argparse.ArgumentTypeError(f"expected sides {expected}, got {text!r}")
-    return size
+        return pair(image_size(text))
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected {IMAGE_SIZE_FORMS}, got {text!r}") from None
 
 
 # ------------------------------------------------------------------------ train, finetune, eval, predict

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import DatasetError
@@ -175,9 +176,16 @@ def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | bytes | N
 
 
 def label_index(path: str) -> ShardIndex:
-    """A file's rows and their labels, from its label column alone."""
-    labels = [label for batch in batches(Path(path), ("label",)) for label in batch.column("label").to_pylist()]
-    return ShardIndex([f"row {row}" for row in range(len(labels))], labels)
+    """A file's rows and their labels, from its label column alone (null labels are missing ones)."""
+    labels, missing, rows = [], [], 0
+    with named_errors(Path(path)) as pa:
+        for batch in batches(Path(path), ("label",)):
+            column = batch.column("label")
+            labels.append(column.fill_null(0).cast(pa.int64()).to_numpy())
+            missing.append(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)) + rows)
+            rows += len(column)
+    nothing = [np.zeros(0, dtype=np.int64)]
+    return ShardIndex(np.concatenate(nothing + labels), np.concatenate(nothing + missing).astype(np.int64))
 
 
 def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:

@@ -1,10 +1,10 @@
 """What the index pass learns about each shard, cached on disk and shared out over torchrun's ranks.
 
 The index pass (tar headers and ``.cls`` members, or a parquet file's label column) reads every shard
-before training starts. Its result is kept per shard as a JSON file under ``cache_dir()/shard-index``,
-keyed by the shard's absolute path, size, device, inode, mtime_ns and ctime_ns and by ``FORMAT_VERSION``:
-a shard that changed, or an entry that is stale, torn or not what this module writes, is indexed again,
-never trusted (a shard rewritten at the same size, its mtime kept by ``cp -p``, has a new ctime). The
+before training starts. Its result is kept per shard as an ``.npz`` of arrays (read without pickle) under
+``cache_dir()/shard-index``, keyed by the shard's absolute path, size, device, inode, mtime_ns and ctime_ns and
+by ``FORMAT_VERSION``: a shard that changed, or an entry that is stale, torn or not what this module writes, is
+indexed again, never trusted (a shard rewritten at the same size, its mtime kept by ``cp -p``, has a new ctime). The
 cache lies outside the data, so read-only shard folders are fine; an unwritable cache only costs time.
 
 Under an initialised process group (torchrun) each rank indexes every ``world_size``-th shard and the
@@ -16,45 +16,73 @@ others waiting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch.distributed as dist
 
 from ..atomic import atomic_file
 from ..cache import cache_dir, cache_entry, sweep_cache
 from ..errors import DatasetError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1 kept every sample's name and label in JSON
+
+
+def _no_samples() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
 
 
 @dataclass
 class ShardIndex:
-    """One shard as the index pass saw it: its samples in file order, named as messages name them (``sample
-    KEY``, ``row N``), each with its integer label or None where ``problems`` says why there is none; ``cut``
-    names the sample where a truncated file ends, ``error`` why the file could not be indexed at all."""
+    """One shard as the index pass saw it: its samples' labels in file order (``missing``: the positions of
+    those without one, where ``problems`` says why or the label is null), their names as messages give them
+    (``sample KEY``; None where the samples are rows, named ``row N`` by position, so nothing per row is kept),
+    ``problems`` by position, ``cut`` naming the sample where a truncated file ends, ``error`` why the file
+    could not be indexed at all."""
 
-    names: list[str] = field(default_factory=list)
-    labels: list[int | None] = field(default_factory=list)
-    problems: dict[str, str] = field(default_factory=dict)
+    labels: np.ndarray = field(default_factory=_no_samples)
+    missing: np.ndarray = field(default_factory=_no_samples)
+    names: list[str] | None = None
+    problems: dict[int, str] = field(default_factory=dict)
     cut: str | None = None
     error: str | None = None
 
     @classmethod
-    def from_json(cls, data: dict) -> "ShardIndex":
-        """Rebuild an index from its JSON form; ValueError if anything is not as ``asdict`` wrote it."""
-        names, labels, problems, cut = data["names"], data["labels"], data["problems"], data["cut"]
-        if not (isinstance(names, list) and isinstance(labels, list) and len(names) == len(labels)
-                and all(isinstance(name, str) for name in names)
-                and all(label is None or type(label) is int for label in labels)
-                and isinstance(problems, dict) and all(isinstance(text, str) for text in problems.values())
-                and (cut is None or isinstance(cut, str)) and data["error"] is None):
+    def of(cls, labels: list[int | None], names: list[str] | None = None, problems: dict[int, str] | None = None,
+           cut: str | None = None) -> "ShardIndex":
+        """An index from per-sample labels, None where a sample has none."""
+        missing = [position for position, label in enumerate(labels) if label is None]
+        known = np.array([0 if label is None else label for label in labels], dtype=np.int64)
+        return cls(known, np.array(missing, dtype=np.int64), names, problems or {}, cut)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def labelled(self) -> np.ndarray:
+        """Which samples have a label."""
+        mask = np.ones(len(self), dtype=bool)
+        mask[self.missing] = False
+        return mask
+
+    def name(self, position: int) -> str:
+        return f"row {position}" if self.names is None else self.names[position]
+
+    def check(self) -> "ShardIndex":
+        """The index itself; ValueError if any part is not what ``of`` or the index pass makes."""
+        count, names = len(self.labels), self.names
+        if not (self.labels.dtype == np.int64 and self.labels.ndim == 1 and self.missing.dtype == np.int64
+                and self.missing.ndim == 1 and bool(((self.missing >= 0) & (self.missing < count)).all())
+                and (names is None or (len(names) == count and all(isinstance(name, str) for name in names)))
+                and all(type(p) is int and 0 <= p < count and isinstance(t, str) for p, t in self.problems.items())
+                and (self.cut is None or isinstance(self.cut, str)) and self.error is None):
             raise ValueError("not a shard index")
-        return cls(names, labels, problems, cut)
+        return self
 
 
 def _stamp(path: str, kind: str) -> dict:
@@ -63,28 +91,47 @@ def _stamp(path: str, kind: str) -> dict:
             "mtime_ns": stat.st_mtime_ns, "dev": stat.st_dev, "ino": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
 
 
-def _entry(stamp: dict) -> Path:
-    return cache_entry("shard-index", f"{stamp['kind']}:{stamp['path']}".encode(), ".json")
+def _entry(stamp: dict, suffix: str = ".npz") -> Path:
+    return cache_entry("shard-index", f"{stamp['kind']}:{stamp['path']}".encode(), suffix)
 
 
 def _cached(stamp: dict) -> ShardIndex | None:
     """The cached index of the shard ``stamp`` describes, or None when there is none to trust."""
     try:
-        data = json.loads(_entry(stamp).read_text())
-        if not isinstance(data, dict) or data.get("stamp") != stamp:
-            return None
-        return ShardIndex.from_json(data["index"])
-    except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable, torn, or someone else's file
+        with np.load(_entry(stamp), allow_pickle=False) as arrays:
+            about = json.loads(arrays["about"].item())
+            if about["stamp"] != stamp:
+                return None
+            names = arrays["names"].tolist() if "names" in arrays.files else None
+            if not np.can_cast(arrays["labels"].dtype, np.int64):
+                return None
+            index = ShardIndex(arrays["labels"].astype(np.int64), arrays["missing"], names,
+                               {int(position): text for position, text in about["problems"].items()}, about["cut"])
+        return index.check()
+    except Exception:  # absent, unreadable, torn, empty, of an older format, or someone else's file
         return None
+
+
+def _narrowest(labels: np.ndarray) -> np.ndarray:
+    """``labels`` in the smallest integer type that holds them all (2 bytes each for 1000 classes, not 8)."""
+    if not len(labels):
+        return labels
+    return labels.astype(np.result_type(np.min_scalar_type(labels.min()), np.min_scalar_type(labels.max())))
 
 
 def _store(stamp: dict, index: ShardIndex) -> str | None:
     """Cache ``index``; the reason it could not be, if so."""
+    about = {"stamp": stamp, "problems": {str(position): text for position, text in index.problems.items()},
+             "cut": index.cut}
+    names = {} if index.names is None else {"names": np.array(index.names, dtype=str)}
     try:
-        with atomic_file(_entry(stamp)) as handle:
-            json.dump({"stamp": stamp, "index": asdict(index)}, handle, separators=(",", ":"))
+        with atomic_file(_entry(stamp), "wb") as handle:
+            np.savez(handle, about=np.array(json.dumps(about)), labels=_narrowest(index.labels), missing=index.missing,
+                     **names)
     except OSError as error:
         return str(error)
+    with contextlib.suppress(OSError):  # the entry of format 1, up to 17 bytes a row: no longer read
+        _entry(stamp, ".json").unlink(missing_ok=True)
     return None
 
 
@@ -118,7 +165,7 @@ def shard_indexes(files: list[str], kind: str, index_shard: Callable[[str], Shar
         warnings.warn(f"could not cache the shard index in {cache_dir()} ({failures[0]}); the index pass will run "
                       f"again next time (set VITKIT_CACHE to a writable folder)", stacklevel=3)
     if ranks > 1:
-        shares: list[dict | None] = [None] * ranks
-        dist.all_gather_object(shares, {position: asdict(index) for position, index in found.items()})
-        found = {position: ShardIndex(**index) for share in shares for position, index in share.items()}
+        shares: list[dict[int, ShardIndex] | None] = [None] * ranks
+        dist.all_gather_object(shares, found)
+        found = {position: index for share in shares for position, index in share.items()}
     return [found[position] for position in range(len(files))]

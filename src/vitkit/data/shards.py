@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import braceexpand
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.filters import _shuffle
@@ -238,28 +239,27 @@ def tar_members(tar: tarfile.TarFile, size: int) -> tuple[dict[str, dict[str, ta
 
 def tar_index(path: str) -> ShardIndex:
     """The samples of one tar shard and their labels, from its headers and ``.cls`` members."""
-    index = ShardIndex()
+    names, labels, problems, cut = [], [], {}, None
     try:
         with tarfile.open(path) as tar:
             keys, cut = tar_members(tar, os.path.getsize(path))
             if cut is not None:
                 keys.pop(cut, None)  # the sample cut in two is not used
-                index.cut = f"sample {cut}"
-            for key, members in keys.items():
-                name, label = f"sample {key}", None
+            for position, (key, members) in enumerate(keys.items()):
+                label = None
                 if not any(e in members for e in IMAGE_EXTENSIONS):
-                    index.problems[name] = f"no image (.{'/.'.join(IMAGE_EXTENSIONS)})"
+                    problems[position] = f"no image (.{'/.'.join(IMAGE_EXTENSIONS)})"
                 elif "cls" not in members:
-                    index.problems[name] = "no .cls label"
+                    problems[position] = "no .cls label"
                 else:
                     label, problem = parse_label(tar.extractfile(members["cls"]).read())
                     if problem is not None:
-                        index.problems[name] = problem
-                index.names.append(name)
-                index.labels.append(label)
+                        problems[position] = problem
+                names.append(f"sample {key}")
+                labels.append(label)
     except (tarfile.TarError, OSError) as error:
         raise DatasetError(f"{path}: not a readable tar shard ({error})") from error
-    return index
+    return ShardIndex.of(labels, names, problems, None if cut is None else f"sample {cut}")
 
 
 def parse_label(text: bytes) -> tuple[int | None, str | None]:
@@ -329,10 +329,10 @@ def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[
     check_corrupt(corrupt)
     indexes = shard_indexes(files, kind, index_shard)
     if classes is None:
-        largest = max((label for index in indexes for label in index.labels
-                       if label is not None and label < MAX_UNNAMED_CLASSES), default=-1)
+        largest = max((int(index.labels[index.labelled() & (index.labels < MAX_UNNAMED_CLASSES)].max(initial=-1))
+                       for index in indexes), default=-1)
         classes = [str(c) for c in range(largest + 1)]
-    shards, counts, bad, offset = [], Counter(), [], 0
+    shards, kept, bad, offset = [], [], [], 0
     for path, index in zip(files, indexes):
         if index.error is not None:
             raise DatasetError(index.error)
@@ -341,19 +341,24 @@ def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[
                 raise DatasetError(f"{path}: truncated in {index.cut} (pass --corrupt skip to keep the samples "
                                    f"before it)")
             bad.append(f"{path}: {index.cut}: truncated shard")
-        for sample, label in zip(index.names, index.labels):
-            problem = index.problems.get(sample) or label_problem(label, len(classes))
-            if problem is None:
-                counts[label] += 1
-            elif corrupt == "fail":
-                raise DatasetError(f"{path}: {sample}: {problem} (pass --corrupt skip to go on without it)")
-            else:
-                bad.append(f"{path}: {sample}: {problem}")
-        if not index.names and corrupt == "fail":
+        labelled = index.labelled()
+        usable = labelled & (index.labels >= 0) & (index.labels < len(classes))
+        usable[list(index.problems)] = False
+        kept.append(index.labels[usable])
+        for position in np.flatnonzero(~usable).tolist():  # named one by one: the unusable samples only
+            label = int(index.labels[position]) if labelled[position] else None
+            problem = index.problems.get(position) or label_problem(label, len(classes))
+            if corrupt == "fail":
+                raise DatasetError(f"{path}: {index.name(position)}: {problem} (pass --corrupt skip to go on "
+                                   f"without it)")
+            bad.append(f"{path}: {index.name(position)}: {problem}")
+        if not len(index) and corrupt == "fail":
             raise DatasetError(f"{path}: the shard holds no sample")
-        if index.names:
-            shards.append(Shard(path, len(index.names), offset))
-        offset += len(index.names)
+        if len(index):
+            shards.append(Shard(path, len(index), offset))
+        offset += len(index)
+    labels, numbers = np.unique(np.concatenate([np.zeros(0, dtype=np.int64), *kept]), return_counts=True)
+    counts = Counter(dict(zip(labels.tolist(), numbers.tolist())))
     if not shards:
         raise DatasetError(f"{name}: the split holds no usable sample")
     if bad:

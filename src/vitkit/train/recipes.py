@@ -24,7 +24,6 @@ from ..data.loading import CORRUPT
 from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
 from ..errors import ConfigError
 from ..models import ViTConfig
-from ..models.config import pair
 from ..normalization import NORMALIZATION
 from .distributed import PARALLEL
 from .loop import TRAINING_PRECISIONS
@@ -34,6 +33,16 @@ from .optim import SCHEDULES
 OBJECTIVES = ("classification", "mpp")
 NORMALIZATIONS = ("", *NORMALIZATION)
 OPTIMIZERS = ("adamw", "sgd")
+# The groups of `vitkit train --help`, in order; every recipe field belongs to one.
+CONCERNS = ("data", "model", "objective", "augmentation", "optimiser", "schedule", "runtime", "checkpoints and logging")
+
+
+def setting(default: Any, concern: str, help: str) -> Any:
+    """A recipe field with its help, shown by ``vitkit train --help`` in the group of its ``concern``."""
+    metadata = {"concern": concern, "help": help}
+    if isinstance(default, dict):  # mutable: every recipe gets its own
+        return field(default_factory=lambda: dict(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -41,67 +50,80 @@ class Recipe:
     """Every setting of a run, checked when built: types, ranges and choices (``Literal``); a bad value
     raises ``ConfigError`` naming the field."""
 
-    # data
-    dataset: str = "digits"
-    data_dir: str | None = None
-    val_fraction: float = 0.1
-    train_subset: int = 0  # >0: train on this many images only (quick checks)
-    corrupt: Literal[CORRUPT] = "fail"  # an unreadable image or sample: 'fail', or 'skip' (replaced, counted)
-    num_workers: int = -1  # decoding processes; -1: none for in-memory data, else the cores of a rank
-    threads: int = 0  # intra-op CPU threads; 0: torch's default. Small models run best on 1.
-    # model: a named variant ('ViT-B/16') or '' for a custom one, plus ViTConfig overrides
-    model: str = ""
-    model_args: dict[str, Any] = field(default_factory=dict)
-    image_size: int | tuple[int, int] = 8  # H, or (H, W)
-    init: str | None = None  # fine-tune from this checkpoint (anything vitkit.load reads)
-    # objective: 'classification', or 'mpp' (masked patch prediction, self-supervised, labels unused)
-    objective: Literal[OBJECTIVES] = "classification"
-    mpp_target: Literal[MPP_TARGETS] = "mean-colour"  # or 'downsized' (4x4, 3 bits each), 'pixels' (L2)
-    mpp_bits: int = 3
-    mpp_ratio: float = 0.5  # share of patches corrupted; of those 80% [mask], 10% random, 10% kept
-    mpp_mask_prob: float = 0.8
-    mpp_random_prob: float = 0.1
-    # transforms
-    transform: Literal[TRANSFORM_PRESETS] = "pretrain"  # 'pretrain' (Inception crop) or 'finetune' (resize + crop)
-    crop_scale: tuple[float, float] = (0.08, 1.0)
-    hflip: bool = True
-    aug_level: Literal[tuple(AUGREG_LEVELS)] = "none"  # AugReg: none, light1 ... strong2
-    cutmix_alpha: float = 0.0
-    normalization: Literal[NORMALIZATIONS] = ""  # '': the checkpoint's when fine-tuning, else 'google'
-    # optimisation
-    steps: int = 0  # 0: derived from epochs
-    epochs: float = 1.0
-    batch_size: int = 128  # global batch, split over ranks and accumulation steps
-    accum_steps: int = 1
-    optimizer: Literal[OPTIMIZERS] = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.999)
-    momentum: float = 0.9
-    schedule: Literal[SCHEDULES] = "cosine"
-    warmup_steps: int = 0
-    end_lr: float = 0.0
-    clip_norm: float = 1.0
-    label_smoothing: float = 0.0
-    precision: Literal[TRAINING_PRECISIONS] = "fp32"
-    ema_decay: float = 0.0
-    grad_checkpointing: bool = False
-    compile: bool = False
-    parallel: Literal[PARALLEL] = "ddp"  # under torchrun: 'ddp' (a replica per rank) or 'fsdp' (sharded)
-    seed: int = 0
-    # bookkeeping
-    run_dir: str = ""
-    log_every: int = 20
-    eval_every: int = 0
-    checkpoint_every: int = 0  # steps; 0: by time only
-    checkpoint_minutes: float = 10.0  # wall time between checkpoints; 0: by steps only
-    keep_last: int = 2
-    eval_batch_size: int = 256
-
+    dataset: str = setting("digits", "data",
+        "digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH, webdataset:ROOT, hf:PATH")
+    data_dir: str | None = setting(None, "data", "where torchvision's datasets lie")
+    val_fraction: float = setting(0.1, "data",
+        "training images held out for validation where the dataset has no val split")
+    train_subset: int = setting(0, "data", "train on this many images only (0: all); for quick checks")
+    corrupt: Literal[CORRUPT] = setting("fail", "data",
+        "an unreadable image: stop (fail), or replace it and count it (skip)")
+    num_workers: int = setting(-1, "data", "decoding processes; -1: none for in-memory data, else the cores of a rank")
+    threads: int = setting(0, "runtime", "intra-op CPU threads (0: torch's default; small models run best on 1)")
+    model: str = setting("", "model",
+        "a named variant such as ViT-B/16 (see `vitkit models`), or empty for a custom one")
+    model_args: dict[str, Any] = setting({}, "model",
+        "a model config field, e.g. depth=8 or dropout=0.1 (repeatable); from a checkpoint, changes its config")
+    image_size: int | tuple[int, int] = setting(8, "model", "input size, H or HxW pixels")
+    init: str | None = setting(None, "model", "start from this checkpoint (finetune's CHECKPOINT)")
+    objective: Literal[OBJECTIVES] = setting("classification", "objective",
+        "classification, or mpp: masked patch prediction (self-supervised, labels unused)")
+    mpp_target: Literal[MPP_TARGETS] = setting("mean-colour", "objective",
+        "what a corrupted patch predicts: its mean colour, a 4x4 downsized patch, or its pixels (L2)")
+    mpp_bits: int = setting(3, "objective", "bits per colour channel of the mpp targets")
+    mpp_ratio: float = setting(0.5, "objective", "share of patches corrupted")
+    mpp_mask_prob: float = setting(0.8, "objective", "share of the corrupted patches replaced by the [mask] embedding")
+    mpp_random_prob: float = setting(0.1, "objective",
+        "share of the corrupted patches replaced by another patch's embedding")
+    transform: Literal[TRANSFORM_PRESETS] = setting("pretrain", "augmentation",
+        "pretrain: Inception crop; finetune: resize and random crop; eval: resize only")
+    crop_scale: tuple[float, float] = setting((0.08, 1.0), "augmentation",
+        "area range of the Inception crop, as fractions of the image")
+    hflip: bool = setting(True, "augmentation", "random horizontal flips")
+    aug_level: Literal[tuple(AUGREG_LEVELS)] = setting("none", "augmentation",
+        "AugReg's RandAugment and mixup strength")
+    cutmix_alpha: float = setting(0.0, "augmentation", "CutMix's Beta(alpha, alpha) (0: off)")
+    normalization: Literal[NORMALIZATIONS] = setting("", "augmentation",
+        "input normalisation; empty: the checkpoint's when fine-tuning, else google")
+    steps: int = setting(0, "schedule", "optimiser steps (0: from --epochs)")
+    epochs: float = setting(1.0, "schedule", "passes over the training images, when --steps is 0")
+    batch_size: int = setting(128, "schedule", "global batch, split over ranks and accumulation steps")
+    accum_steps: int = setting(1, "schedule", "micro-batches accumulated into one step")
+    optimizer: Literal[OPTIMIZERS] = setting("adamw", "optimiser",
+        "AdamW (pre-training) or SGD with momentum (fine-tuning)")
+    lr: float = setting(1e-3, "optimiser", "peak learning rate")
+    weight_decay: float = setting(0.1, "optimiser", "decoupled weight decay (not on biases, norms and embeddings)")
+    betas: tuple[float, float] = setting((0.9, 0.999), "optimiser", "AdamW's beta1 and beta2")
+    momentum: float = setting(0.9, "optimiser", "SGD's momentum")
+    schedule: Literal[SCHEDULES] = setting("cosine", "schedule", "learning-rate decay after the warm-up")
+    warmup_steps: int = setting(0, "schedule", "steps of linear warm-up from 0")
+    end_lr: float = setting(0.0, "schedule", "learning rate at the last step")
+    clip_norm: float = setting(1.0, "optimiser", "clip gradients to this global norm (0: no clipping)")
+    label_smoothing: float = setting(0.0, "optimiser", "label smoothing of the classification targets")
+    precision: Literal[TRAINING_PRECISIONS] = setting("fp32", "runtime",
+        "training compute precision; auto: bf16 where the hardware runs it natively")
+    ema_decay: float = setting(0.0, "optimiser",
+        "keep an exponential moving average of the weights with this decay (0: off)")
+    grad_checkpointing: bool = setting(False, "runtime", "recompute activations in the backward pass to save memory")
+    compile: bool = setting(False, "runtime", "torch.compile the model")
+    parallel: Literal[PARALLEL] = setting("ddp", "runtime",
+        "under torchrun: ddp (a replica per rank) or fsdp (sharded)")
+    seed: int = setting(0, "runtime",
+        "seed of the initial weights, the training subset, the data order and the augmentations")
+    run_dir: str = setting("", "checkpoints and logging",
+        "folder of the run: checkpoints, metrics, recipe.json (default: a new one under runs/)")
+    log_every: int = setting(20, "checkpoints and logging", "steps between metric lines")
+    eval_every: int = setting(0, "checkpoints and logging", "steps between validation passes (0: at the end only)")
+    checkpoint_every: int = setting(0, "checkpoints and logging", "steps between checkpoints (0: by time only)")
+    checkpoint_minutes: float = setting(10.0, "checkpoints and logging",
+        "wall time between checkpoints (0: by steps only)")
+    keep_last: int = setting(2, "checkpoints and logging", "step checkpoints kept, the newest ones (0: all)")
+    eval_batch_size: int = setting(256, "checkpoints and logging", "batch of the validation and test passes")
     def __post_init__(self) -> None:
         hints = field_types()
         for item in dataclasses.fields(self):
-            setattr(self, item.name, _typed(item.name, getattr(self, item.name), hints[item.name]))
+            parse = PARSERS.get(item.name, functools.partial(_typed, item.name, kind=hints[item.name]))
+            setattr(self, item.name, parse(getattr(self, item.name)))
         for name, (holds, expected) in RANGES.items():
             if not holds(getattr(self, name)):
                 raise ConfigError(f"recipe field {name}={getattr(self, name)!r}: expected {expected}")
@@ -216,10 +238,33 @@ def fraction(open_top: bool = False) -> Rule:
     return (lambda value: 0 <= value <= 1), "a number in [0, 1]"
 
 
+IMAGE_SIZE_FORMS = "a size such as 224, 384x512 (height x width) or [384, 512], with sides >= 1"
+
+
+def image_size(value: Any) -> int | tuple[int, int]:
+    """An image size in every form a recipe file or a flag gives it: ``H``, ``[H, W]`` (JSON, YAML) or the text
+    ``H`` or ``HxW`` (the command line, and YAML's reading of ``8x12``); one parser, so that all accept and
+    refuse the same forms."""
+    size = value
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.lower().split("x")]
+        if len(parts) in (1, 2) and all(part.isdigit() for part in parts):
+            size = int(parts[0]) if len(parts) == 1 else tuple(int(part) for part in parts)
+    elif isinstance(value, list):
+        size = tuple(value)
+    sides = size if isinstance(size, tuple) and len(size) == 2 else (size,)
+    if not all(type(side) is int and side >= 1 for side in sides):
+        raise ConfigError(f"recipe field image_size={value!r}: expected {IMAGE_SIZE_FORMS}")
+    return size
+
+
+# Fields read by a parser of their own rather than by their annotation.
+PARSERS: dict[str, typing.Callable[[Any], Any]] = {"image_size": image_size}
+
 # Ranges of the fields beyond their types.
 RANGES: dict[str, Rule] = {
     "val_fraction": fraction(open_top=True), "train_subset": at_least(0), "num_workers": at_least(-1),
-    "threads": at_least(0), "image_size": ((lambda v: min(pair(v)) >= 1), ">= 1"),
+    "threads": at_least(0),
     "mpp_bits": ((lambda v: 1 <= v <= 8), "1 to 8 bits"),
     "mpp_ratio": ((lambda v: 0 < v <= 1), "a number in (0, 1]"), "mpp_mask_prob": fraction(),
     "mpp_random_prob": fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),
@@ -233,78 +278,11 @@ RANGES: dict[str, Rule] = {
 }
 
 
-# The help of every field, grouped by concern: `vitkit train --help` shows one group per entry, and a
-# field belongs to exactly one group.
+# The help of every field, grouped by concern: `vitkit train --help` shows one group per entry.
 FIELD_HELP: dict[str, dict[str, str]] = {
-    "data": {
-        "dataset": "digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH, webdataset:ROOT, "
-                   "hf:PATH",
-        "data_dir": "where torchvision's datasets lie",
-        "val_fraction": "training images held out for validation where the dataset has no val split",
-        "train_subset": "train on this many images only (0: all); for quick checks",
-        "corrupt": "an unreadable image: stop (fail), or replace it and count it (skip)",
-        "num_workers": "decoding processes; -1: none for in-memory data, else the cores of a rank",
-    },
-    "model": {
-        "model": "a named variant such as ViT-B/16 (see `vitkit models`), or empty for a custom one",
-        "model_args": "a model config field, e.g. depth=8 or dropout=0.1 (repeatable); from a checkpoint, "
-                      "changes its config",
-        "image_size": "input size, H or HxW pixels",
-        "init": "start from this checkpoint (finetune's CHECKPOINT)",
-    },
-    "objective": {
-        "objective": "classification, or mpp: masked patch prediction (self-supervised, labels unused)",
-        "mpp_target": "what a corrupted patch predicts: its mean colour, a 4x4 downsized patch, or its pixels (L2)",
-        "mpp_bits": "bits per colour channel of the mpp targets",
-        "mpp_ratio": "share of patches corrupted",
-        "mpp_mask_prob": "share of the corrupted patches replaced by the [mask] embedding",
-        "mpp_random_prob": "share of the corrupted patches replaced by another patch's embedding",
-    },
-    "augmentation": {
-        "transform": "pretrain: Inception crop; finetune: resize and random crop; eval: resize only",
-        "crop_scale": "area range of the Inception crop, as fractions of the image",
-        "hflip": "random horizontal flips",
-        "aug_level": "AugReg's RandAugment and mixup strength",
-        "cutmix_alpha": "CutMix's Beta(alpha, alpha) (0: off)",
-        "normalization": "input normalisation; empty: the checkpoint's when fine-tuning, else google",
-    },
-    "optimiser": {
-        "optimizer": "AdamW (pre-training) or SGD with momentum (fine-tuning)",
-        "lr": "peak learning rate",
-        "weight_decay": "decoupled weight decay (not on biases, norms and embeddings)",
-        "betas": "AdamW's beta1 and beta2",
-        "momentum": "SGD's momentum",
-        "clip_norm": "clip gradients to this global norm (0: no clipping)",
-        "label_smoothing": "label smoothing of the classification targets",
-        "ema_decay": "keep an exponential moving average of the weights with this decay (0: off)",
-    },
-    "schedule": {
-        "steps": "optimiser steps (0: from --epochs)",
-        "epochs": "passes over the training images, when --steps is 0",
-        "batch_size": "global batch, split over ranks and accumulation steps",
-        "accum_steps": "micro-batches accumulated into one step",
-        "schedule": "learning-rate decay after the warm-up",
-        "warmup_steps": "steps of linear warm-up from 0",
-        "end_lr": "learning rate at the last step",
-    },
-    "runtime": {
-        "threads": "intra-op CPU threads (0: torch's default; small models run best on 1)",
-        "precision": "training compute precision; auto: bf16 where the hardware runs it natively",
-        "grad_checkpointing": "recompute activations in the backward pass to save memory",
-        "compile": "torch.compile the model",
-        "parallel": "under torchrun: ddp (a replica per rank) or fsdp (sharded)",
-        "seed": "seed of the initial weights, the training subset, the data order and the augmentations",
-    },
-    "checkpoints and logging": {
-        "run_dir": "folder of the run: checkpoints, metrics, recipe.json (default: a new one under runs/)",
-        "log_every": "steps between metric lines",
-        "eval_every": "steps between validation passes (0: at the end only)",
-        "checkpoint_every": "steps between checkpoints (0: by time only)",
-        "checkpoint_minutes": "wall time between checkpoints (0: by steps only)",
-        "keep_last": "step checkpoints kept, the newest ones (0: all)",
-        "eval_batch_size": "batch of the validation and test passes",
-    },
-}
+    concern: {item.name: item.metadata["help"] for item in dataclasses.fields(Recipe)
+              if item.metadata["concern"] == concern}
+    for concern in CONCERNS}
 
 _GREY_28 = dict(image_size=28, model_args=dict(patch_size=4, dim=64, depth=4, num_heads=4, mlp_dim=128, in_chans=1,
                                                pool="gap"),
