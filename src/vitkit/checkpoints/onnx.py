@@ -167,7 +167,7 @@ class OnnxModel(nn.Module):
             raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the ONNX metadata; only files written by "
                                   f"`vitkit convert --to onnx` carry the classes and normalisation vitkit needs")
         try:
-            self.config = ViTConfig.from_json(metadata[CONFIG_KEY])
+            self.config = ViTConfig.from_json(metadata[CONFIG_KEY], str(self.path))
         except ValueError as error:  # not JSON, or not a valid config
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' metadata ({error})") from error
 

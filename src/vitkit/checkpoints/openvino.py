@@ -119,7 +119,7 @@ class OpenVinoModel(nn.Module):
             raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the model's runtime info; only files written "
                                   f"by `vitkit convert --to openvino` carry the classes and normalisation vitkit needs")
         try:
-            self.config = ViTConfig.from_json(graph.get_rt_info(CONFIG_KEY).astype(str))
+            self.config = ViTConfig.from_json(graph.get_rt_info(CONFIG_KEY).astype(str), str(self.path))
         except ValueError as error:
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' runtime info ({error})") from error
         weights = self.path.with_suffix(".bin")
