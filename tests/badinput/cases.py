@@ -347,10 +347,18 @@ CASES = [
          "preprocessor_config.json: expected a JSON object, got list"),
     Case("HF processor with crop_pct true", lambda t: ["info", str(hf_with(t, json.dumps({"crop_pct": True})))],
          1, "preprocessor_config.json: a centre crop of True of the resized image; expected a number in (0, 1]"),
+    Case("HF config with the channel count as a string", lambda t: ["info", str(_hf_config_with(
+        t, num_channels="3"))], 1, "hf/config.json: num_channels='3'; expected an integer >= 1"),
+    Case("open_clip hub with a bad preprocess_cfg beside weights of noise (the side file is read first)",
+         lambda t: ["info", str(_open_clip_hub(t, {"mean": "red"}))], 1,
+         "open_clip_config.json: preprocess_cfg.mean='red'; expected a finite number"),
+    Case("open_clip hub whose preprocess_cfg is a long list", lambda t: ["info", str(_open_clip_hub(
+        t, list(range(100))))], 1, "open_clip_config.json: preprocess_cfg=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, "
+         "13, 14, 15, 16, 17, 18, 19, 20, 21, 2 ...; expected a JSON object"),  # the first 80 characters
     Case("timm hub with crop_pct true", lambda t: ["info", str(_timm_hub_with(t, {"crop_pct": True}))], 1,
          "config.json: pretrained_cfg.crop_pct=True; expected a number in (0, 1]"),
     Case("timm hub whose pretrained_cfg is a list", lambda t: ["info", str(_timm_hub_with(t, [1]))], 1,
-         "config.json: pretrained_cfg='[1]'; expected a JSON object"),
+         "config.json: pretrained_cfg=[1]; expected a JSON object"),
     Case("timm hub with 2 means for 3 channels", lambda t: ["info", str(_timm_hub_with(
         t, {"mean": [0.5, 0.5], "std": 0.5}))], 1, "config.json: pretrained_cfg.mean=[0.5, 0.5]; expected"),
     Case("ONNX file whose config has backbone 5", lambda t: ["eval", str(_onnx_with_config(t, {"backbone": 5}))], 1,
@@ -376,6 +384,23 @@ def hf_with(tmp: Path, processor: bytes | str | None) -> Path:
         side.mkdir()
     else:
         write(side, processor)
+    return directory
+
+
+def _hf_config_with(tmp: Path, **fields: object) -> Path:
+    """An HF directory of a tiny colour model whose config.json has ``fields`` changed."""
+    directory = hf_with(tmp, "{}")
+    config = json.loads((directory / "config.json").read_text())
+    write(directory / "config.json", json.dumps({**config, **fields}))
+    return directory
+
+
+def _open_clip_hub(tmp: Path, preprocess_cfg: object) -> Path:
+    """An open_clip hub directory whose config has this preprocess_cfg and whose weights file is noise."""
+    directory = tmp / "clip"
+    write(directory / "open_clip_model.safetensors", RANDOM)
+    write(directory / "open_clip_config.json", json.dumps({"model_cfg": {"vision_cfg": {"width": 64}},
+                                                           "preprocess_cfg": preprocess_cfg}))
     return directory
 
 

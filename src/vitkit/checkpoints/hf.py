@@ -15,14 +15,15 @@ import json
 import math
 import warnings
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
-from ..errors import CheckpointError
-from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int
+from ..errors import CheckpointError, abridged
+from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int, is_real
 from ..models.vit import VisionTransformer
 from .files import HUB_WEIGHT_FILES, hub_weights_file, read_side_file, read_weights
 from .inference import kept_overrides, known_normalization, options_in_use
@@ -54,15 +55,44 @@ VIT_NAMES = [  # the 4.x name of each pair comes first: it is the one written
 ]
 NAMES = Names(VIT_NAMES)
 
+# What each number of an HF config.json must be, by kind; the readers check the fields they take against it.
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "count": (lambda value: is_int(value) and value >= 1, "an integer >= 1"),
+    "size": (lambda value: is_int(value) and value >= 1 or isinstance(value, list) and len(value) == 2
+             and all(is_int(side) and side >= 1 for side in value), "an integer >= 1 or a [height, width] pair"),
+    "fraction": (lambda value: is_real(value) and 0 <= value < 1, "a number in [0, 1)"),
+    "positive": (lambda value: is_real(value) and value > 0, "a positive number"),
+    "flag": (lambda value: isinstance(value, bool), "true or false"),
+}
+HF_FIELDS = dict(hidden_size="count", num_hidden_layers="count", num_attention_heads="count",
+                 intermediate_size="count", num_channels="count", patch_size="count", image_size="size",
+                 hidden_dropout_prob="fraction", attention_probs_dropout_prob="fraction", layer_norm_eps="positive",
+                 qkv_bias="flag")
+
 
 def is_hf_config(config_json: dict[str, Any] | None) -> bool:
     """Whether a directory's parsed ``config.json`` is HF transformers'."""
     return "model_type" in (config_json or {})
 
 
+def check_fields(hf: Any, path: Path, required: tuple[str, ...] = (), within: str = "") -> None:
+    """Refuse an HF config whose numbers (:data:`HF_FIELDS`) are of the wrong kind or out of range, or that
+    lacks a ``required`` one, naming the field (under ``within``, for a nested config) and what it must be."""
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{path}: {within.removesuffix('.')}={abridged(hf)}; expected a JSON object")
+    for key, kind in HF_FIELDS.items():
+        valid, expected = _KINDS[kind]
+        if key in required and key not in hf:
+            raise CheckpointError(f"{path}: no {within}{key}; expected {expected}")
+        if key in hf and not valid(hf[key]):
+            raise CheckpointError(f"{path}: {within}{key}={abridged(hf[key])}; expected {expected}")
+
+
 def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
             ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF ViT directory whose ``config.json`` the caller has parsed into ``hf``."""
+    check_fields(hf, directory / CONFIG_FILE,
+                 required=("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"))
     if hf.get("model_type") != "vit":
         raise CheckpointError(f"{directory / CONFIG_FILE}: model_type={hf.get('model_type')!r}; vitkit reads "
                               f"HF's 'vit' models")
@@ -104,14 +134,9 @@ def read_labels(hf: dict[str, Any], num_classes: int, source: Path) -> tuple[str
         return None
     if not (isinstance(labels, dict) and set(labels) == {str(k) for k in range(num_classes)}
             and all(isinstance(name, str) for name in labels.values())):
-        raise CheckpointError(f"{source}: id2label={_abridged(labels)}; expected a name (a string) for each of the "
+        raise CheckpointError(f"{source}: id2label={abridged(labels)}; expected a name (a string) for each of the "
                               f"head's {num_classes} outputs, keyed '0' to '{num_classes - 1}'")
     return tuple(labels[str(k)] for k in range(num_classes))
-
-
-def _abridged(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def read_preprocessing(directory: Path, channels: int) -> dict[str, Any]:
@@ -135,6 +160,10 @@ def processor_crop_pct(processor: dict[str, Any], path: Path) -> float:
         crop_pct = processor["crop_pct"]
     elif processor.get("do_center_crop"):
         crop, resized = _side(processor.get("crop_size"), "crop_size", path), _side(processor.get("size"), "size", path)
+        if crop > resized:  # transformers pads such a crop with black borders; vitkit crops inside the image
+            raise CheckpointError(f"{path}: do_center_crop with crop_size={abridged(processor['crop_size'])} larger "
+                                  f"than size={abridged(processor['size'])}; expected a crop within the resized "
+                                  f"image (vitkit does not pad)")
         crop_pct = crop / resized
     else:
         return 1.0
@@ -149,8 +178,9 @@ def _side(size: Any, key: str, path: Path) -> int:
     side = size.get("shortest_edge", size.get("height")) if isinstance(size, dict) else size
     if is_int(side) and side > 0:
         return side
-    raise CheckpointError(f"{path}: {key}={size!r}; expected a number of pixels, or an object with "
-                          f"'shortest_edge' or 'height'")
+    raise CheckpointError(f"{path}: do_center_crop with {key}={abridged(size)}; expected {key} as a number of "
+                          f"pixels, or an object with 'shortest_edge' or 'height' (vitkit does not guess the "
+                          f"defaults of HF's processor classes)")
 
 
 def write_hf(model: VisionTransformer, directory: str | Path) -> Path:

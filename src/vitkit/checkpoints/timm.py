@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save
 
 from ..atomic import atomic_file
-from ..errors import CheckpointError
+from ..errors import CheckpointError, abridged
 from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct
 from ..models.vit import VisionTransformer
 from .files import hub_weights_file, read_weights
@@ -86,7 +86,7 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
     """A timm hub directory whose ``config.json`` the caller has parsed into ``hub``."""
     for key in ("pretrained_cfg", "model_args"):
         if not isinstance(hub.get(key, {}), dict):
-            raise CheckpointError(f"{directory / HUB_CONFIG}: {key}={str(hub[key])[:80]!r}; expected a JSON object")
+            raise CheckpointError(f"{directory / HUB_CONFIG}: {key}={abridged(hub[key])}; expected a JSON object")
     weights = hub_weights_file(directory, "a timm")
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg", "map"):
