@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import move_into_place
+from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
@@ -129,9 +128,8 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
     scale = max(1.0, float(np.abs(reference).max()))
-    path.parent.mkdir(parents=True, exist_ok=True)  # the export is built beside its target, then renamed
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
-        exported = Path(tmp) / "fp32.onnx"
+    with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
+        exported = tmp / "fp32.onnx"
         trace(model, exported, device)
         difference = float(np.abs(_logits(exported, probe, device) - reference).max())
         if difference > TOLERANCE * scale:
@@ -139,7 +137,7 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
                                   f"batch of {_PROBE_BATCH} (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
         report = OnnxExport(path, OPSET, difference)
         if quantize:
-            quantized = Path(tmp) / "int8.onnx"
+            quantized = tmp / "int8.onnx"
             _quantize(exported, quantized)
             logits = _logits(quantized, probe, device)
             report.quantized_difference = float(np.abs(logits - reference).max())

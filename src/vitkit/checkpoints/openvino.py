@@ -12,7 +12,6 @@ step, and a graph must never run another export's weights.
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import move_into_place
+from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
@@ -68,9 +67,8 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     probe = probe_batch(model.config)
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
-    path.parent.mkdir(parents=True, exist_ok=True)  # the export is built beside its target, then renamed
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
-        onnx_path, ir_path, bin_path = Path(tmp) / "model.onnx", Path(tmp) / "model.xml", Path(tmp) / "model.bin"
+    with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
+        onnx_path, ir_path, bin_path = tmp / "model.onnx", tmp / "model.xml", tmp / "model.bin"
         trace(model, onnx_path, device, metadata=False)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
