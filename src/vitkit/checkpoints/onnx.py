@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,8 +113,10 @@ def probe_batch(config: ViTConfig) -> torch.Tensor:
 
 
 def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
-               device: torch.device | str = "cpu") -> OnnxExport:
-    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place."""
+               device: torch.device | str = "cpu", traced: Path | None = None) -> OnnxExport:
+    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place.
+    ``traced``: an fp32 export of this very model already written (read, never moved), to start from
+    instead of tracing again (``vitkit bench`` exports one model as fp32, int8 and OpenVINO)."""
     if quantize not in (None, *QUANTIZATIONS):
         raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
     path, device = Path(path), torch.device(device)
@@ -130,7 +133,10 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     scale = max(1.0, float(np.abs(reference).max()))
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
         exported = tmp / "fp32.onnx"
-        trace(model, exported, device)
+        if traced is None:
+            trace(model, exported, device)
+        else:
+            shutil.copyfile(traced, exported)
         difference = float(np.abs(_logits(exported, probe, device) - reference).max())
         if difference > TOLERANCE * scale:
             raise CheckpointError(f"{path}: ONNX Runtime's logits differ from PyTorch's by {difference:.3g} on a probe "

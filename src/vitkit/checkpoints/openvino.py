@@ -54,8 +54,10 @@ def _compiled(openvino, graph, precision: str):
     return openvino.Core().compile_model(graph, "CPU", config)
 
 
-def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu") -> OpenVinoExport:
-    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it), checked by OpenVINO in fp32.
+def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu",
+                   traced: Path | None = None) -> OpenVinoExport:
+    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it), checked by OpenVINO in fp32;
+    ``traced`` is an ONNX export of this very model to convert instead of tracing again.
 
     The two files are replaced one after the other, the weights first; the graph records the SHA-256 of its
     weights, so that a pair cut apart by a kill between the two renames is refused when read, never run."""
@@ -68,8 +70,9 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
-        onnx_path, ir_path, bin_path = tmp / "model.onnx", tmp / "model.xml", tmp / "model.bin"
-        trace(model, onnx_path, device, metadata=False)  # checked once, below, as OpenVINO runs it
+        onnx_path, ir_path, bin_path = traced or tmp / "model.onnx", tmp / "model.xml", tmp / "model.bin"
+        if traced is None:
+            trace(model, onnx_path, device, metadata=False)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
         graph.set_rt_info(_DIGEST_PENDING, WEIGHTS_KEY)
