@@ -15,7 +15,6 @@ import json
 import math
 import warnings
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,9 +22,9 @@ from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
 from ..errors import CheckpointError, abridged
-from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int, is_real
+from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int
 from ..models.vit import VisionTransformer
-from .files import HUB_WEIGHT_FILES, hub_weights_file, read_side_file, read_weights
+from .files import HUB_WEIGHT_FILES, check_fields, hub_weights_file, read_side_file, read_weights
 from .inference import kept_overrides, known_normalization, options_in_use
 from .names import Names, fuse_qkv, rename, split_qkv, with_prefix_positions
 
@@ -55,15 +54,7 @@ VIT_NAMES = [  # the 4.x name of each pair comes first: it is the one written
 ]
 NAMES = Names(VIT_NAMES)
 
-# What each number of an HF config.json must be, by kind; the readers check the fields they take against it.
-_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "count": (lambda value: is_int(value) and value >= 1, "an integer >= 1"),
-    "size": (lambda value: is_int(value) and value >= 1 or isinstance(value, list) and len(value) == 2
-             and all(is_int(side) and side >= 1 for side in value), "an integer >= 1 or a [height, width] pair"),
-    "fraction": (lambda value: is_real(value) and 0 <= value < 1, "a number in [0, 1)"),
-    "positive": (lambda value: is_real(value) and value > 0, "a positive number"),
-    "flag": (lambda value: isinstance(value, bool), "true or false"),
-}
+# What each number HF's config.json gives must be (a kind of files.FIELD_KINDS).
 HF_FIELDS = dict(hidden_size="count", num_hidden_layers="count", num_attention_heads="count",
                  intermediate_size="count", num_channels="count", patch_size="count", image_size="size",
                  hidden_dropout_prob="fraction", attention_probs_dropout_prob="fraction", layer_norm_eps="positive",
@@ -75,23 +66,10 @@ def is_hf_config(config_json: dict[str, Any] | None) -> bool:
     return "model_type" in (config_json or {})
 
 
-def check_fields(hf: Any, path: Path, required: tuple[str, ...] = (), within: str = "") -> None:
-    """Refuse an HF config whose numbers (:data:`HF_FIELDS`) are of the wrong kind or out of range, or that
-    lacks a ``required`` one, naming the field (under ``within``, for a nested config) and what it must be."""
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{path}: {within.removesuffix('.')}={abridged(hf)}; expected a JSON object")
-    for key, kind in HF_FIELDS.items():
-        valid, expected = _KINDS[kind]
-        if key in required and key not in hf:
-            raise CheckpointError(f"{path}: no {within}{key}; expected {expected}")
-        if key in hf and not valid(hf[key]):
-            raise CheckpointError(f"{path}: {within}{key}={abridged(hf[key])}; expected {expected}")
-
-
 def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
             ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF ViT directory whose ``config.json`` the caller has parsed into ``hf``."""
-    check_fields(hf, directory / CONFIG_FILE,
+    check_fields(hf, HF_FIELDS, directory / CONFIG_FILE,
                  required=("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"))
     if hf.get("model_type") != "vit":
         raise CheckpointError(f"{directory / CONFIG_FILE}: model_type={hf.get('model_type')!r}; vitkit reads "

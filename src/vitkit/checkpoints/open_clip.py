@@ -22,7 +22,7 @@ import torch
 
 from ..errors import CheckpointError, abridged
 from ..models.config import Provenance, ViTConfig
-from .files import find_weights_file, hub_weights_file, read_json_object, read_weights
+from .files import check_fields, find_weights_file, hub_weights_file, read_json_object, read_weights
 from .inference import infer_config, known_normalization
 from .names import Names, clip_token_and_head, rename, without_text_tower
 
@@ -82,6 +82,7 @@ def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tupl
     if not isinstance(model, dict) or not isinstance(model.get("vision_cfg"), dict):
         raise CheckpointError(f"{path}: expected a JSON object with model_cfg.vision_cfg")
     vision = model["vision_cfg"]
+    check_fields(vision, {"width": "count", "head_width": "count"}, path, within="model_cfg.vision_cfg.")
     other = [f"vision_cfg.{key}={abridged(vision[key])}" for key, plain in PLAIN_TOWER.items()
              if vision.get(key, plain) != plain]
     if other:
