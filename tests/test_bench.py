@@ -117,3 +117,26 @@ def test_openvino_row_runs_the_models_weights(tmp_path):
                           peak_size=64)
     assert [(r.runtime, r.precision, r.phase) for r in rows] == [("openvino", "fp32", "inference")]
     assert rows[0].images_per_s > 0
+
+
+def test_the_model_is_traced_once_for_every_onnx_and_openvino_row(tmp_path, monkeypatch):
+    """fp32 and int8 ONNX Runtime and OpenVINO all start from one trace (counted on torch's own exporter)."""
+    pytest.importorskip("openvino")
+    from vitkit.benchmark import candidates
+
+    traces = []
+    export = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *args, **kwargs: traces.append(1) or export(*args, **kwargs))
+    model = VisionTransformer(ViTConfig(**TINY)).eval()
+    torch.nn.init.normal_(model.head.weight)
+    images = torch.randn(3, 3, 16, 16)
+    found, skipped = candidates(model, images, torch.zeros(3, dtype=torch.long), ["onnxruntime", "openvino"],
+                                ["fp32", "int8"], tmp_path)
+    assert len(traces) == 1 and skipped == {}
+    rows = {(c.runtime, c.precision): c.step for c in found}
+    assert set(rows) == {("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("openvino", "fp32")}
+    with torch.no_grad():
+        expected = model(images)
+    for runtime in ("onnxruntime", "openvino"):
+        torch.testing.assert_close(rows[runtime, "fp32"](), expected, atol=1e-4, rtol=0)
+    assert rows["onnxruntime", "int8"]().shape == expected.shape

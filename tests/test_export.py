@@ -1,10 +1,15 @@
 """ONNX export: logits equal to PyTorch's through ONNX Runtime at any batch, metadata, int8 accuracy, the CLI."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from launch import SRC
 
 from vitkit.checkpoints import CheckpointError, export
 from vitkit.checkpoints.onnx import CONFIG_KEY, OPSET, OnnxModel
@@ -138,41 +143,63 @@ def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
         export(model, tmp_path / "q.xml", "openvino", quantize="int8")
 
 
-# A `vitkit convert ... --to openvino` whose process is SIGKILLed right after the first of its two renames (the
-# new .bin in place, the old .xml still there): the moment a pair written file by file is torn apart.
-KILLED_BETWEEN_THE_RENAMES = """
+# A `vitkit convert` whose process is SIGKILLed at the rename of its file ending in {suffix}, just before it or
+# just after it: the moments an export is cut short with its work in a staging folder (and, for OpenVINO's
+# .bin, a pair written file by file torn apart).
+KILLED_AT_A_RENAME = """
 import os, signal, sys
 real_replace = os.replace
-def replace_then_die_after_the_weights(source, target):
-    real_replace(source, target)
-    if str(target).endswith(".bin"):
+def replace_and_die(source, target):
+    if str(target).endswith({suffix!r}) and not {after}:
         os.kill(os.getpid(), signal.SIGKILL)
-os.replace = replace_then_die_after_the_weights
+    real_replace(source, target)
+    if str(target).endswith({suffix!r}) and {after}:
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace_and_die
 from vitkit.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
+def convert_killed(source, target, to, suffix, after):
+    """Run ``vitkit convert SOURCE TARGET --to TO`` in a process SIGKILLed at the rename of ``suffix``."""
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT_A_RENAME.format(suffix=suffix, after=after), "convert",
+                             str(source), str(target), "--to", to], env=env, capture_output=True, text=True,
+                            timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+
+
+def hidden(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_an_onnx_export_killed_before_its_rename_keeps_the_old_file_and_its_leftovers_are_swept(tmp_path):
+    old, new = small_model(), small_model()
+    old.save(tmp_path / "old")
+    new.save(tmp_path / "new")
+    assert main(["convert", str(tmp_path / "old"), str(tmp_path / "m.onnx"), "--to", "onnx"]) == 0
+    convert_killed(tmp_path / "new", tmp_path / "m.onnx", "onnx", ".onnx", after=False)
+    images = torch.randn(2, 3, 16, 24)
+    torch.testing.assert_close(OnnxModel(tmp_path / "m.onnx")(images), old(images).detach(), atol=1e-4, rtol=0)
+    [leftover] = hidden(tmp_path)  # the killed export's staging folder, holding a whole model
+    assert leftover.startswith(".m.onnx.") and (tmp_path / leftover / "fp32.onnx").is_file()
+    assert main(["convert", str(tmp_path / "new"), str(tmp_path / "m.onnx"), "--to", "onnx"]) == 0
+    assert hidden(tmp_path) == []  # swept by the next export of the same file
+    torch.testing.assert_close(OnnxModel(tmp_path / "m.onnx")(images), new(images).detach(), atol=1e-4, rtol=0)
+
+
 def test_an_openvino_pair_torn_by_a_kill_never_runs_the_wrong_weights(tmp_path, capsys):
     pytest.importorskip("openvino")
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from launch import SRC
-
     old, new = small_model(), small_model()
     old.save(tmp_path / "old")
     new.save(tmp_path / "new")
     assert main(["convert", str(tmp_path / "old"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0
     images = torch.randn(2, 3, 16, 24)
     torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), old(images).detach(), atol=1e-4, rtol=0)
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_THE_RENAMES, "convert", str(tmp_path / "new"),
-                             str(tmp_path / "m.xml"), "--to", "openvino"], env=env, capture_output=True, text=True,
-                            timeout=240)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    convert_killed(tmp_path / "new", tmp_path / "m.xml", "openvino", ".bin", after=True)
+    [leftover] = hidden(tmp_path)  # the killed export's staging folder, with the graph it did not put in place
+    assert leftover.startswith(".m.xml.") and (tmp_path / leftover / "model.xml").is_file()
     # killed after the weights' rename, before the graph's: a clear refusal, never the old graph on the new weights
     with pytest.raises(CheckpointError, match="m.bin is not the weights file this graph was exported with"):
         OpenVinoModel(tmp_path / "m.xml")
@@ -183,4 +210,5 @@ def test_an_openvino_pair_torn_by_a_kill_never_runs_the_wrong_weights(tmp_path, 
                                                     "export interrupted between writing the two, or files of two "
                                                     "exports); convert the model again")
     assert main(["convert", str(tmp_path / "new"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0  # mended
+    assert hidden(tmp_path) == []  # and the killed export's staging folder swept
     torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), new(images).detach(), atol=1e-4, rtol=0)

@@ -166,6 +166,76 @@ def test_processor_statistics_are_read_whatever_their_form(tmp_path):
         vitkit.load(tmp_path / "hf")
 
 
+@pytest.fixture(scope="module")
+def hf_directory(tmp_path_factory):
+    """A small HF ViT directory as transformers saves it (config.json + model.safetensors)."""
+    directory = tmp_path_factory.mktemp("hf") / "hf"
+    hf_model().save_pretrained(directory)
+    return directory
+
+
+def hf_copy(source, target, config=None, processor=None):
+    """A copy of ``source`` whose config.json fields are updated by ``config`` (None values remove them) and
+    whose preprocessor_config.json is ``processor``."""
+    target.mkdir()
+    (target / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes())
+    fields = {**json.loads((source / "config.json").read_text()), **(config or {})}
+    (target / "config.json").write_text(json.dumps({k: v for k, v in fields.items() if v is not None}))
+    if processor is not None:
+        (target / "preprocessor_config.json").write_text(json.dumps(processor))
+    return target
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("num_channels", "3", "an integer >= 1"), ("num_channels", 0, "an integer >= 1"),
+    ("hidden_size", True, "an integer >= 1"), ("num_hidden_layers", -2, "an integer >= 1"),
+    ("num_attention_heads", 4.0, "an integer >= 1"), ("intermediate_size", [128], "an integer >= 1"),
+    ("patch_size", False, "an integer >= 1"), ("image_size", "32", "an integer >= 1 or a [height, width] pair"),
+    ("image_size", [32], "an integer >= 1 or a [height, width] pair"), ("layer_norm_eps", -1e-12, "a positive number"),
+    ("hidden_dropout_prob", 1.0, "a number in [0, 1)"), ("attention_probs_dropout_prob", "0", "a number in [0, 1)"),
+    ("qkv_bias", 1, "true or false"),
+])
+def test_a_number_of_the_wrong_kind_in_an_hf_config_is_named(hf_directory, tmp_path, field, value, expected):
+    """With a processor beside it, whose statistics are checked against num_channels."""
+    directory = hf_copy(hf_directory, tmp_path / "hf", {field: value}, {"image_mean": [0.5] * 3, "image_std": 0.5})
+    with pytest.raises(vitkit.CheckpointError) as error:
+        vitkit.load(directory)
+    assert str(error.value) == f"{directory / 'config.json'}: {field}={value!r}; expected {expected}"
+
+
+def test_missing_and_nested_hf_fields_are_named(hf_directory, tmp_path):
+    directory = hf_copy(hf_directory, tmp_path / "vit", {"hidden_size": None})
+    with pytest.raises(vitkit.CheckpointError, match=r"config.json: no hidden_size; expected an integer >= 1$"):
+        vitkit.load(directory)
+    clip = hf_copy(hf_directory, tmp_path / "clip", {"model_type": "clip", "vision_config": {
+        "num_attention_heads": 4, "num_channels": "3"}})
+    with pytest.raises(vitkit.CheckpointError, match=r"config.json: vision_config.num_channels='3'; expected an "):
+        vitkit.load(clip)
+    dino = hf_copy(hf_directory, tmp_path / "dino", {"model_type": "dinov2", "num_attention_heads": None})
+    with pytest.raises(vitkit.CheckpointError, match=r"config.json: no num_attention_heads; expected"):
+        vitkit.load(dino)
+
+
+@pytest.mark.parametrize("processor, expected", [
+    ({"do_center_crop": True, "size": {"shortest_edge": 40}},
+     "do_center_crop with crop_size=None; expected crop_size as a number of pixels, or an object with "
+     "'shortest_edge' or 'height'"),
+    ({"do_center_crop": True, "crop_size": {"height": 32, "width": 32}, "size": {"width": 40}},
+     "do_center_crop with size={'width': 40}; expected size as a number of pixels"),
+    ({"do_center_crop": True, "crop_size": {"height": 32, "width": 32}, "size": {"shortest_edge": 24}},
+     "do_center_crop with crop_size={'height': 32, 'width': 32} larger than size={'shortest_edge': 24}; expected "
+     "a crop within the resized image (vitkit does not pad)"),
+])
+def test_a_centre_crop_vitkit_cannot_reproduce_is_refused_by_field(hf_directory, tmp_path, processor, expected):
+    """transformers takes a missing size from its processor class's defaults and pads a crop larger than the
+    resized image with black; vitkit's evaluation does neither, so it says which field is at fault."""
+    directory = hf_copy(hf_directory, tmp_path / "hf", processor=processor)
+    with pytest.raises(vitkit.CheckpointError) as error:
+        vitkit.load(directory)
+    assert str(error.value).startswith(f"{directory / 'preprocessor_config.json'}: {expected}")
+    assert "\n" not in str(error.value)
+
+
 def test_export_names_labels_only_when_they_fit_the_head(tmp_path):
     model = vitkit.create_model("ViT-Ti/16", image_size=32, depth=1, num_classes=3)
     model.config = model.config.replace(provenance=Provenance(classes=("cat", "dog", "fox")))

@@ -58,6 +58,37 @@ def test_class_names_match_the_head_and_a_new_head_forgets_them():
     assert (model.config.num_classes, model.config.provenance.classes) == (5, None)
 
 
+def test_a_new_num_classes_drops_the_old_heads_names_unless_new_ones_come_with_it():
+    config = vitkit.ViTConfig(**TINY, provenance=Provenance(classes=("a", "b", "c"), normalization="imagenet"))
+    assert config.replace(num_classes=5).provenance == Provenance(normalization="imagenet")
+    assert config.replace(num_classes=0).provenance.classes is None
+    assert config.replace(num_classes=3).provenance.classes == ("a", "b", "c")  # the same head keeps its names
+    assert config.replace(dim=32).provenance.classes == ("a", "b", "c")
+    renamed = config.replace(num_classes=2, provenance=config.provenance.replace(classes=("x", "y")))
+    assert renamed.provenance.classes == ("x", "y")
+    with pytest.raises(ConfigError, match="1 class names in provenance for num_classes=2"):
+        config.replace(num_classes=2, provenance=config.provenance.replace(classes=("x",)))
+
+
+@pytest.mark.parametrize("key", ["provenance", "extra"])
+def test_a_saved_config_whose_names_do_not_fit_its_head_loads_without_them(tmp_path, key):
+    """Versions before ``replace`` dropped them saved an earlier head's names beside a new head."""
+    model = vitkit.create_model(vitkit.ViTConfig(**TINY))
+    model.save(tmp_path / "old")
+    config_file = tmp_path / "old" / "config.json"
+    config = json.loads(config_file.read_text())
+    config[key] = {**config.pop("provenance"), "classes": ["cat", "dog"]}
+    config_file.write_text(json.dumps(config))
+    with pytest.warns(UserWarning) as warned:
+        loaded = vitkit.load(tmp_path / "old")
+    assert [str(w.message) for w in warned] == [
+        f"{config_file}: 2 class names in provenance.classes for num_classes=3; they belonged to an earlier head "
+        f"and are dropped"]
+    assert loaded.config.provenance.classes is None and loaded.config.num_classes == 3
+    images = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(loaded(images), model.eval()(images), rtol=0, atol=0)
+
+
 def test_named_variants_and_families_record_name_and_normalisation():
     assert vitkit.create_model("ViT-Ti/16", num_classes=0).config.provenance == Provenance(name="ViT-Ti/16")
     clip = vitkit.models.model_config("CLIP-B/32")

@@ -82,6 +82,21 @@ def atomic_directory(path: str | Path, allowed_existing: tuple[str, ...] = ("con
         raise
 
 
+@contextlib.contextmanager
+def staging_beside(path: str | Path) -> Iterator[Path]:
+    """A hidden working folder beside ``path`` (on its file system, so that what is built there can be renamed
+    into place with :func:`move_into_place`), deleted after the block. It is named as ``sweep`` knows
+    (``.NAME.XXXX.tmp``), and the leftovers of earlier writers of ``path`` that were killed are swept first."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep(path.parent, only=path.name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield staging
+    finally:
+        remove_tree(staging)
+
+
 def move_into_place(*moves: tuple[Path, Path]) -> None:
     """Put finished files, written beside their targets (same file system), in place: each fsynced, then
     renamed in the given order, then the directories fsynced. No file is copied or read back."""

@@ -161,19 +161,22 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
             add("timm", timm_twin(model))
         except (ImportError, ValueError) as error:
             skipped["timm"] = str(error)
-    if "onnxruntime" in runtimes:
+    traced = None  # the fp32 ONNX export, traced once and reused by the int8 and OpenVINO exports
+    if "onnxruntime" in runtimes or ("openvino" in runtimes and device.type == "cpu"):
         try:
             from .checkpoints.onnx import OnnxModel, write_onnx
 
-            for precision, quantize in (("fp32", None), ("int8", "int8")):
-                if wanted(precision):
-                    path = workdir / f"{precision}.onnx"
-                    write_onnx(model, path, quantize, device)
-                    session = OnnxModel(path, device)
-                    found.append(Candidate("onnxruntime", precision, "inference",
-                                           lambda s=session: s(images), precision))
+            traced = write_onnx(model, workdir / "fp32.onnx", None, device).path
         except ImportError as error:
-            skipped["onnxruntime"] = str(error)
+            if "onnxruntime" in runtimes:
+                skipped["onnxruntime"] = str(error)
+    if "onnxruntime" in runtimes and traced is not None:
+        for precision, quantize in (("fp32", None), ("int8", "int8")):
+            if wanted(precision):
+                path = traced if quantize is None else write_onnx(model, workdir / f"{precision}.onnx", quantize,
+                                                                  device, traced).path
+                session = OnnxModel(path, device)
+                found.append(Candidate("onnxruntime", precision, "inference", lambda s=session: s(images), precision))
     if "openvino" in runtimes:
         if device.type != "cpu":
             skipped["openvino"] = f"vitkit runs OpenVINO on its CPU plugin, not on {device.type}"
@@ -181,7 +184,7 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
             try:
                 from .checkpoints.openvino import OpenVinoModel, write_openvino
 
-                path = write_openvino(model, workdir / "model.xml").path
+                path = write_openvino(model, workdir / "model.xml", device, traced).path
                 for dtype in dtypes:
                     name = precision_name(dtype)
                     if wanted(name):

@@ -1,6 +1,8 @@
 """The errors vitkit explains: one family, so that callers catch ``VitkitError`` and the command line
 prints the message as one line. Each subclasses the built-in error a caller would otherwise expect."""
 
+from typing import Any
+
 
 class VitkitError(Exception):
     """An error whose message alone tells the user what was wrong and what was expected."""
@@ -28,3 +30,9 @@ class DeviceError(VitkitError, RuntimeError):
 
 class TrainingDiverged(VitkitError, RuntimeError):
     """The loss or the gradient became NaN or infinite; the last good checkpoint is left as it was."""
+
+
+def abridged(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: how a message quotes a bad value of any size."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + " ..."

@@ -348,10 +348,22 @@ CASES = [
          "preprocessor_config.json: expected a JSON object, got list"),
     Case("HF processor with crop_pct true", lambda t: ["info", str(hf_with(t, json.dumps({"crop_pct": True})))],
          1, "preprocessor_config.json: a centre crop of True of the resized image; expected a number in (0, 1]"),
+    Case("HF config with the channel count as a string", lambda t: ["info", str(_hf_config_with(
+        t, num_channels="3"))], 1, "hf/config.json: num_channels='3'; expected an integer >= 1"),
+    Case("open_clip hub with a bad preprocess_cfg beside weights of noise (the side file is read first)",
+         lambda t: ["info", str(_open_clip_hub(t, {"mean": "red"}))], 1,
+         "open_clip_config.json: preprocess_cfg.mean='red'; expected a finite number"),
+    Case("open_clip hub whose width is a string", lambda t: ["info", str(_open_clip_hub(t, {}, width="768"))], 1,
+         "open_clip_config.json: model_cfg.vision_cfg.width='768'; expected an integer >= 1"),
+    Case("timm hub whose head count is a bool", lambda t: ["info", str(_timm_hub_with(t, {}, num_heads=True))], 1,
+         "config.json: model_args.num_heads=True; expected an integer >= 1"),
+    Case("open_clip hub whose preprocess_cfg is a long list", lambda t: ["info", str(_open_clip_hub(
+        t, list(range(100))))], 1, "open_clip_config.json: preprocess_cfg=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, "
+         "13, 14, 15, 16, 17, 18, 19, 20, 21, 2 ...; expected a JSON object"),  # the first 80 characters
     Case("timm hub with crop_pct true", lambda t: ["info", str(_timm_hub_with(t, {"crop_pct": True}))], 1,
          "config.json: pretrained_cfg.crop_pct=True; expected a number in (0, 1]"),
     Case("timm hub whose pretrained_cfg is a list", lambda t: ["info", str(_timm_hub_with(t, [1]))], 1,
-         "config.json: pretrained_cfg='[1]'; expected a JSON object"),
+         "config.json: pretrained_cfg=[1]; expected a JSON object"),
     Case("timm hub with 2 means for 3 channels", lambda t: ["info", str(_timm_hub_with(
         t, {"mean": [0.5, 0.5], "std": 0.5}))], 1, "config.json: pretrained_cfg.mean=[0.5, 0.5]; expected"),
     Case("ONNX file whose config has backbone 5", lambda t: ["eval", str(_onnx_with_config(t, {"backbone": 5}))], 1,
@@ -380,7 +392,24 @@ def hf_with(tmp: Path, processor: bytes | str | None) -> Path:
     return directory
 
 
-def _timm_hub_with(tmp: Path, pretrained_cfg: object) -> Path:
+def _hf_config_with(tmp: Path, **fields: object) -> Path:
+    """An HF directory of a tiny colour model whose config.json has ``fields`` changed."""
+    directory = hf_with(tmp, "{}")
+    config = json.loads((directory / "config.json").read_text())
+    write(directory / "config.json", json.dumps({**config, **fields}))
+    return directory
+
+
+def _open_clip_hub(tmp: Path, preprocess_cfg: object, width: object = 64) -> Path:
+    """An open_clip hub directory whose config has this preprocess_cfg and width and whose weights file is noise."""
+    directory = tmp / "clip"
+    write(directory / "open_clip_model.safetensors", RANDOM)
+    write(directory / "open_clip_config.json", json.dumps({"model_cfg": {"vision_cfg": {"width": width}},
+                                                           "preprocess_cfg": preprocess_cfg}))
+    return directory
+
+
+def _timm_hub_with(tmp: Path, pretrained_cfg: object, num_heads: object = 2) -> Path:
     """A timm hub directory (config.json + model.safetensors) of a tiny colour model with this pretrained_cfg."""
     from vitkit.checkpoints.timm import write_timm
 
@@ -388,7 +417,8 @@ def _timm_hub_with(tmp: Path, pretrained_cfg: object) -> Path:
     directory.mkdir()
     write_timm(_tiny_colour_model(), directory / "model.safetensors")
     write(directory / "config.json", json.dumps({"architecture": "vit_tiny_patch16_224", "num_classes": 3,
-                                                 "model_args": {"num_heads": 2}, "pretrained_cfg": pretrained_cfg}))
+                                                 "model_args": {"num_heads": num_heads},
+                                                 "pretrained_cfg": pretrained_cfg}))
     return directory
 
 

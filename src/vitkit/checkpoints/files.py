@@ -8,6 +8,7 @@ import json
 import math
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,7 +17,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, abridged
+from ..models.config import is_int, is_real
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
@@ -47,6 +49,32 @@ def read_side_file(path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+# What a number in a checkpoint's JSON file may be, by kind: a test of the value and the words that say it.
+FIELD_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "count": (lambda value: is_int(value) and value >= 1, "an integer >= 1"),
+    "size": (lambda value: is_int(value) and value >= 1 or isinstance(value, list) and len(value) == 2
+             and all(is_int(side) and side >= 1 for side in value), "an integer >= 1 or a [height, width] pair"),
+    "fraction": (lambda value: is_real(value) and 0 <= value < 1, "a number in [0, 1)"),
+    "positive": (lambda value: is_real(value) and value > 0, "a positive number"),
+    "flag": (lambda value: isinstance(value, bool), "true or false"),
+}
+
+
+def check_fields(data: Any, fields: dict[str, str], path: Path, required: tuple[str, ...] = (),
+                 within: str = "") -> None:
+    """Refuse a JSON object from ``path`` whose ``fields`` (name -> a kind of FIELD_KINDS) are of the wrong type
+    or out of range, or that lacks a ``required`` one, naming the field (after ``within``, the path of a nested
+    object) and what it must be. Fields it does not hold are left to their defaults."""
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: {within.removesuffix('.')}={abridged(data)}; expected a JSON object")
+    for key, kind in fields.items():
+        valid, expected = FIELD_KINDS[kind]
+        if key in required and key not in data:
+            raise CheckpointError(f"{path}: no {within}{key}; expected {expected}")
+        if key in data and not valid(data[key]):
+            raise CheckpointError(f"{path}: {within}{key}={abridged(data[key])}; expected {expected}")
 
 
 # The weights an HF or timm hub directory holds, in order of preference (safetensors before a pickle).

@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
-from ..errors import CheckpointError
+from ..errors import CheckpointError, abridged
 from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int
 from ..models.vit import VisionTransformer
-from .files import HUB_WEIGHT_FILES, hub_weights_file, read_side_file, read_weights
+from .files import HUB_WEIGHT_FILES, check_fields, hub_weights_file, read_side_file, read_weights
 from .inference import kept_overrides, known_normalization, options_in_use
 from .names import Names, fuse_qkv, rename, split_qkv, with_prefix_positions
 
@@ -54,6 +54,12 @@ VIT_NAMES = [  # the 4.x name of each pair comes first: it is the one written
 ]
 NAMES = Names(VIT_NAMES)
 
+# What each number HF's config.json gives must be (a kind of files.FIELD_KINDS).
+HF_FIELDS = dict(hidden_size="count", num_hidden_layers="count", num_attention_heads="count",
+                 intermediate_size="count", num_channels="count", patch_size="count", image_size="size",
+                 hidden_dropout_prob="fraction", attention_probs_dropout_prob="fraction", layer_norm_eps="positive",
+                 qkv_bias="flag")
+
 
 def is_hf_config(config_json: dict[str, Any] | None) -> bool:
     """Whether a directory's parsed ``config.json`` is HF transformers'."""
@@ -63,6 +69,8 @@ def is_hf_config(config_json: dict[str, Any] | None) -> bool:
 def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
             ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF ViT directory whose ``config.json`` the caller has parsed into ``hf``."""
+    check_fields(hf, HF_FIELDS, directory / CONFIG_FILE,
+                 required=("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"))
     if hf.get("model_type") != "vit":
         raise CheckpointError(f"{directory / CONFIG_FILE}: model_type={hf.get('model_type')!r}; vitkit reads "
                               f"HF's 'vit' models")
@@ -104,14 +112,9 @@ def read_labels(hf: dict[str, Any], num_classes: int, source: Path) -> tuple[str
         return None
     if not (isinstance(labels, dict) and set(labels) == {str(k) for k in range(num_classes)}
             and all(isinstance(name, str) for name in labels.values())):
-        raise CheckpointError(f"{source}: id2label={_abridged(labels)}; expected a name (a string) for each of the "
+        raise CheckpointError(f"{source}: id2label={abridged(labels)}; expected a name (a string) for each of the "
                               f"head's {num_classes} outputs, keyed '0' to '{num_classes - 1}'")
     return tuple(labels[str(k)] for k in range(num_classes))
-
-
-def _abridged(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def read_preprocessing(directory: Path, channels: int) -> dict[str, Any]:
@@ -135,6 +138,10 @@ def processor_crop_pct(processor: dict[str, Any], path: Path) -> float:
         crop_pct = processor["crop_pct"]
     elif processor.get("do_center_crop"):
         crop, resized = _side(processor.get("crop_size"), "crop_size", path), _side(processor.get("size"), "size", path)
+        if crop > resized:  # transformers pads such a crop with black borders; vitkit crops inside the image
+            raise CheckpointError(f"{path}: do_center_crop with crop_size={abridged(processor['crop_size'])} larger "
+                                  f"than size={abridged(processor['size'])}; expected a crop within the resized "
+                                  f"image (vitkit does not pad)")
         crop_pct = crop / resized
     else:
         return 1.0
@@ -149,8 +156,9 @@ def _side(size: Any, key: str, path: Path) -> int:
     side = size.get("shortest_edge", size.get("height")) if isinstance(size, dict) else size
     if is_int(side) and side > 0:
         return side
-    raise CheckpointError(f"{path}: {key}={size!r}; expected a number of pixels, or an object with "
-                          f"'shortest_edge' or 'height'")
+    raise CheckpointError(f"{path}: do_center_crop with {key}={abridged(size)}; expected {key} as a number of "
+                          f"pixels, or an object with 'shortest_edge' or 'height' (vitkit does not guess the "
+                          f"defaults of HF's processor classes)")
 
 
 def write_hf(model: VisionTransformer, directory: str | Path) -> Path:

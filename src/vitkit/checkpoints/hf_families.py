@@ -26,9 +26,9 @@ import torch
 from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
-from .files import hub_weights_file, read_weights
-from .hf import (CONFIG_FILE, GELUS, HF_ACTIVATIONS, VIT_NAMES, hf_labels, read_labels, read_preprocessing,
-                 write_hf_directory)
+from .files import check_fields, hub_weights_file, read_weights
+from .hf import (CONFIG_FILE, GELUS, HF_ACTIVATIONS, HF_FIELDS, VIT_NAMES, hf_labels, read_labels,
+                 read_preprocessing, write_hf_directory)
 from .inference import infer_config
 from .names import Names, clip_token_and_head, fuse_qkv, rename, split_qkv, with_prefix_positions, without_text_tower
 
@@ -107,7 +107,10 @@ def read_hf_family(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
                    ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF directory of a family on the ViT skeleton whose ``config.json`` the caller has parsed into ``hf``."""
     family, default_eps, default_act, antialias = MODEL_TYPES[hf["model_type"]]
-    tower = hf.get("vision_config", hf) if hf["model_type"] in ("clip", "siglip") else hf
+    nested = hf["model_type"] in ("clip", "siglip") and "vision_config" in hf
+    tower = hf["vision_config"] if nested else hf
+    check_fields(tower, HF_FIELDS, directory / CONFIG_FILE, required=("num_attention_heads",),
+                 within="vision_config." if nested else "")
     act = tower.get("hidden_act", default_act)
     if act not in GELUS and not (family == "dinov2" and tower.get("use_swiglu_ffn")):
         raise CheckpointError(f"{directory / CONFIG_FILE}: hidden_act={act!r}; expected one of {sorted(GELUS)}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import tempfile
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import move_into_place
+from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
@@ -113,8 +113,10 @@ def probe_batch(config: ViTConfig) -> torch.Tensor:
 
 
 def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
-               device: torch.device | str = "cpu") -> OnnxExport:
-    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place."""
+               device: torch.device | str = "cpu", traced: Path | None = None) -> OnnxExport:
+    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place.
+    ``traced``: an fp32 export of this very model already written (read, never moved), to start from
+    instead of tracing again (``vitkit bench`` exports one model as fp32, int8 and OpenVINO)."""
     if quantize not in (None, *QUANTIZATIONS):
         raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
     path, device = Path(path), torch.device(device)
@@ -129,17 +131,19 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
     scale = max(1.0, float(np.abs(reference).max()))
-    path.parent.mkdir(parents=True, exist_ok=True)  # the export is built beside its target, then renamed
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
-        exported = Path(tmp) / "fp32.onnx"
-        trace(model, exported, device)
+    with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
+        exported = tmp / "fp32.onnx"
+        if traced is None:
+            trace(model, exported, device)
+        else:
+            shutil.copyfile(traced, exported)
         difference = float(np.abs(_logits(exported, probe, device) - reference).max())
         if difference > TOLERANCE * scale:
             raise CheckpointError(f"{path}: ONNX Runtime's logits differ from PyTorch's by {difference:.3g} on a probe "
                                   f"batch of {_PROBE_BATCH} (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
         report = OnnxExport(path, OPSET, difference)
         if quantize:
-            quantized = Path(tmp) / "int8.onnx"
+            quantized = tmp / "int8.onnx"
             _quantize(exported, quantized)
             logits = _logits(quantized, probe, device)
             report.quantized_difference = float(np.abs(logits - reference).max())
@@ -167,7 +171,7 @@ class OnnxModel(nn.Module):
             raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the ONNX metadata; only files written by "
                                   f"`vitkit convert --to onnx` carry the classes and normalisation vitkit needs")
         try:
-            self.config = ViTConfig.from_json(metadata[CONFIG_KEY])
+            self.config = ViTConfig.from_json(metadata[CONFIG_KEY], str(self.path))
         except ValueError as error:  # not JSON, or not a valid config
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' metadata ({error})") from error
 

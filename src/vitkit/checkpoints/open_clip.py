@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, abridged
 from ..models.config import Provenance, ViTConfig
-from .files import find_weights_file, hub_weights_file, read_json_object, read_weights
+from .files import check_fields, find_weights_file, hub_weights_file, read_json_object, read_weights
 from .inference import infer_config, known_normalization
 from .names import Names, clip_token_and_head, rename, without_text_tower
 
@@ -32,6 +32,7 @@ HUB_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 PLAIN_TOWER = dict(timm_model_name=None, attentional_pool=False, pool_type="tok", final_ln_after_pool=False,
                    no_ln_pre=False, pos_embed_type="learnable", qk_norm=False, block_type=None)
 
+RGB = 3  # open_clip's towers have no channel setting: conv1 takes 3
 OPEN_CLIP_NUMERICS = dict(ln_eps=1e-5, gelu="exact", pos_interp="bicubic", pos_interp_antialias=True)
 
 _BLOCK = "transformer.resblocks.{i}."
@@ -74,23 +75,26 @@ def is_open_clip_directory(path: Path) -> bool:
 
 
 def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    hub = read_json_object(directory / HUB_CONFIG)
+    """A hub directory; its small config is checked whole before the weights, which may be gigabytes, are read."""
+    path = directory / HUB_CONFIG
+    hub = read_json_object(path)
     model = (hub or {}).get("model_cfg")
     if not isinstance(model, dict) or not isinstance(model.get("vision_cfg"), dict):
-        raise CheckpointError(f"{directory / HUB_CONFIG}: expected a JSON object with model_cfg.vision_cfg")
+        raise CheckpointError(f"{path}: expected a JSON object with model_cfg.vision_cfg")
     vision = model["vision_cfg"]
-    other = [f"vision_cfg.{key}={vision[key]!r}" for key, plain in PLAIN_TOWER.items()
+    check_fields(vision, {"width": "count", "head_width": "count"}, path, within="model_cfg.vision_cfg.")
+    other = [f"vision_cfg.{key}={abridged(vision[key])}" for key, plain in PLAIN_TOWER.items()
              if vision.get(key, plain) != plain]
     if other:
-        raise CheckpointError(f"{directory / HUB_CONFIG}: {', '.join(other)}: not the CLIP ViT tower vitkit reads")
+        raise CheckpointError(f"{path}: {', '.join(other)}: not the CLIP ViT tower vitkit reads")
+    preprocess = hub.get("preprocess_cfg", {})
+    if not isinstance(preprocess, dict):
+        raise CheckpointError(f"{path}: preprocess_cfg={abridged(preprocess)}; expected a JSON object")
+    family = known_normalization(preprocess.get("mean"), preprocess.get("std"), path, RGB,
+                                 ("preprocess_cfg.mean", "preprocess_cfg.std"))
     told = {"num_heads": vision.get("width", 768) // vision.get("head_width", 64)}
     if model.get("quick_gelu"):
         told["gelu"] = "quick"
     weights = hub_weights_file(directory, "an open_clip", HUB_WEIGHTS)
     config, state = from_open_clip(read_weights(weights), {**told, **overrides}, str(weights))
-    preprocess = hub.get("preprocess_cfg", {})
-    if not isinstance(preprocess, dict):
-        raise CheckpointError(f"{directory / HUB_CONFIG}: preprocess_cfg={preprocess!r}; expected a JSON object")
-    family = known_normalization(preprocess.get("mean"), preprocess.get("std"), directory / HUB_CONFIG,
-                                 config.in_chans, ("preprocess_cfg.mean", "preprocess_cfg.std"))
     return config.replace(provenance=config.provenance.replace(source=str(directory), normalization=family)), state

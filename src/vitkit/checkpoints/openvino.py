@@ -12,7 +12,6 @@ step, and a graph must never run another export's weights.
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import move_into_place
+from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
@@ -55,8 +54,10 @@ def _compiled(openvino, graph, precision: str):
     return openvino.Core().compile_model(graph, "CPU", config)
 
 
-def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu") -> OpenVinoExport:
-    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it), checked by OpenVINO in fp32.
+def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu",
+                   traced: Path | None = None) -> OpenVinoExport:
+    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it), checked by OpenVINO in fp32;
+    ``traced`` is an ONNX export of this very model to convert instead of tracing again.
 
     The two files are replaced one after the other, the weights first; the graph records the SHA-256 of its
     weights, so that a pair cut apart by a kill between the two renames is refused when read, never run."""
@@ -68,10 +69,10 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     probe = probe_batch(model.config)
     with torch.no_grad():
         reference = model(probe.to(device)).float().cpu().numpy()
-    path.parent.mkdir(parents=True, exist_ok=True)  # the export is built beside its target, then renamed
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
-        onnx_path, ir_path, bin_path = Path(tmp) / "model.onnx", Path(tmp) / "model.xml", Path(tmp) / "model.bin"
-        trace(model, onnx_path, device, metadata=False)  # checked once, below, as OpenVINO runs it
+    with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
+        onnx_path, ir_path, bin_path = traced or tmp / "model.onnx", tmp / "model.xml", tmp / "model.bin"
+        if traced is None:
+            trace(model, onnx_path, device, metadata=False)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
         graph.set_rt_info(_DIGEST_PENDING, WEIGHTS_KEY)
@@ -119,7 +120,7 @@ class OpenVinoModel(nn.Module):
             raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the model's runtime info; only files written "
                                   f"by `vitkit convert --to openvino` carry the classes and normalisation vitkit needs")
         try:
-            self.config = ViTConfig.from_json(graph.get_rt_info(CONFIG_KEY).astype(str))
+            self.config = ViTConfig.from_json(graph.get_rt_info(CONFIG_KEY).astype(str), str(self.path))
         except ValueError as error:
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' runtime info ({error})") from error
         weights = self.path.with_suffix(".bin")

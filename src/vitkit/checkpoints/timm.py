@@ -27,10 +27,10 @@ import torch
 from safetensors.torch import save
 
 from ..atomic import atomic_file
-from ..errors import CheckpointError
+from ..errors import CheckpointError, abridged
 from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct
 from ..models.vit import VisionTransformer
-from .files import hub_weights_file, read_weights
+from .files import check_fields, hub_weights_file, read_weights
 from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
 
@@ -86,7 +86,8 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
     """A timm hub directory whose ``config.json`` the caller has parsed into ``hub``."""
     for key in ("pretrained_cfg", "model_args"):
         if not isinstance(hub.get(key, {}), dict):
-            raise CheckpointError(f"{directory / HUB_CONFIG}: {key}={str(hub[key])[:80]!r}; expected a JSON object")
+            raise CheckpointError(f"{directory / HUB_CONFIG}: {key}={abridged(hub[key])}; expected a JSON object")
+    check_fields(hub.get("model_args", {}), {"num_heads": "count"}, directory / HUB_CONFIG, within="model_args.")
     weights = hub_weights_file(directory, "a timm")
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg", "map"):

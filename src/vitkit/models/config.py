@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, abridged
 from ..normalization import NORMALIZATION, normalization
 
 # "map": multi-head attention pooling with a learned probe (SigLIP's head).
@@ -207,7 +208,8 @@ class ViTConfig:
         need(self.backbone is None or (isinstance(self.backbone, tuple)
                                        and all(is_int(blocks) and blocks > 0 for blocks in self.backbone)),
              f"backbone={self.backbone!r}, expected null or a list of positive block counts")
-        need(isinstance(self.provenance, Provenance), f"provenance={self.provenance!r}, expected a Provenance or a JSON object")
+        need(isinstance(self.provenance, Provenance),
+             f"provenance={self.provenance!r}, expected a Provenance or a JSON object")
         classes = self.provenance.classes
         need(classes is None or len(classes) == self.num_classes,
              f"{len(classes or ())} class names in provenance for num_classes={self.num_classes}")
@@ -265,6 +267,12 @@ class ViTConfig:
         return normalization(self.provenance.normalization, self.in_chans)
 
     def replace(self, **changes: Any) -> "ViTConfig":
+        """A copy with ``changes``; a new ``num_classes`` is a new head, so the old head's class names go
+        unless names for the new one come in the same call."""
+        provenance = changes.get("provenance", self.provenance)
+        if (changes.get("num_classes", self.num_classes) != self.num_classes and isinstance(provenance, Provenance)
+                and provenance.classes is not None and provenance.classes == self.provenance.classes):
+            changes["provenance"] = provenance.replace(classes=None)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -277,19 +285,34 @@ class ViTConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ViTConfig":
+        """The config that ``data`` (read from ``source``, named in warnings) describes."""
         if not isinstance(data, dict):
-            raise ConfigError(f"invalid ViTConfig: {str(data)[:80]!r}, expected a JSON object")
+            raise ConfigError(f"invalid ViTConfig: {abridged(data)}, expected a JSON object")
+        data = {**data}
         if "extra" in data and "provenance" not in data:  # written when provenance was an untyped dict
-            data = {**data}
             data["provenance"] = data.pop("extra")
         check_keys(cls, data, "ViTConfig")
+        data["provenance"] = _without_stale_classes(data.get("provenance", {}), data.get("num_classes", 1000),
+                                                    source)
         return cls(**data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ViTConfig":
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, source: str = "config") -> "ViTConfig":
+        return cls.from_dict(json.loads(text), source)
+
+
+def _without_stale_classes(provenance: Any, num_classes: Any, source: str) -> Any:
+    """A saved provenance without class names that do not match the head: versions before ``replace``
+    dropped them kept an earlier head's names beside a new head's weights. The weights are sound (their
+    shapes are checked on loading); only the names are stale, so they go, with a warning."""
+    if not (isinstance(provenance, dict) and isinstance(provenance.get("classes"), list) and is_int(num_classes)
+            and len(provenance["classes"]) != num_classes):
+        return provenance
+    warnings.warn(f"{source}: {len(provenance['classes'])} class names in provenance.classes for "
+                  f"num_classes={num_classes}; they belonged to an earlier head and are dropped", stacklevel=3)
+    return {**provenance, "classes": None}
 
