@@ -7,8 +7,8 @@ Measured in one run, over interleaved rounds (medians reported), so that the rat
   single-core decode + transform rate times the workers (the decode limit), measured again just before each
   loader (the ratio of each pair is reported too, the figure a machine whose speed drifts disturbs least),
   and against that many plain decoding processes at once (what the cores give together, no loader);
-  the folder loader also with no worker (its own per-image work, in process) and with one (plus moving
-  float batches between processes), which tell where a shortfall from the limit comes from. One loader
+  the folder loader also with no worker (its own per-image work, in process) and with one (plus passing
+  batches between processes), which tell where a shortfall from the limit comes from. One loader
   is alive at a time: its workers are started, its queue filled and drained, then ``--batches`` batches
   are timed, with the main process's CPU time;
 - the price of fresh memory: filling a new float batch against refilling one already touched;
@@ -240,7 +240,7 @@ def main() -> None:
                    "vitkit_shards": (lambda: vitkit_loader(sharded, workers), workers),
                    "torchvision_imagefolder": (lambda: torchvision_loader(folder, workers), workers),
                    # where a shortfall comes from: the loader's own work in one process, then one worker's
-                   # transfer of float batches between processes, then the cores the workers really get
+                   # passing of batches between processes, then the cores the workers really get
                    "vitkit_folder_in_process": (lambda: vitkit_loader(listed, 0), 0),
                    "vitkit_folder_1_worker": (lambda: vitkit_loader(listed, 1), 1)}
         samples = {name: [] for name in [*loaders, "single_core", "concurrent_processes"]}

@@ -97,11 +97,13 @@ def test_a_damaged_or_unwritable_cache_only_costs_time(tmp_path, monkeypatch, wa
     np.savez_compressed(compressed := tmp_path / "compressed.npz", **members)  # valid, but cannot be mapped
     objects = dict(members, files=np.array([b"a/0.png", None], dtype=object))  # would need pickle to read
     np.savez(with_objects := tmp_path / "objects.npz", **objects)
+    overlong = entry.read_bytes().replace(b"'shape': (2,)", b"'shape': (9,)")  # more rows than its bytes
+    assert overlong != entry.read_bytes()
     for damage in (entry.read_bytes()[:100], b"not a zip file", b"", compressed.read_bytes(),
-                   with_objects.read_bytes()):  # torn, someone else's, empty, compressed, holding objects
+                   with_objects.read_bytes(), overlong):  # torn, someone else's, empty, compressed, objects
         entry.write_bytes(damage)
         assert names(root) == ["a/0.png", "b/1.png"]
-    assert len(walks) == 6
+    assert len(walks) == 7
 
     blocked = tmp_path / "cache-is-a-file"
     blocked.write_text("")

@@ -64,7 +64,7 @@ class ArrayDataset(Dataset):
 class FileDataset(Dataset):
     """Image files listed, not read (``imagefolder:``): each is decoded when a worker asks for it, so an
     unreadable one surfaces then (see ``loading.Transformed`` for what ``--corrupt`` does with it).
-    The paths of the whole folder live in one numpy byte array (memory-mapped from the listing cache: ranks
+    The paths of the whole folder live in one numpy byte array (memory-mapped when the listing cache has it: ranks
     and forked workers share its pages), and a split keeps only the rows it takes of it."""
 
     def __init__(self, listing: np.ndarray, labels: torch.Tensor, classes: list[str], name: str,

@@ -13,6 +13,7 @@ written costs only time.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import time
@@ -20,6 +21,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -127,10 +129,10 @@ def _entry(root: Path) -> Path:
 def _cached(entry: Path, root: Path) -> Listing | None:
     """The cached listing of ``root``, or None when there is none to trust."""
     try:
-        with np.load(entry, allow_pickle=False) as arrays:
+        with open(entry, "rb") as handle, np.load(handle, allow_pickle=False) as arrays:  # one file, if replaced
             if int(arrays["version"]) != FORMAT_VERSION or arrays["root"].item() != os.fsencode(root):
                 return None
-            listing = Listing([os.fsdecode(name) for name in arrays["classes"]], _mapped(entry, "files"),
+            listing = Listing([os.fsdecode(name) for name in arrays["classes"]], _mapped(handle, "files"),
                               arrays["counts"], arrays["directories"], arrays["stamps"])
         if not (len(listing.directories) and listing.directories[0] == os.fsencode(root)
                 and listing.stamps.shape == (len(listing.directories), len(STAMP))
@@ -143,23 +145,26 @@ def _cached(entry: Path, root: Path) -> Listing | None:
         return None
 
 
-def _mapped(entry: Path, name: str) -> np.memmap:
-    """Array ``name`` of the ``.npz`` file ``entry`` mapped, not read: np.savez stores its members uncompressed,
-    each an ``.npy`` file after a zip header, so the array's bytes lie at a fixed place in ``entry``. Loading a
-    million paths then costs no copy, and the processes that list one folder share its pages."""
-    with zipfile.ZipFile(entry) as archive, open(entry, "rb") as handle:
+def _mapped(handle: BinaryIO, name: str) -> np.memmap:
+    """Array ``name`` of the ``.npz`` file open as ``handle``, mapped, not read: np.savez stores its members
+    uncompressed, each an ``.npy`` file after a zip header, so the array's bytes lie at a fixed place in the file.
+    Loading a million paths then costs no copy, and the processes that list one folder share its pages."""
+    with zipfile.ZipFile(handle) as archive:
         member = archive.getinfo(f"{name}.npy")
-        if member.compress_type != zipfile.ZIP_STORED:
-            raise ValueError(f"{entry}: {name} is compressed")
-        handle.seek(member.header_offset + 26)  # a zip local header: 30 bytes, the last 4 two lengths
-        name_length, extra_length = struct.unpack("<HH", handle.read(4))
-        handle.seek(name_length + extra_length, os.SEEK_CUR)
-        version = np.lib.format.read_magic(handle)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        shape, fortran_order, dtype = read_header[version](handle)
-        if dtype.hasobject:
-            raise ValueError(f"{entry}: {name} holds Python objects")
-        return np.memmap(handle, dtype, "r", handle.tell(), shape, "F" if fortran_order else "C")
+    if member.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{name} is compressed")
+    handle.seek(member.header_offset)
+    signature, name_length, extra_length = struct.unpack("<4s22xHH", handle.read(30))  # a zip local header
+    if signature != b"PK\x03\x04":
+        raise ValueError(f"{name}: no zip entry where the directory says")
+    start = member.header_offset + 30 + name_length + extra_length
+    handle.seek(start)
+    version = np.lib.format.read_magic(handle)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    shape, fortran_order, dtype = read_header[version](handle)
+    if dtype.hasobject or handle.tell() + dtype.itemsize * math.prod(shape) > start + member.file_size:
+        raise ValueError(f"{name}: not an array of bytes within its entry")
+    return np.memmap(handle, dtype, "r", handle.tell(), shape, "F" if fortran_order else "C")
 
 
 def _store(entry: Path, root: Path, listing: Listing) -> None:

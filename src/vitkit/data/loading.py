@@ -58,8 +58,13 @@ def finished_batch(preset: Preset, images: Sequence[torch.Tensor],
     shape = (len(images), *images[0].shape)
     slot = slots.take(shape) if slots is not None else None
     batch = slot.images if slot is not None else torch.empty(shape, dtype=torch.float32)
-    for row, image in zip(batch, images):
-        preset.per_batch(image, out=row)
+    try:
+        for row, image in zip(batch, images):
+            preset.per_batch(image, out=row)
+    except BaseException:
+        if slot is not None:
+            slot.abandon()
+        raise
     return slot.handed_on() if slot is not None else batch
 
 
@@ -169,19 +174,22 @@ class StepSampler(Sampler[list[Key]]):
                 yield [(index, epoch) for index in mine[offset:offset + micro]]
 
 
-def worker_options(num_workers: int) -> dict:
+def worker_options(num_workers: int, device: torch.device | None = None) -> dict:
     """Decoding in ``num_workers`` processes kept alive across passes; pinned host memory for non-blocking
-    copies when a GPU is there."""
-    return dict(num_workers=num_workers, persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available())
+    copies where the batches go to a GPU (only there: pinning copies a batch out of its slot)."""
+    return dict(num_workers=num_workers, persistent_workers=num_workers > 0,
+                pin_memory=device is not None and device.type == "cuda")
 
 
-def step_loader(dataset: Transformed, sampler: StepSampler, num_workers: int = 0) -> DataLoader:
-    """A loader over ``sampler``'s micro-batches ``(images, labels, skipped file names)``; its own
-    generator leaves the global RNG untouched."""
+def step_loader(dataset: Transformed, sampler: StepSampler, num_workers: int = 0,
+                device: torch.device | None = None) -> DataLoader:
+    """A loader over ``sampler``'s micro-batches ``(images, labels, skipped file names)`` bound for ``device``;
+    its own generator leaves the global RNG untouched."""
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=dataset.collate_training,
-                      generator=torch.Generator().manual_seed(sampler.seed), **worker_options(num_workers))
+                      generator=torch.Generator().manual_seed(sampler.seed), **worker_options(num_workers, device))
 
 
-def eval_loader(dataset: Transformed, batch_size: int, num_workers: int = 0) -> DataLoader:
+def eval_loader(dataset: Transformed, batch_size: int, num_workers: int = 0,
+                device: torch.device | None = None) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=dataset.collate,
-                      generator=torch.Generator(), **worker_options(num_workers))
+                      generator=torch.Generator(), **worker_options(num_workers, device))

@@ -5,7 +5,7 @@ evaluation batches ``(images, labels)`` over every image once.
 
 For the CPU, the workers decode, transform and normalise each image straight into its row of a batch kept in
 shared memory and reused (``slots``): fresh memory is what a float batch costs most on the CPU (over 10x the time
-of memory already touched on this project's 2-core VM), and the main process only maps a worker's slots once and
+of memory already touched on this project's 2-core VM), and the main process maps each of their slots once a pass and
 lends each batch, so nearly all of its core is left to training. For an accelerator the workers send uint8, a
 quarter of float32's bytes, and the per-batch step (float conversion, normalisation) runs on the device after a
 non-blocking copy. Measured by benchmarks/bench_data.py (benchmarks/results/data.md).
@@ -48,7 +48,7 @@ class Arrived:
     def __init__(self, loader: DataLoader, per_batch: ToModelInput | torch.nn.Identity,
                  device: torch.device | None = None):
         self.loader, self.per_batch, self.device = loader, per_batch, device
-        self.mapped: dict[int, tuple] = {}  # each worker's slots, held so that torch maps them once a pass
+        self.mapped: dict[tuple[int, int], tuple] = {}  # workers' slots, held so that torch maps each once a pass
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -57,12 +57,13 @@ class Arrived:
         try:
             for images, *rest in self.loader:
                 yield self.finish(images), *rest
-        finally:  # an evaluation loader lives as long as its run: its workers' slots need not stay mapped here
+        finally:  # an evaluation loader lives as long as its run: its slots need not stay between passes
             self.mapped.clear()
+            self.loader.dataset.batch_slots.clear()  # those filled here, without workers
 
     def finish(self, images: torch.Tensor | SlotBatch) -> torch.Tensor:
         if isinstance(images, SlotBatch):
-            self.mapped[images.busy.data_ptr()] = images.images.untyped_storage(), images.busy
+            self.mapped[images.busy.data_ptr(), images.index] = images.images.untyped_storage(), images.busy
             return images.lend()
         if self.device is not None:
             images = images.to(self.device, non_blocking=True)
@@ -86,7 +87,7 @@ def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: 
     if not isinstance(dataset, ShardedSplit):
         sampler = StepSampler(len(dataset), global_batch, total_steps, seed=seed, start_step=start_step,
                               accum_steps=accum_steps, rank=rank, world_size=world_size)
-        loader = step_loader(Transformed(dataset, preset, seed, corrupt), sampler, num_workers)
+        loader = step_loader(Transformed(dataset, preset, seed, corrupt), sampler, num_workers, device)
         return Arrived(loader, arrival, device)
     micro = StepSampler.micro_batch(global_batch, world_size, accum_steps)
     if len(dataset) < global_batch:
@@ -95,7 +96,7 @@ def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: 
                             start_micro_batch=start_step * accum_steps, world_size=world_size,
                             num_workers=num_workers, corrupt=corrupt)
     loader = DataLoader(stream, batch_size=micro, collate_fn=stream.collate_training,  # leaves the global RNG alone
-                        generator=torch.Generator().manual_seed(seed), **worker_options(num_workers))
+                        generator=torch.Generator().manual_seed(seed), **worker_options(num_workers, device))
     return Arrived(loader, arrival, device)
 
 
@@ -104,10 +105,10 @@ def evaluation_loader(dataset, preset: Preset, batch_size: int, num_workers: int
     """Every image of ``dataset`` once, in its order (``corrupt='skip'`` leaves unreadable ones out)."""
     preset, arrival = for_workers(preset, device)
     if not isinstance(dataset, ShardedSplit):
-        loader = eval_loader(Transformed(dataset, preset, corrupt=corrupt), batch_size, num_workers)
+        loader = eval_loader(Transformed(dataset, preset, corrupt=corrupt), batch_size, num_workers, device)
         return Arrived(loader, arrival, device)
     stream = EvaluationStream(dataset, preset, corrupt)
     workers = min(num_workers, len(dataset.shards))  # a worker without a shard would idle
     loader = DataLoader(stream, batch_size=batch_size, collate_fn=stream.collate, generator=torch.Generator(),
-                        **worker_options(workers))
+                        **worker_options(workers, device))
     return Arrived(loader, arrival, device)
