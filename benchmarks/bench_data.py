@@ -13,11 +13,12 @@ Measured in one run, over interleaved rounds (medians reported), so that the rat
   are timed, with the main process's CPU time;
 - the price of fresh memory: filling a new float batch against refilling one already touched;
 - time to the first batch (listing, loader, workers, first batch) for a 10k-file and a 1M-file folder
-  (hard links to the same JPEGs), on the first run (the folder walked) and on later ones (its listing
-  cached; medians of 3);
-- resident memory of the loader (main process + workers) at step 10 and step 1,000.
+  (hard links to the same JPEGs), each in a new process as a run would be: on the first run (the folder
+  walked) and on later ones (its listing cached; medians of 5, the two sizes alternated);
+- resident memory of the loader (main process + workers) at step 10, step 1,000 and step 2,000, in all and
+  by kind.
 
-    PYTHONPATH=src python benchmarks/bench_data.py [--workers 2] [--large 1000000] [--rss-steps 1000]
+    PYTHONPATH=src python benchmarks/bench_data.py [--workers 2] [--large 1000000] [--rss-steps 2000]
 
 Writes ``benchmarks/results/data.json`` and ``data.md``; the folders live in a temporary directory that
 is removed at the end.
@@ -30,6 +31,8 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -181,8 +184,9 @@ def in_process_ratio(folder: Path, rounds: int, images: int = 128) -> dict:
             "torchvision_images_per_s": [round(b, 1) for _, b in samples], "median_ratio": round(ratio, 3)}
 
 
-def first_batch_seconds(folder: Path, workers: int) -> float:
-    """From naming the folder to holding the first batch; the workers' shutdown after is not counted."""
+def first_batch_here(folder: Path, workers: int) -> float:
+    """From naming the folder to holding the first batch, in this process; the workers' shutdown after is not
+    counted."""
     started = time.perf_counter()
     iterator = iter(vitkit_loader(load_dataset(f"imagefolder:{folder}", "train"), workers))
     next(iterator)
@@ -191,24 +195,38 @@ def first_batch_seconds(folder: Path, workers: int) -> float:
     return elapsed
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (the DataLoader workers), from /proc."""
-    def own(p: int) -> int:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
+def first_batch_seconds(folder: Path, workers: int) -> float:
+    """``first_batch_here`` in a new process, as a run starts: only the listing cache carries over, not this
+    process's memory (a walk of a million names leaves its heap large, which makes every later fork slower)."""
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import bench_data; "
+            "print(bench_data.first_batch_here(Path(sys.argv[2]), int(sys.argv[3])))")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(folder), str(workers)],
+                          capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+RSS_KINDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")  # all; anonymous; file pages mapped; shared memory
+
+
+def rss_mb(pid: int) -> dict[str, float]:
+    """Resident memory of a process and its children (the DataLoader workers), from /proc, in all and by kind
+    (pages of a mapped file, such as the folder listing, count once in each process that touched them)."""
+    def own(p: int) -> dict[str, int]:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{p}/status").read_text().splitlines())
+        return {kind: int(fields[kind].split()[0]) for kind in RSS_KINDS}
     children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    return (own(pid) + sum(own(c) for c in children)) / 1024
+    processes = [own(p) for p in (pid, *children)]
+    return {kind: round(sum(p[kind] for p in processes) / 1024, 1) for kind in RSS_KINDS}
 
 
-def rss_over_steps(dataset, workers: int, steps: int) -> dict[str, float]:
+def rss_over_steps(dataset, workers: int, steps: int) -> dict[str, dict[str, float]]:
+    """Resident memory at step 10, at step 1,000 and at ``steps`` (which shows whether a rise has stopped)."""
     loader = training_loader(dataset, build_transform("pretrain", (64, 64), 3, "google"), global_batch=16,
                              total_steps=steps, start_step=0, seed=0, num_workers=workers)
     marks = {}
     for step, _ in enumerate(loader, start=1):
-        if step in (10, steps):
-            marks[f"step_{step}"] = round(rss_mb(os.getpid()), 1)
+        if step in (10, 1000, steps):
+            marks[f"step_{step}"] = rss_mb(os.getpid())
     return marks
 
 
@@ -219,7 +237,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=12, help="batches timed per loader and round")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds; medians are reported")
     parser.add_argument("--large", type=int, default=1_000_000, help="files of the large folder (hard links)")
-    parser.add_argument("--rss-steps", type=int, default=1000)
+    parser.add_argument("--rss-steps", type=int, default=2000)
     args = parser.parse_args()
     workers = args.workers
     result = {"workers": workers, "batch": BATCH, "image_size": SIZE[0], "cpu_count": os.cpu_count(),
@@ -273,10 +291,16 @@ def main() -> None:
         large = linked_folder(files, scratch / "large", args.large)
         result["hard_links_s"] = round(time.perf_counter() - started, 1)
         time.sleep(RACY_NS / 1e9)  # as a folder made before the run: its listing may be cached
-        for label, path in (("10k", small), (f"{args.large // 1000}k", large)):
-            first = first_batch_seconds(path, workers)  # walks the folder and caches its listing
-            later = [first_batch_seconds(path, workers) for _ in range(3)]
-            result[f"first_batch_s_{label}"] = {"first_run": round(first, 2), "cached": round(float(np.median(later)), 2)}
+        folders = (("10k", small), (f"{args.large // 1000}k", large))
+        first = {label: first_batch_seconds(path, workers) for label, path in folders}  # walks, caches the listing
+        later = {label: [] for label, _ in folders}
+        for _ in range(5):  # alternated, so that both sizes meet the same load
+            for label, path in folders:
+                later[label].append(first_batch_seconds(path, workers))
+        for label, _ in folders:
+            result[f"first_batch_s_{label}"] = {"first_run": round(first[label], 3),
+                                                "cached": round(float(np.median(later[label])), 3)}
+            result[f"first_batch_cached_runs_{label}"] = [round(seconds, 3) for seconds in later[label]]
         result["first_batch_ratio"] = {
             kind: round(result[f"first_batch_s_{args.large // 1000}k"][kind] / result["first_batch_s_10k"][kind], 2)
             for kind in ("first_run", "cached")}
@@ -322,12 +346,20 @@ def markdown(result: dict, large: int) -> str:
         f"Filling a {BATCH} x 3 x 224 x 224 float batch: {result['fresh_memory_ms']['new']} ms in new memory, "
         f"{result['fresh_memory_ms']['touched']} ms in memory already touched.",
         "",
+        "Time to the first batch, each in a new process as a run starts (cached: median of 5, sizes alternated):",
+        "",
         "| time to the first batch | 10k files | " + f"{large:,} files | ratio |",
         "|---|---:|---:|---:|",
         *[f"| {kind.replace('_', ' ')} | {small[kind]} s | {big[kind]} s | {result['first_batch_ratio'][kind]} |"
           for kind in ("first_run", "cached")],
         "",
-        f"Resident memory (main + workers), {large:,}-file folder: {result['rss_mb_large_folder']} MB.",
+        f"Resident memory (main + workers, MB), {large:,}-file folder, by kind (anonymous, pages of mapped files,"
+        f" shared memory) in /proc's names:",
+        "",
+        "| step | " + " | ".join(RSS_KINDS) + " |",
+        "|---|" + "---:|" * len(RSS_KINDS),
+        *[f"| {mark[len('step_'):]} | " + " | ".join(str(kinds[kind]) for kind in RSS_KINDS) + " |"
+          for mark, kinds in result["rss_mb_large_folder"].items()],
         "",
     ])
 

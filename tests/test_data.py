@@ -1,5 +1,6 @@
 """Datasets, transform presets and the step-indexed sampler."""
 
+import os
 import warnings
 
 import numpy as np
@@ -251,6 +252,20 @@ def test_splits_and_epoch_orders_are_torch_randperm_of_the_seed():
     sampler = StepSampler(1000, 10, total_steps=200, seed=2)
     assert torch.equal(sampler.permutation(1).long(),
                        torch.randperm(1000, generator=torch.Generator().manual_seed(2 * 100_003 + 1)))
+
+
+def test_a_loader_left_in_mid_pass_says_nothing_as_the_interpreter_exits():
+    """A pass abandoned at exit closes its generator during the interpreter's teardown: letting its slots go then
+    must not call into a torch already torn down (it printed 'Exception ignored ... NoneType')."""
+    import subprocess
+    import sys
+    from launch import SRC
+    code = ("from vitkit.data import build_transform, load_dataset; from vitkit.data.pipelines import training_loader;"
+            "loader = training_loader(load_dataset('digits', 'train'), build_transform('pretrain', (8, 8), 1), "
+            "global_batch=8, total_steps=5, start_step=0, seed=0); passing = iter(loader); next(passing)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
 
 
 def test_pretrain_preset_is_random_and_seeded_per_sample():

@@ -86,16 +86,16 @@ class BatchSlots:
         self.__init__(state["count"])
 
     def clear(self) -> None:
-        """Let the slots go (a batch still lent keeps its own); the next batch starts afresh."""
-        self.owner, self.memory = None, []
-        self.busy = torch.zeros(self.count, dtype=torch.uint8)
+        """Let the slots go (a batch still lent keeps its own); the next batch starts afresh, with new flags.
+        Calls nothing of torch's: it may run as the interpreter shuts down, from a loader's ``finally``."""
+        self.owner, self.memory, self.busy = None, [], None
 
     def take(self, shape: tuple[int, ...]) -> SlotBatch | None:
         """A free slot for a batch of ``shape``, or None when every slot is still held."""
         size, in_worker = math.prod(shape), get_worker_info() is not None
         if self.owner != os.getpid() or (self.memory and len(self.memory[0]) < size):
-            self.clear()
-            self.owner = os.getpid()
+            self.owner, self.memory = os.getpid(), []
+            self.busy = torch.zeros(self.count, dtype=torch.uint8)
             if in_worker:
                 self.busy.share_memory_()
         busy = self.busy.tolist()
