@@ -22,10 +22,13 @@ TRAIN = ["--model-args", json.dumps(TINY), "--steps", "60", "--batch-size", "32"
 ENV = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
 
 
-def start(run_dir: Path) -> subprocess.Popen:
+def start(run_dir: Path, sigint=signal.SIG_DFL) -> subprocess.Popen:
+    """The run, with SIGINT as a terminal's foreground job has it (``sigint``), whatever this process has: a
+    shell's background job, as pytest may be, ignores it."""
     resume = ["--resume"] if (run_dir / "recipe.json").exists() else []
     return subprocess.Popen([sys.executable, "-m", "vitkit", "train", *TRAIN, "--run-dir", str(run_dir), *resume],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def staging(run_dir: Path, name: str) -> set[str]:
@@ -48,9 +51,9 @@ def writing(name: str):
     return when
 
 
-def interrupt(run_dir: Path, when, signum=signal.SIGKILL, timeout=120.0) -> tuple[int, str]:
+def interrupt(run_dir: Path, when, signum=signal.SIGKILL, timeout=120.0, sigint=signal.SIG_DFL) -> tuple[int, str]:
     """Start (or resume) the run, send ``signum`` as soon as ``when(run_dir)`` holds; (status, stderr)."""
-    process = start(run_dir)
+    process = start(run_dir, sigint)
     deadline = time.monotonic() + timeout
     while process.poll() is None and time.monotonic() < deadline:
         if when(run_dir):
@@ -151,6 +154,16 @@ def test_sigterm_and_sigint_save_then_stop(tmp_path):
     status, err = interrupt(run_dir, lambda d: len(records(d)) > step + 1, signal.SIGINT)
     assert status == 130, err[-2000:]
     assert "SIGINT: saved a checkpoint" in err and "interrupted" in err
+
+
+def test_a_run_started_ignoring_sigint_goes_on_ignoring_it(tmp_path):
+    """A background job of a shell (or nohup's) starts with SIGINT ignored: the run keeps to that, and neither
+    stops nor saves a checkpoint at every later step (it did: it noted the signal, then delivered it to no effect)."""
+    run_dir = tmp_path / "run"
+    first_record = lambda d: (d / "metrics.jsonl").exists() and (d / "metrics.jsonl").stat().st_size > 0  # noqa
+    status, err = interrupt(run_dir, first_record, signal.SIGINT, sigint=signal.SIG_IGN)
+    assert status == 0 and "SIGINT" not in err, err[-2000:]
+    assert (run_dir / "summary.json").is_file()
 
 
 def test_sigterm_under_torchrun_saves_on_every_rank_then_resumes(tmp_path):

@@ -137,7 +137,9 @@ class MetricsLog:
 
 class StopRequest:
     """SIGTERM and SIGINT, noted while a run trains so that it can save before it stops (the handlers
-    can only be installed from the main thread; elsewhere the signals keep their usual effect)."""
+    can only be installed from the main thread; elsewhere the signals keep their usual effect). A signal the
+    process was started ignoring (a shell's background job ignores SIGINT, as does Python then) stays ignored:
+    noting it would save a checkpoint, then deliver it to no effect, at every step to the end."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -147,7 +149,8 @@ class StopRequest:
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
-            self.previous = {signum: signal.signal(signum, self._note) for signum in self.SIGNALS}
+            self.previous = {signum: signal.signal(signum, self._note) for signum in self.SIGNALS
+                             if signal.getsignal(signum) != signal.SIG_IGN}
         return self
 
     def _note(self, signum: int, frame: Any) -> None:
