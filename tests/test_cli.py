@@ -111,7 +111,7 @@ def test_image_size_is_h_or_hxw_everywhere(tmp_path):
 
 # (not "0x8": YAML reads it as the hexadecimal integer 8)
 @pytest.mark.parametrize("text", ["8y", "8x0", "8x12x3", "x12", "-8", "8.5", "[8]", "[8, 0]", "[8, true]",
-                                  "[8, 12.0]", "true"])
+                                  "[8, 12.0]", "true", "²"])
 def test_image_size_forms_are_refused_alike_by_flag_and_recipe_file(tmp_path, text, capsys):
     """One parser: a size that the flag refuses, a recipe file refuses too, with the same expectation."""
     (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")

@@ -157,7 +157,7 @@ def test_sigterm_and_sigint_save_then_stop(tmp_path):
 
 
 def test_a_run_started_ignoring_sigint_goes_on_ignoring_it(tmp_path):
-    """A background job of a shell (or nohup's) starts with SIGINT ignored: the run keeps to that, and neither
+    """A background job of a shell starts with SIGINT ignored: the run keeps to that, and neither
     stops nor saves a checkpoint at every later step (it did: it noted the signal, then delivered it to no effect)."""
     run_dir = tmp_path / "run"
     first_record = lambda d: (d / "metrics.jsonl").exists() and (d / "metrics.jsonl").stat().st_size > 0  # noqa

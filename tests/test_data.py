@@ -268,6 +268,15 @@ def test_a_loader_left_in_mid_pass_says_nothing_as_the_interpreter_exits():
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
 
 
+def test_the_public_loaders_give_tensors_whatever_their_workers():
+    """Slot batches are what the run's loaders lend (pipelines.Arrived); ``eval_loader`` and ``step_loader`` over a
+    plain ``Transformed`` give tensors from a worker too."""
+    from vitkit.data import eval_loader
+    data = Transformed(load_dataset("digits", "train"), build_transform("eval", (8, 8), 1))
+    images, labels = next(iter(eval_loader(data, 16, num_workers=1)))
+    assert type(images) is torch.Tensor and images.shape == (16, 1, 8, 8) and labels.shape == (16,)
+
+
 def test_pretrain_preset_is_random_and_seeded_per_sample():
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     dataset = [(images[i], i) for i in range(4)]

@@ -96,9 +96,8 @@ class FileDataset(Dataset):
         return Path(os.fsdecode(self.listing[self._row(index)]))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        row = self._row(index)
-        label = int(self.class_labels[np.searchsorted(self.class_ends, row, side="right")])
-        return read_image(Path(os.fsdecode(self.listing[row]))), label
+        label = self.class_labels[np.searchsorted(self.class_ends, self._row(index), side="right")]
+        return read_image(self.path(index)), int(label)
 
     def subset(self, indices: torch.Tensor, name: str) -> "FileDataset":
         picked = indices.numpy()
@@ -166,7 +165,7 @@ class SplitSpec:
 
 def seeded_permutation(size: int, seed: int) -> torch.Tensor:
     """``torch.randperm(size)`` drawn from ``seed``, as int32 where it fits: the same order (the draws do not
-    depend on the type) in about 0.6x the time for a million."""
+    depend on the type; tested), with half the memory to touch."""
     dtype = torch.int32 if size < 2**31 else torch.int64
     return torch.randperm(size, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 

@@ -96,11 +96,13 @@ class Transformed(Dataset):
     An image that fails to decode stops the run naming its file (``corrupt='fail'``), or with
     ``'skip'``: in training (keys with an epoch) the next readable index stands in for it, a choice
     fixed by the data alone so that resume stays exact; in evaluation (plain indices) it is left out.
-    Either way its name travels with the item."""
+    Either way its name travels with the item. With ``reuse_batches``, batches are finished in reused memory
+    (``slots.py``): from a worker they come as ``SlotBatch``es, which ``pipelines.Arrived`` lends."""
 
-    def __init__(self, dataset: Dataset, preset: Preset, seed: int = 0, corrupt: str = "fail"):
+    def __init__(self, dataset: Dataset, preset: Preset, seed: int = 0, corrupt: str = "fail",
+                 reuse_batches: bool = False):
         self.dataset, self.preset, self.seed, self.corrupt = dataset, preset, seed, check_corrupt(corrupt)
-        self.classes, self.batch_slots = getattr(dataset, "classes", None), BatchSlots()
+        self.classes, self.batch_slots = getattr(dataset, "classes", None), BatchSlots() if reuse_batches else None
 
     def __len__(self) -> int:
         return len(self.dataset)

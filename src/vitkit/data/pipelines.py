@@ -59,7 +59,8 @@ class Arrived:
                 yield self.finish(images), *rest
         finally:  # an evaluation loader lives as long as its run: its slots need not stay between passes
             self.mapped.clear()
-            self.loader.dataset.batch_slots.clear()  # those filled here, without workers
+            if self.loader.dataset.batch_slots is not None:  # those filled here, without workers
+                self.loader.dataset.batch_slots.clear()
 
     def finish(self, images: torch.Tensor | SlotBatch) -> torch.Tensor:
         if isinstance(images, SlotBatch):
@@ -87,14 +88,15 @@ def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: 
     if not isinstance(dataset, ShardedSplit):
         sampler = StepSampler(len(dataset), global_batch, total_steps, seed=seed, start_step=start_step,
                               accum_steps=accum_steps, rank=rank, world_size=world_size)
-        loader = step_loader(Transformed(dataset, preset, seed, corrupt), sampler, num_workers, device)
+        items = Transformed(dataset, preset, seed, corrupt, reuse_batches=True)
+        loader = step_loader(items, sampler, num_workers, device)
         return Arrived(loader, arrival, device)
     micro = StepSampler.micro_batch(global_batch, world_size, accum_steps)
     if len(dataset) < global_batch:
         raise ConfigError(f"dataset of {len(dataset)} images is smaller than the global batch {global_batch}")
     stream = TrainingStream(dataset, preset, seed=seed, micro_batch=micro, rank=rank,
                             start_micro_batch=start_step * accum_steps, world_size=world_size,
-                            num_workers=num_workers, corrupt=corrupt)
+                            num_workers=num_workers, corrupt=corrupt, reuse_batches=True)
     loader = DataLoader(stream, batch_size=micro, collate_fn=stream.collate_training,  # leaves the global RNG alone
                         generator=torch.Generator().manual_seed(seed), **worker_options(num_workers, device))
     return Arrived(loader, arrival, device)
@@ -105,9 +107,10 @@ def evaluation_loader(dataset, preset: Preset, batch_size: int, num_workers: int
     """Every image of ``dataset`` once, in its order (``corrupt='skip'`` leaves unreadable ones out)."""
     preset, arrival = for_workers(preset, device)
     if not isinstance(dataset, ShardedSplit):
-        loader = eval_loader(Transformed(dataset, preset, corrupt=corrupt), batch_size, num_workers, device)
+        items = Transformed(dataset, preset, corrupt=corrupt, reuse_batches=True)
+        loader = eval_loader(items, batch_size, num_workers, device)
         return Arrived(loader, arrival, device)
-    stream = EvaluationStream(dataset, preset, corrupt)
+    stream = EvaluationStream(dataset, preset, corrupt, reuse_batches=True)
     workers = min(num_workers, len(dataset.shards))  # a worker without a shard would idle
     loader = DataLoader(stream, batch_size=batch_size, collate_fn=stream.collate, generator=torch.Generator(),
                         **worker_options(workers, device))

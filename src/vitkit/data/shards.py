@@ -133,7 +133,7 @@ class TrainingStream(IterableDataset):
 
     def __init__(self, split: ShardedSplit, preset: Preset, *, seed: int, micro_batch: int, start_micro_batch: int,
                  rank: int = 0, world_size: int = 1, num_workers: int = 0, corrupt: str = "fail",
-                 buffer: int = SHUFFLE_BUFFER):
+                 buffer: int = SHUFFLE_BUFFER, reuse_batches: bool = False):
         self.split, self.preset, self.seed, self.micro_batch = split, preset, seed, micro_batch
         self.start, self.rank, self.world_size = start_micro_batch, rank, world_size
         self.workers, self.corrupt, self.buffer = max(1, num_workers), check_corrupt(corrupt), buffer
@@ -142,7 +142,7 @@ class TrainingStream(IterableDataset):
             raise DatasetError(f"{split.name}: {len(split.shards)} shard(s) cannot feed {world_size} rank(s) x "
                                f"{self.workers} worker(s) without repeating samples; write smaller shards "
                                f"(vitkit data convert --shard-size) or use fewer workers")
-        self.classes, self.batch_slots = split.classes, BatchSlots()
+        self.classes, self.batch_slots = split.classes, BatchSlots() if reuse_batches else None
 
     def epoch(self, epoch: int, slot: int, slots: int) -> Iterator[tuple[int, Shard, str, object]]:
         """One epoch of a slot: its shards read in turn, mixed by the seeded shuffle buffer."""
@@ -177,9 +177,9 @@ class TrainingStream(IterableDataset):
 class EvaluationStream(IterableDataset):
     """Every sample of a split once, in shard order; the DataLoader's workers share out the shards."""
 
-    def __init__(self, split: ShardedSplit, preset: Preset, corrupt: str = "fail"):
+    def __init__(self, split: ShardedSplit, preset: Preset, corrupt: str = "fail", reuse_batches: bool = False):
         self.split, self.preset, self.corrupt = split, preset, check_corrupt(corrupt)
-        self.classes, self.batch_slots = split.classes, BatchSlots()
+        self.classes, self.batch_slots = split.classes, BatchSlots() if reuse_batches else None
 
     def __len__(self) -> int:
         return len(self.split)

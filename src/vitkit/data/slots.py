@@ -1,7 +1,7 @@
 """Batch memory that a loader fills again and again rather than taking anew for every batch.
 
 On the CPU, memory touched for the first time is what a float batch costs most: on this project's 2-core VM a
-new 64 x 3 x 224 x 224 batch takes over 10x the time of one already touched (``fresh_memory_ms`` in
+new 64 x 3 x 224 x 224 batch takes over 10x the time of one already touched ("Filling a ... float batch" in
 benchmarks/results/data.md), and a batch made in a loader's worker used to be new shared memory twice over,
 once in the worker and once where the main process mapped it. Here each process that finishes batches (a
 worker, or the main process when there are none) keeps up to ``SLOTS`` of them, in shared memory when it is a

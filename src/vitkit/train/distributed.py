@@ -159,7 +159,12 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     if not is_sharded(model):
         return model.state_dict()
     api = _state_dicts()
-    return api.get_model_state_dict(model, options=api.StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return api.get_model_state_dict(model, options=_whole_on_cpu(api))
+
+
+def _whole_on_cpu(api):
+    """Gather whole tensors, onto the main rank's CPU."""
+    return api.StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -168,8 +173,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     if not is_sharded(model):
         return model.state_dict(), optimizer.state_dict()
     api = _state_dicts()
-    options = api.StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return full_weights(model), api.get_optimizer_state_dict(model, optimizer, options=options)
+    return full_weights(model), api.get_optimizer_state_dict(model, optimizer, options=_whole_on_cpu(api))
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],

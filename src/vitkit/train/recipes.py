@@ -119,6 +119,7 @@ class Recipe:
         "wall time between checkpoints (0: by steps only)")
     keep_last: int = setting(2, "checkpoints and logging", "step checkpoints kept, the newest ones (0: all)")
     eval_batch_size: int = setting(256, "checkpoints and logging", "batch of the validation and test passes")
+
     def __post_init__(self) -> None:
         hints = field_types()
         for item in dataclasses.fields(self):
@@ -248,7 +249,7 @@ def image_size(value: Any) -> int | tuple[int, int]:
     size = value
     if isinstance(value, str):
         parts = [part.strip() for part in value.lower().split("x")]
-        if len(parts) in (1, 2) and all(part.isdigit() for part in parts):
+        if len(parts) in (1, 2) and all(part.isdecimal() for part in parts):
             size = int(parts[0]) if len(parts) == 1 else tuple(int(part) for part in parts)
     elif isinstance(value, list):
         size = tuple(value)
