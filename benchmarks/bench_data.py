@@ -330,7 +330,8 @@ def markdown(result: dict, large: int) -> str:
         f"{result['cpu_count']} cores. One loader alive at a time; medians of "
         f"{len(result['rounds']['concurrent_processes'])} interleaved rounds.",
         "",
-        "| loader | images/s | of the decode limit | of the limit measured just before (median) | main process CPU (cores) |",
+        "| loader | images/s | of the decode limit | of the limit measured just before (median) "
+        "| main process CPU (cores) |",
         "|---|---:|---:|---:|---:|",
         *rows,
         f"| decode limit (1 core x {result['workers']}) | {limit:.0f} | 1.00x | | |",
