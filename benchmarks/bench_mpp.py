@@ -54,7 +54,7 @@ def features(model: vitkit.VisionTransformer, dataset: str, data_dir: str, pool:
         data = load_dataset(dataset, split, data_dir, SplitSpec(0.0))
         if split == "train":  # a fixed pool to draw the shots (and the validation images) from
             keep = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[:pool]
-            data = data.subset(keep.sort().values, f"{data.name}[pool]")
+            data = data.subset(keep.sort().values.numpy(), f"{data.name}[pool]")
         out[split] = extract_features(model, eval_loader(Transformed(data, transform), 512, 0))
     return out
 

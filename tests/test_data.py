@@ -242,7 +242,7 @@ def test_workers_batches_in_their_slots_are_the_in_process_ones_and_never_writte
 def test_splits_and_epoch_orders_are_torch_randperm_of_the_seed():
     """Held-out splits and the sampler's epochs keep the order of int64 ``torch.randperm`` (what earlier
     versions drew, so a run resumed across versions sees the same images), though drawn as int32."""
-    from vitkit.data.datasets import held_out, seeded_permutation
+    from vitkit.data.splits import held_out, seeded_permutation
     for size, seed in ((1, 0), (10, 3), (1000, 7), (100_003, 11)):
         reference = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(seeded_permutation(size, seed).long(), reference)

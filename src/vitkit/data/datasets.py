@@ -27,6 +27,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DatasetError
 from .folders import class_folders, folder_listing
+from .splits import held_out
 
 SPLITS = ("train", "val", "test")
 # The folders listed so far inside one load_splits call: a flat image folder gives every split from one listing.
@@ -58,8 +59,9 @@ class ArrayDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.images[index], int(self.labels[index])
 
-    def subset(self, indices: torch.Tensor, name: str) -> "ArrayDataset":
-        return ArrayDataset(self.images[indices], self.labels[indices], self.classes, name)
+    def subset(self, indices: np.ndarray, name: str) -> "ArrayDataset":
+        rows = torch.from_numpy(np.array(indices, dtype=np.int64))  # a copy: ``held_out`` may give mapped ones
+        return ArrayDataset(self.images[rows], self.labels[rows], self.classes, name)
 
 
 class FileDataset(Dataset):
@@ -99,10 +101,9 @@ class FileDataset(Dataset):
         label = self.class_labels[np.searchsorted(self.class_ends, self._row(index), side="right")]
         return read_image(self.path(index)), int(label)
 
-    def subset(self, indices: torch.Tensor, name: str) -> "FileDataset":
-        picked = indices.numpy()
+    def subset(self, indices: np.ndarray, name: str) -> "FileDataset":
         return FileDataset(self.listing, self.class_ends, self.class_labels, self.classes, name,
-                           picked if self.rows is None else self.rows[picked])
+                           indices if self.rows is None else self.rows[indices])
 
 
 # Larger images are refused before they are decoded (Pillow's own limit: a 3-byte-per-pixel image of
@@ -161,21 +162,6 @@ class SplitSpec:
 
     val_fraction: float = 0.1
     seed: int = 0
-
-
-def seeded_permutation(size: int, seed: int) -> torch.Tensor:
-    """``torch.randperm(size)`` drawn from ``seed``, as int32 where it fits: the same order (the draws do not
-    depend on the type; tested), with half the memory to touch."""
-    dtype = torch.int32 if size < 2**31 else torch.int64
-    return torch.randperm(size, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-def held_out(size: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed random partition of ``range(size)`` into (kept, held out), the latter ``fraction`` of it."""
-    order = seeded_permutation(size, seed).numpy()
-    held = np.zeros(size, dtype=bool)
-    held[order[:int(round(size * fraction))]] = True  # a mask, not two sorts: linear in a million images
-    return torch.from_numpy(np.flatnonzero(~held)), torch.from_numpy(np.flatnonzero(held))
 
 
 def load_dataset(name: str, split: str, data_dir: str | Path | None = None,

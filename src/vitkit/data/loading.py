@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from ..errors import ConfigError, DatasetError
-from .datasets import seeded_permutation
+from .splits import seeded_permutation
 from .slots import BatchSlots, SlotBatch
 from .transforms import Preset, ToModelInput
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
 from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, evaluation_loader,
                     load_splits, split_names, training_loader)
-from ..data.datasets import seeded_permutation
+from ..data.splits import seeded_permutation
 from ..data.transforms import augreg_level
 from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
@@ -107,8 +108,8 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     if recipe.train_subset:
         if isinstance(train_set, ShardedSplit):
             raise ConfigError(f"train_subset needs a dataset with random access, not the shards of {recipe.dataset}")
-        keep = seeded_permutation(len(train_set), recipe.seed).long()
-        train_set = train_set.subset(keep[:recipe.train_subset].sort().values, f"{train_set.name}[subset]")
+        keep = np.sort(seeded_permutation(len(train_set), recipe.seed).numpy()[:recipe.train_subset])
+        train_set = train_set.subset(keep, f"{train_set.name}[subset]")
     classes = train_set.classes
     model = build_model(recipe, [] if pretraining else classes)
     config = model.config

@@ -1,0 +1,55 @@
+"""Seeded random orders and partitions of ``range(size)``: the held-out splits and the epochs' orders.
+
+Both follow ``torch.randperm`` of the seed (as earlier versions drew them, so a run resumed across versions
+sees the same images). A partition of a large dataset is also kept in the cache as one ``.npy`` file, mapped
+when read: drawing one for a million images costs about 10 ms and 17 MB of fresh memory, and a flat image
+folder draws two (test, then validation) before its first batch; reading one costs neither. An entry is keyed
+by all that decides it (size, held-out count, seed, torch's version), written whole by an atomic rename and
+checked for its shape and type when read; a cache that cannot be read or written costs only time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from ..atomic import atomic_file
+from ..cache import cache_entry, sweep_cache
+
+CACHED_FROM_SIZE = 100_000  # below this a partition is drawn faster than its file is read
+
+
+def seeded_permutation(size: int, seed: int) -> torch.Tensor:
+    """``torch.randperm(size)`` drawn from ``seed``, as int32 where it fits: the same order (the draws do not
+    depend on the type; tested), with half the memory to touch."""
+    dtype = torch.int32 if size < 2**31 else torch.int64
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def held_out(size: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed random partition of ``range(size)`` into (kept, held out), each sorted, the held-out part the
+    first ``fraction`` of ``seeded_permutation(size, seed)``; not to be written to (mapped from the cache when
+    large)."""
+    count = int(round(size * fraction))
+    if size < CACHED_FROM_SIZE:
+        return _drawn(size, count, seed)
+    entry = cache_entry("held-out", f"{size} {count} {seed} torch {torch.__version__}".encode(), ".npy")
+    with contextlib.suppress(Exception):  # absent, torn or someone else's file: draw it again
+        both = np.load(entry, mmap_mode="r", allow_pickle=False)
+        if both.shape == (size,) and both.dtype == (np.int32 if size < 2**31 else np.int64):
+            return both[:size - count], both[size - count:]
+    kept, held = _drawn(size, count, seed)
+    with contextlib.suppress(OSError, RuntimeError):  # no cache folder to be had
+        sweep_cache("held-out")
+        with atomic_file(entry, "wb") as handle:
+            np.save(handle, np.concatenate([kept, held]))
+    return kept, held
+
+
+def _drawn(size: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = seeded_permutation(size, seed).numpy()
+    held = np.zeros(size, dtype=bool)
+    held[order[:count]] = True  # a mask, not two sorts: linear in a million
+    return np.flatnonzero(~held).astype(order.dtype), np.flatnonzero(held).astype(order.dtype)
