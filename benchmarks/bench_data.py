@@ -11,6 +11,8 @@ Measured in one run, over interleaved rounds (medians reported), so that the rat
   batches between processes), which tell where a shortfall from the limit comes from. One loader
   is alive at a time: its workers are started, its queue filled and drained, then ``--batches`` batches
   are timed, with the main process's CPU time;
+- in one process, alternated: vitkit's per-image work against torchvision's, and the shards' against the same
+  images read as files (what the shard format itself costs);
 - the price of fresh memory: filling a new float batch against refilling one already touched;
 - time to the first batch (listing, loader, workers, first batch) for a 10k-file and a 1M-file folder
   (hard links to the same JPEGs), each in a new process as a run would be: on the first run (the folder
@@ -49,6 +51,7 @@ from vitkit.data.convert import write_webdataset
 from vitkit.data.datasets import read_image
 from vitkit.data.folders import RACY_NS
 from vitkit.data.loading import collate_training
+from vitkit.data.shards import TrainingStream
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10-subset" / "cifar10_subset.npz"
@@ -160,28 +163,47 @@ def concurrent_rate(files: list[Path], processes: int) -> float:
     return sum(rates)
 
 
-def in_process_ratio(folder: Path, rounds: int, images: int = 128) -> dict:
+def alternated_ratio(ours, theirs, rounds: int) -> dict:
+    """Images/s of two ways of doing the same work in this process, alternated round by round: the ratio a busy
+    machine disturbs least."""
+    samples = [(ours(), theirs()) for _ in range(rounds)]
+    return {"ours_images_per_s": [round(a, 1) for a, _ in samples],
+            "theirs_images_per_s": [round(b, 1) for _, b in samples],
+            "median_ratio": round(float(np.median([a / b for a, b in samples])), 3)}
+
+
+def batches_rate(make_batch, images: int = 128) -> float:
+    started = time.perf_counter()
+    for start in range(0, images, BATCH):
+        make_batch(start)
+    return images / (time.perf_counter() - started)
+
+
+def in_process_ratio(folder: Path, rounds: int) -> dict:
     """vitkit's per-image work (decode, seeded transform, batch collation) against torchvision's ImageFolder
-    item + default collation, in this process, alternated: the number a busy machine disturbs least."""
+    item + default collation."""
     ours = preset()
     vitkit_items = Transformed(load_dataset(f"imagefolder:{folder}", "train"), ours)
     torchvision_items = torchvision_loader(folder, 0).dataset
+    return alternated_ratio(
+        lambda: batches_rate(lambda start: collate_training(
+            ours, [vitkit_items[(i % len(vitkit_items), 0)] for i in range(start, start + BATCH)])),
+        lambda: batches_rate(lambda start: default_collate(
+            [torchvision_items[i % len(torchvision_items)] for i in range(start, start + BATCH)])), rounds)
 
-    def vitkit_rate():
-        started = time.perf_counter()
-        for start in range(0, images, BATCH):
-            collate_training(ours, [vitkit_items[(i % len(vitkit_items), 0)] for i in range(start, start + BATCH)])
-        return images / (time.perf_counter() - started)
 
-    def torchvision_rate():
-        started = time.perf_counter()
-        for start in range(0, images, BATCH):
-            default_collate([torchvision_items[i % len(torchvision_items)] for i in range(start, start + BATCH)])
-        return images / (time.perf_counter() - started)
-    samples = [(vitkit_rate(), torchvision_rate()) for _ in range(rounds)]
-    ratio = float(np.median([a / b for a, b in samples]))
-    return {"vitkit_images_per_s": [round(a, 1) for a, _ in samples],
-            "torchvision_images_per_s": [round(b, 1) for _, b in samples], "median_ratio": round(ratio, 3)}
+def shards_in_process_ratio(folder: Path, shards: Path, rounds: int) -> dict:
+    """The same images read from shards (tar members through webdataset, the shuffle buffer) against read from
+    their files: what the shard format itself costs per image."""
+    ours = preset()
+    stream = iter(TrainingStream(load_dataset(f"webdataset:{shards}", "train"), ours, seed=0, micro_batch=BATCH,
+                                 start_micro_batch=0))
+    files = Transformed(load_dataset(f"imagefolder:{folder}", "train"), ours)
+    read = iter(range(10**9))
+    return alternated_ratio(
+        lambda: batches_rate(lambda start: collate_training(ours, [next(stream) for _ in range(BATCH)])),
+        lambda: batches_rate(lambda start: collate_training(
+            ours, [files[(next(read) % len(files), 0)] for _ in range(BATCH)])), rounds)
 
 
 def first_batch_here(folder: Path, workers: int) -> float:
@@ -283,6 +305,7 @@ def main() -> None:
         result["main_process_cpu"] = {name: round(float(np.median(v)), 2) for name, v in main_cpu.items()}
         result["vs_torchvision"] = round(rates["vitkit_folder"] / rates["torchvision_imagefolder"], 3)
         result["in_process_vs_torchvision"] = in_process_ratio(folder, args.rounds + 1)
+        result["in_process_shards_vs_folder"] = shards_in_process_ratio(folder, shards, args.rounds + 1)
         result["vs_decode_limit"] = {k: round(v / result["decode_limit_images_per_s"], 3) for k, v in rates.items()}
         result["fresh_memory_ms"] = fresh_memory_ms()
 
@@ -343,7 +366,9 @@ def markdown(result: dict, large: int) -> str:
         "",
         f"vitkit folder / torchvision ImageFolder: {result['vs_torchvision']:.2f}x through the loaders; "
         f"{result['in_process_vs_torchvision']['median_ratio']:.2f}x for the same work in one process "
-        f"(median of {len(result['in_process_vs_torchvision']['vitkit_images_per_s'])} alternated repeats).",
+        f"(median of {len(result['in_process_vs_torchvision']['ours_images_per_s'])} alternated repeats).",
+        f"vitkit shards / the same images as files, in one process: "
+        f"{result['in_process_shards_vs_folder']['median_ratio']:.2f}x (the shard format's own cost).",
         f"Filling a {BATCH} x 3 x 224 x 224 float batch: {result['fresh_memory_ms']['new']} ms in new memory, "
         f"{result['fresh_memory_ms']['touched']} ms in memory already touched.",
         "",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,14 +78,15 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
         raise FileExistsError(f"{destination} exists; choose a new folder for the shards")
     sweep(destination.parent, only=destination.name)  # the staging folder of a conversion killed mid-way
     written, classes = {}, None
+    started = int(time.time())  # whole seconds: a fractional time costs every member an extra (pax) header to read
     with atomic_directory(destination, allowed_existing=()) as staging:
         for split, dataset in splits.items():
             classes = classes or dataset.classes
             if dataset.classes != classes:
                 raise DatasetError(f"{split} split has classes {dataset.classes[:5]}..., the others {classes[:5]}...")
             count = 0
-            with ShardWriter(str(staging / f"{split}-%06d.tar"), maxsize=shard_size, maxcount=10**9,
-                             verbose=0) as sink:
+            with ShardWriter(str(staging / f"{split}-%06d.tar"), maxsize=shard_size, maxcount=10**9, verbose=0,
+                             mtime=started) as sink:
                 samples = track(encoded_samples(dataset), f"convert {split}", len(dataset), unit="image")
                 for count, (extension, data, label) in enumerate(samples, start=1):
                     sink.write({"__key__": f"{split}{count - 1:09d}", extension: data, "cls": str(label)})
