@@ -150,6 +150,25 @@ def test_plain_integer_labels_and_image_bytes_read_and_other_image_columns_are_n
         read_back(load_dataset(spec, "train"))
 
 
+def test_unsigned_labels_past_int64_name_the_row(tmp_path):
+    """A uint64 label column: its values fit no int64 (the cast failed as 'not a readable parquet file')."""
+    import pyarrow as pa
+    from data_helpers import png
+    spec = parquet_folder(tmp_path / "unsigned", pa.array([png(numbered_image(n)) for n in range(3)]),
+                          pa.array([1, 2**64 - 1, 0], type=pa.uint64()))
+    with pytest.raises(DatasetError, match=r"train-00000-of-00001.parquet: row 1: label 18446744073709551615 is not "
+                                           r"a class index \(pass --corrupt skip"):
+        load_dataset(spec, "train")
+    with pytest.warns(UserWarning, match="1 unusable sample.*row 1: label 18446744073709551615"):
+        loose = load_dataset(spec, "train", corrupt="skip")
+    assert loose.classes == ["0", "1"] and dict(loose.class_counts) == {0: 1, 1: 1}
+    with pytest.warns(UserWarning, match=r"left out 1 unreadable image\(s\): .*parquet:row 1"):
+        read = [(number_of(image.permute(1, 2, 0)), int(label))
+                for images, labels in evaluation_loader(loose, AS_IS, batch_size=8, corrupt="skip")
+                for image, label in zip(images, labels)]
+    assert read == [(0, 1), (2, 0)]  # evaluation leaves the unusable row out
+
+
 def test_a_hub_dataset_is_resolved_once_per_run(tmp_path, monkeypatch):
     """hf:ORG/NAME through huggingface_hub's own snapshot_download, offline, from a cache laid out as the hub
     leaves it: a run's split listing and its splits ask the hub once."""
