@@ -29,6 +29,7 @@ is removed at the end.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -199,7 +200,7 @@ def shards_in_process_ratio(folder: Path, shards: Path, rounds: int) -> dict:
     stream = iter(TrainingStream(load_dataset(f"webdataset:{shards}", "train"), ours, seed=0, micro_batch=BATCH,
                                  start_micro_batch=0))
     files = Transformed(load_dataset(f"imagefolder:{folder}", "train"), ours)
-    read = iter(range(10**9))
+    read = itertools.count()
     return alternated_ratio(
         lambda: batches_rate(lambda start: collate_training(ours, [next(stream) for _ in range(BATCH)])),
         lambda: batches_rate(lambda start: collate_training(

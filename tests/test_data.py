@@ -239,21 +239,6 @@ def test_workers_batches_in_their_slots_are_the_in_process_ones_and_never_writte
     assert 0 < mapped.count(slot_bytes) <= 2 * SLOTS < 24
 
 
-def test_splits_and_epoch_orders_are_torch_randperm_of_the_seed():
-    """Held-out splits and the sampler's epochs keep the order of int64 ``torch.randperm`` (what earlier
-    versions drew, so a run resumed across versions sees the same images), though drawn as int32."""
-    from vitkit.data.splits import held_out, seeded_permutation
-    for size, seed in ((1, 0), (10, 3), (1000, 7), (100_003, 11)):
-        reference = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(seeded_permutation(size, seed).long(), reference)
-        kept, held = held_out(size, 0.1, seed)
-        assert held.tolist() == sorted(reference[:round(size * 0.1)].tolist())
-        assert kept.tolist() == sorted(reference[round(size * 0.1):].tolist())
-    sampler = StepSampler(1000, 10, total_steps=200, seed=2)
-    assert torch.equal(sampler.permutation(1).long(),
-                       torch.randperm(1000, generator=torch.Generator().manual_seed(2 * 100_003 + 1)))
-
-
 def test_a_loader_left_in_mid_pass_says_nothing_as_the_interpreter_exits():
     """A pass abandoned at exit closes its generator during the interpreter's teardown: letting its slots go then
     must not call into a torch already torn down (it printed 'Exception ignored ... NoneType')."""

@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.data import SplitSpec, load_dataset
+from vitkit.data import SplitSpec, StepSampler, load_dataset
 from vitkit.data import splits
-from vitkit.data.splits import held_out
+from vitkit.data.splits import held_out, seeded_permutation
 
 
 def reference(size: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -22,6 +22,29 @@ def reference(size: int, fraction: float, seed: int) -> tuple[list[int], list[in
 
 def as_lists(parts) -> tuple[list[int], list[int]]:
     return tuple(part.tolist() for part in parts)
+
+
+def test_splits_and_epoch_orders_are_torch_randperm_of_the_seed():
+    """Held-out splits and the sampler's epochs keep the order of int64 ``torch.randperm`` (what earlier
+    versions drew, so a run resumed across versions sees the same images), though drawn as int32."""
+    for size, seed in ((1, 0), (10, 3), (1000, 7), (100_003, 11)):
+        reference_order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(seeded_permutation(size, seed).long(), reference_order)
+        assert as_lists(held_out(size, 0.1, seed)) == reference(size, 0.1, seed)
+    sampler = StepSampler(1000, 10, total_steps=200, seed=2)
+    assert torch.equal(sampler.permutation(1).long(),
+                       torch.randperm(1000, generator=torch.Generator().manual_seed(2 * 100_003 + 1)))
+
+
+@pytest.mark.parametrize("size", [10, splits.CACHED_FROM_SIZE])
+def test_partitions_are_read_only_and_fractions_checked(size, entries):
+    """Drawn or read from the cache, a partition cannot be written to (else a write would fail on a later run
+    only); a fraction outside 0..1 would give one partition drawn and another read back."""
+    for _ in range(2):
+        assert not any(part.flags.writeable for part in held_out(size, 0.3, 0))
+    for fraction in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=f"between 0 and 1, not {fraction}"):
+            held_out(size, fraction, 0)
 
 
 @pytest.fixture

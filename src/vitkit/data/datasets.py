@@ -102,6 +102,7 @@ class FileDataset(Dataset):
         return read_image(self.path(index)), int(label)
 
     def subset(self, indices: np.ndarray, name: str) -> "FileDataset":
+        indices = np.asarray(indices)
         return FileDataset(self.listing, self.class_ends, self.class_labels, self.classes, name,
                            indices if self.rows is None else self.rows[indices])
 

@@ -182,13 +182,14 @@ def label_index(path: str) -> ShardIndex:
         import pyarrow.compute as pc
         for batch in batches(Path(path), ("label",)):
             column = batch.column("label")
+            unlabelled = column.is_null()
             if pa.types.is_uint64(column.type):  # a label past int64's range is no class index: named, not cast
                 huge = pc.greater(column, pa.scalar(np.iinfo(np.int64).max, pa.uint64())).fill_null(False)
                 for position in np.flatnonzero(huge.to_numpy(zero_copy_only=False)).tolist():
                     problems[rows + position] = f"label {column[position].as_py()} is not a class index"
-                column = pc.if_else(huge, pa.scalar(0, pa.uint64()), column)
+                column, unlabelled = pc.if_else(huge, pa.scalar(0, pa.uint64()), column), pc.or_(unlabelled, huge)
             labels.append(column.fill_null(0).cast(pa.int64()).to_numpy())
-            missing.append(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)) + rows)
+            missing.append(np.flatnonzero(unlabelled.to_numpy(zero_copy_only=False)) + rows)
             rows += len(column)
     nothing = [np.zeros(0, dtype=np.int64)]
     return ShardIndex(np.concatenate(nothing + labels), np.concatenate(nothing + missing).astype(np.int64),

@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from ..errors import ConfigError, DatasetError
-from .splits import seeded_permutation
 from .slots import BatchSlots, SlotBatch
+from .splits import seeded_permutation
 from .transforms import Preset, ToModelInput
 
 Key = tuple[int, int]  # (index, epoch)

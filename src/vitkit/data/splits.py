@@ -18,6 +18,7 @@ import torch
 from ..atomic import atomic_file
 from ..cache import cache_entry, sweep_cache
 
+FORMAT = "kept-then-held-1"  # an entry's layout: kept rows, then held-out rows, each sorted
 CACHED_FROM_SIZE = 100_000  # smaller partitions are drawn in under half a millisecond: not worth an entry
 
 
@@ -30,12 +31,13 @@ def seeded_permutation(size: int, seed: int) -> torch.Tensor:
 
 def held_out(size: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A fixed random partition of ``range(size)`` into (kept, held out), each sorted, the held-out part the
-    first ``fraction`` of ``seeded_permutation(size, seed)``; not to be written to (mapped from the cache when
-    large)."""
+    first ``fraction`` of ``seeded_permutation(size, seed)``; read-only (mapped from the cache when large)."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"a held-out fraction is between 0 and 1, not {fraction}")
     count = int(round(size * fraction))
     if size < CACHED_FROM_SIZE:
         return _drawn(size, count, seed)
-    entry = cache_entry("held-out", f"{size} {count} {seed} torch {torch.__version__}".encode(), ".npy")
+    entry = cache_entry("held-out", f"{FORMAT} {size} {count} {seed} torch {torch.__version__}".encode(), ".npy")
     with contextlib.suppress(Exception):  # absent, torn or someone else's file: draw it again
         both = np.load(entry, mmap_mode="r", allow_pickle=False)
         if both.shape == (size,) and both.dtype == (np.int32 if size < 2**31 else np.int64):
@@ -52,4 +54,7 @@ def _drawn(size: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     order = seeded_permutation(size, seed).numpy()
     held = np.zeros(size, dtype=bool)
     held[order[:count]] = True  # a mask, not two sorts: linear in a million
-    return np.flatnonzero(~held).astype(order.dtype), np.flatnonzero(held).astype(order.dtype)
+    parts = np.flatnonzero(~held).astype(order.dtype), np.flatnonzero(held).astype(order.dtype)
+    for part in parts:
+        part.flags.writeable = False  # as read from the cache: a write would fail on a later run only
+    return parts
