@@ -45,23 +45,26 @@ print(json.dumps({"wrong": wrong, "walks": len(walks)}))
 """
 
 # Lists ROOT with the entry's writer stopped half-way: np.savez writes half its bytes into atomic_file's
-# temporary, says so in READY, and waits there to be killed.
-KILLED_WRITER = """
+# temporary, says so in READY, and waits there (to be killed) until GO exists, then writes the rest.
+PAUSED_WRITER = """
 import io, os, sys, time
 from pathlib import Path
 import numpy as np
 import vitkit.data.folders as folders
-folders.RACY_NS = int(sys.argv[3])
+folders.RACY_NS = int(sys.argv[4])
 real = np.savez
 
 def half_then_wait(handle, **arrays):
     whole = io.BytesIO()
     real(whole, **arrays)
-    handle.write(whole.getvalue()[:len(whole.getvalue()) // 2])
+    half = len(whole.getvalue()) // 2
+    handle.write(whole.getvalue()[:half])
     handle.flush()
     os.fsync(handle.fileno())
     Path(sys.argv[2]).touch()
-    time.sleep(600)
+    while not Path(sys.argv[3]).exists():
+        time.sleep(0.01)
+    handle.write(whole.getvalue()[half:])
 
 folders.np.savez = half_then_wait
 folders.folder_listing(Path(sys.argv[1]))
@@ -117,8 +120,22 @@ def test_two_processes_listing_one_folder_at_once_both_get_it_right(tmp_path, mo
     assert as_lists(folders.folder_listing(root)) == expected
 
 
+def paused_writer(root: Path, cache: Path, ready: Path, go: Path) -> tuple[subprocess.Popen, Path]:
+    """A process listing ``root`` that stopped half-way through writing its entry; with its temporary."""
+    writer = subprocess.Popen([sys.executable, "-c", PAUSED_WRITER, str(root), str(ready), str(go), str(QUIET_NS)],
+                              env=child_env(cache), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not ready.exists():
+        assert writer.poll() is None, writer.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the writer never reached its write"
+        time.sleep(0.01)
+    (torn,) = (cache / "folder-listing").glob(".*.tmp")  # atomic_file's temporary, half written
+    assert torn.stat().st_size > 0
+    return writer, torn
+
+
 def test_a_writer_killed_mid_write_leaves_no_entry_that_is_trusted(tmp_path, monkeypatch):
-    root, cache, ready = tmp_path / "images", tmp_path / "cache", tmp_path / "ready"
+    root, cache = tmp_path / "images", tmp_path / "cache"
     monkeypatch.setenv("VITKIT_CACHE", str(cache))
     monkeypatch.setattr(folders, "RACY_NS", QUIET_NS)
     first = image_tree(root)
@@ -130,15 +147,7 @@ def test_a_writer_killed_mid_write_leaves_no_entry_that_is_trusted(tmp_path, mon
     (root / "dog" / "0000.png").touch()
     time.sleep(2 * QUIET_NS / 1e9)
     expected = [[*first[0], "dog"], [*first[1], str(root.absolute() / "dog" / "0000.png")], [*first[2], 1]]
-    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(root), str(ready), str(QUIET_NS)],
-                              env=child_env(cache), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not ready.exists():
-        assert writer.poll() is None, writer.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "the writer never reached its write"
-        time.sleep(0.01)
-    (torn,) = (cache / "folder-listing").glob(".*.tmp")  # atomic_file's temporary, half written
-    assert torn.stat().st_size > 0
+    writer, torn = paused_writer(root, cache, tmp_path / "ready", tmp_path / "go")
     os.kill(writer.pid, signal.SIGKILL)
     assert writer.wait(timeout=60) == -signal.SIGKILL
 
@@ -149,12 +158,26 @@ def test_a_writer_killed_mid_write_leaves_no_entry_that_is_trusted(tmp_path, mon
     walked, real = [], folders._walk
     monkeypatch.setattr(folders, "_walk", lambda path: walked.append(path) or real(path))
     assert as_lists(folders.folder_listing(root)) == expected and len(walked) == 1, "the stale entry is not trusted"
+    assert entries(cache) == [entry], "the killed writer's temporary, however recent, is swept by the next writer"
     assert as_lists(folders.folder_listing(root)) == expected and len(walked) == 1, "the new entry is"
-    assert torn.exists(), "a recent temporary may be another process's write in progress: kept"
 
-    long_ago = time.time() - 2 * 3600  # a killed writer's leftover, once old, is swept by the next writer
+
+def test_a_live_writers_temporary_is_kept_however_old(tmp_path, monkeypatch):
+    root, cache, go = tmp_path / "images", tmp_path / "cache", tmp_path / "go"
+    monkeypatch.setenv("VITKIT_CACHE", str(cache))
+    monkeypatch.setattr(folders, "RACY_NS", QUIET_NS)
+    expected = image_tree(root)
+    writer, torn = paused_writer(root, cache, tmp_path / "ready", go)
+    long_ago = time.time() - 2 * 3600  # a slow writer (a listing of millions of files on a network disk)
     os.utime(torn, (long_ago, long_ago))
-    (root / "dog" / "0001.png").touch()
-    time.sleep(2 * QUIET_NS / 1e9)
-    assert as_lists(folders.folder_listing(root))[2] == [*first[2], 2] and len(walked) == 2
-    assert entries(cache) == [entry]
+
+    own_entry = folders._entry
+    monkeypatch.setattr(folders, "_entry", lambda path: cache / "folder-listing" / "another-folder.npz")
+    assert as_lists(folders.folder_listing(root)) == expected  # writes an entry: sweeps the folder first
+    assert torn.exists(), "the live writer's temporary is kept"
+    go.touch()
+    _, err = writer.communicate(timeout=240)
+    assert writer.returncode == 0 and "could not cache" not in err, err[-3000:]
+    monkeypatch.setattr(folders, "_entry", own_entry)
+    monkeypatch.setattr(folders, "_walk", lambda path: pytest.fail("the entry the writer finished is not trusted"))
+    assert as_lists(folders.folder_listing(root)) == expected

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from .atomic import sweep
 
-KILLED_WRITER_S = 3600  # a cache temporary this old was left by a killed writer, not one still at work
+# Where the file system cannot lock (sweep cannot tell a live writer from a killed one), a cache temporary this old
+# was left by a killed writer, not one still at work.
+KILLED_WRITER_S = 3600
 
 
 def cache_dir() -> Path:
@@ -26,7 +28,7 @@ def cache_entry(kind: str, key: bytes, suffix: str) -> Path:
 
 
 def sweep_cache(kind: str) -> None:
-    """Clear what writers killed long ago left in ``kind``'s folder; other processes (torchrun's ranks) may be
-    writing there now, so recent temporaries stay. A cache is only ever worth time: failures are ignored."""
+    """Clear what killed writers left in ``kind``'s folder; the temporaries of writers still at work (torchrun's
+    ranks, other runs) stay, however old. A cache is only ever worth time: failures are ignored."""
     with contextlib.suppress(OSError, RuntimeError):
         sweep(cache_dir() / kind, min_age_s=KILLED_WRITER_S)
