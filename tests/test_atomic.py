@@ -237,3 +237,26 @@ def test_writers_racing_a_sweeper_never_lose_a_temporary(tmp_path):
     assert sweeper.returncode == 0, err[-3000:]
     assert int(out) > 100 and writes > 100, "both were at work at once"
     assert (folder / "f.txt").read_text() == (folder / "ckpt" / "config.json").read_text() == str(writes - 1)
+
+
+def test_without_flock_writes_land_and_sweep_goes_by_age(tmp_path, monkeypatch):
+    """A file system without flock (NFS refuses an exclusive lock on a file opened read-only, with ENOLCK):
+    writers go on unguarded, and sweep can only tell a killed writer's temporary by its age."""
+    import types
+
+    from vitkit import atomic
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(atomic, "fcntl", types.SimpleNamespace(LOCK_EX=2, LOCK_NB=4, flock=no_flock))
+    with atomic_file(tmp_path / "a.txt") as handle:
+        handle.write("whole")
+    with atomic_directory(tmp_path / "run", allowed_existing=()) as staging:
+        (staging / "weights").write_text("w")
+    assert (tmp_path / "a.txt").read_text() == "whole" and (tmp_path / "run" / "weights").read_text() == "w"
+    recent, old = tmp_path / ".b.txt.1234.tmp", tmp_path / ".c.txt.5678.tmp"
+    recent.write_text("a live writer's, maybe")
+    old.write_text("a killed writer's")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert sweep(tmp_path, min_age_s=3600) == [old] and recent.exists()
+    assert sweep(tmp_path) == [recent]
