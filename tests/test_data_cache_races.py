@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from launch import SRC
+from launch import child_env, start_until_ready
+
+from vitkit.cache import KILLED_WRITER_S
 
 import vitkit.data.folders as folders
 
@@ -84,10 +86,6 @@ def image_tree(root: Path) -> list:
     return [list(CLASSES), files, list(CLASSES.values())]
 
 
-def child_env(cache: Path, **extra: str) -> dict:
-    return {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "VITKIT_CACHE": str(cache), **extra}
-
-
 def entries(cache: Path) -> list[str]:
     folder = cache / "folder-listing"
     return sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
@@ -100,7 +98,7 @@ def as_lists(listing: folders.Listing) -> list:
 def test_two_processes_listing_one_folder_at_once_both_get_it_right(tmp_path, monkeypatch):
     root, cache, go = tmp_path / "images", tmp_path / "cache", tmp_path / "go"
     expected = image_tree(root)
-    env = child_env(cache, EXPECTED=json.dumps(expected))
+    env = child_env(VITKIT_CACHE=str(cache), EXPECTED=json.dumps(expected))
     children = [subprocess.Popen([sys.executable, "-c", LIST_AT_ONCE, str(root), str(go), "30", str(role),
                                   str(QUIET_NS)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for role in (0, 1)]
@@ -122,13 +120,7 @@ def test_two_processes_listing_one_folder_at_once_both_get_it_right(tmp_path, mo
 
 def paused_writer(root: Path, cache: Path, ready: Path, go: Path) -> tuple[subprocess.Popen, Path]:
     """A process listing ``root`` that stopped half-way through writing its entry; with its temporary."""
-    writer = subprocess.Popen([sys.executable, "-c", PAUSED_WRITER, str(root), str(ready), str(go), str(QUIET_NS)],
-                              env=child_env(cache), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not ready.exists():
-        assert writer.poll() is None, writer.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "the writer never reached its write"
-        time.sleep(0.01)
+    writer = start_until_ready(PAUSED_WRITER, ready, root, ready, go, QUIET_NS, env=child_env(VITKIT_CACHE=str(cache)))
     (torn,) = (cache / "folder-listing").glob(".*.tmp")  # atomic_file's temporary, half written
     assert torn.stat().st_size > 0
     return writer, torn
@@ -158,8 +150,14 @@ def test_a_writer_killed_mid_write_leaves_no_entry_that_is_trusted(tmp_path, mon
     walked, real = [], folders._walk
     monkeypatch.setattr(folders, "_walk", lambda path: walked.append(path) or real(path))
     assert as_lists(folders.folder_listing(root)) == expected and len(walked) == 1, "the stale entry is not trusted"
-    assert entries(cache) == [entry], "the killed writer's temporary, however recent, is swept by the next writer"
+    assert entries(cache) == sorted([entry, torn.name]), "a recent temporary is kept, its lock free or not"
     assert as_lists(folders.folder_listing(root)) == expected and len(walked) == 1, "the new entry is"
+
+    long_ago = time.time() - KILLED_WRITER_S - 60
+    os.utime(torn, (long_ago, long_ago))
+    (cache / "folder-listing" / entry).unlink()
+    assert as_lists(folders.folder_listing(root)) == expected and len(walked) == 2
+    assert entries(cache) == [entry], "the killed writer's temporary, its lock free and old, is swept"
 
 
 def test_a_live_writers_temporary_is_kept_however_old(tmp_path, monkeypatch):

@@ -8,19 +8,22 @@ Temporaries are hidden siblings named ``.NAME.XXXX.tmp`` (being written, or bein
 writer for its whole life: an exclusive ``flock`` on an fd the writer keeps open (the file's own, or the
 folder opened read-only). ``sweep`` clears only the temporaries whose lock it can take, so a live writer's
 are never touched, however slow it is, and those of a process killed mid-write (whose locks died with it)
-go as soon as the directory is next swept. Where the file system has no ``flock`` (it raises; NFS refuses an
-exclusive lock on a folder or a file opened read-only), sweep cannot tell the two apart and goes by age, as
-its caller says. A lock belongs to the open file, which a forked child shares: none of vitkit's writers forks
+go as soon as the directory is next swept (or once as old as its caller asks). Where the file system has no
+``flock`` (it raises; NFS refuses an exclusive lock on a folder or a file opened read-only), sweep cannot tell
+the two apart and goes by age alone: there a sweep with ``min_age_s=0`` deletes live writers' temporaries too.
+A lock belongs to the open file, which a forked child shares: none of vitkit's writers forks
 while it holds one, and the fds are closed on exec.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import warnings
@@ -41,7 +44,7 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator:
     """Open a temporary file next to ``path``; it replaces ``path`` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _held_file(path)
+    fd, tmp = _held_temporary(path, "tmp", folder=False)
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's private 0600 would outlive the rename
         with os.fdopen(fd, mode, closefd=False) as handle:  # fd, and so the lock, lives until renamed or deleted
@@ -96,7 +99,7 @@ def staging_beside(path: str | Path) -> Iterator[Path]:
     """A hidden working folder beside ``path`` (on its file system, so that what is built there can be renamed
     into place with :func:`move_into_place`), deleted after the block. It is named as ``sweep`` knows
     (``.NAME.XXXX.tmp``), and the leftovers of earlier writers of ``path`` that were killed are swept first (those
-    of writers still at work are not)."""
+    of writers still at work are kept only where the file system has ``flock``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep(path.parent, only=path.name)
@@ -131,12 +134,14 @@ def _replace_directory(staging: Path, path: Path) -> None:
         return
     # A directory cannot be renamed over a non-empty one: move the old one aside first, so that at
     # every moment either it or the new one is complete on disk (``sweep`` puts it back if a crash
-    # comes between the two renames; never while we live and hold it).
+    # comes between the two renames; never while we live and hold it). It is deleted through a ``.tmp``
+    # (retired), so that a deletion cut short leaves nothing that ``sweep`` would put back half deleted.
     with _held_folder(path, "old") as old:
         os.replace(path, old / path.name)
         os.replace(staging, path)
         fsync_directory(path.parent)
-        remove_tree(old)
+        if retire(old / path.name):
+            remove_tree(old)
 
 
 @contextlib.contextmanager
@@ -188,29 +193,47 @@ def retire(path: Path) -> bool:
         return remove_tree(doomed)
 
 
-def _held_file(path: Path) -> tuple[int, str]:
-    """A new temporary file beside ``path``, named as ``sweep`` knows, and its fd, which holds it."""
-    while True:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        if _hold(fd, tmp):
-            return fd, tmp
+# How many temporaries a writer makes, each swept (taken for a killed writer's) before it could hold it, before
+# it gives up: one such sweep is a rare race, a hundred in a row a sweeper gone wrong.
+_TRIES = 100
+
+
+def _held_temporary(path: Path, kind: str, folder: bool) -> tuple[int, str]:
+    """A new temporary file or folder beside ``path``, named as ``sweep`` knows (``.NAME.XXXX.kind``), and the fd
+    that holds it (the caller closes it)."""
+    for _ in range(_TRIES):
+        if folder:
+            name = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=f".{kind}", dir=path.parent)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:  # swept before we could hold it
+                continue
+        else:
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".{kind}", dir=path.parent)
+        try:
+            if _hold(fd, name):
+                return fd, name
+        except BaseException:  # interrupted while waiting for the lock: neither the fd nor the temporary outlives us
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                (os.rmdir if folder else os.unlink)(name)
+            raise
         os.close(fd)
+    raise OSError(errno.EAGAIN, f"{_TRIES} temporaries in a row were swept before they could be locked (is another "
+                                "process deleting temporaries in this folder?)", str(path.parent))
 
 
 @contextlib.contextmanager
 def _held_folder(path: Path, kind: str) -> Iterator[Path]:
-    """A new hidden folder beside ``path``, named as ``sweep`` knows (``.NAME.XXXX.kind``), held for the block."""
-    while True:
-        folder = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=f".{kind}", dir=path.parent)
-        try:
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:  # swept before we could hold it
-            continue
-        if _hold(fd, folder):
-            break
-        os.close(fd)
+    """A new hidden folder beside ``path``, named as ``sweep`` knows (``.NAME.XXXX.kind``), held for the block, and
+    removed if the block fails while it is still empty."""
+    fd, folder = _held_temporary(path, kind, folder=True)
     try:
         yield Path(folder)
+    except BaseException:
+        with contextlib.suppress(OSError):  # not empty: what it holds is for the block to keep or delete
+            os.rmdir(folder)
+        raise
     finally:
         os.close(fd)
 
@@ -234,61 +257,87 @@ _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[^.]+\.(?P<kind>tmp|old)$")
 
 def sweep(directory: str | Path, only: str | None = None, min_age_s: float = 0) -> list[Path]:
     """Clear the temporaries that killed writers left in ``directory`` (those of ``only`` if named): those no
-    live process holds. One that cannot be locked (a file system without flock) goes once older than
-    ``min_age_s``, which callers set where other processes may be writing there now. A previous version
-    moved aside whose replacement never arrived is put back first. Returns what was removed."""
+    live process holds and older than ``min_age_s``, which callers set where the lock may not tell (a file system
+    without flock, or whose locks other machines do not see). A previous version moved aside whose replacement
+    never arrived is put back first. One that cannot be opened (out of fds, another user's) is kept: it may be a
+    live writer's. Returns what was removed."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     removed = []
-    for entry in sorted(directory.iterdir()):
-        match = _TEMPORARY.match(entry.name)
-        if not match or (only is not None and match["name"] != only):
-            continue
-        try:
-            fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:  # its writer finished meanwhile
-            continue
-        except OSError:  # a link, or unreadable: it cannot be locked
-            fd = None
-        try:
-            if not _abandoned(entry, fd, min_age_s):
-                continue
-            moved_aside = entry / match["name"]
-            target = directory / match["name"]
-            if match["kind"] == "old" and moved_aside.is_dir() and not target.exists():
-                os.replace(moved_aside, target)
-            if remove_tree(entry) if entry.is_dir() and not entry.is_symlink() else _unlink(entry):
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for entry in sorted(directory.iterdir()):
+            match = _TEMPORARY.match(entry.name)
+            if match and only in (None, match["name"]) and _clear(entry, match, min_age_s, directory_fd):
                 removed.append(entry)
-        finally:
-            if fd is not None:
-                os.close(fd)
+    finally:
+        os.close(directory_fd)
     fsync_directory(directory)
     return removed
 
 
-def _abandoned(entry: Path, fd: int | None, min_age_s: float) -> bool:
-    """Whether no live writer holds ``entry``: its lock was free, and is now ours until ``fd`` is closed; where
-    it cannot be locked, whether it is older than ``min_age_s``."""
-    if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
-        except OSError:  # no flock on this file system
-            pass
+def _clear(entry: Path, match: re.Match, min_age_s: float, directory_fd: int) -> bool:
+    """Remove the temporary ``entry`` if no live writer holds it (putting back the version an ``.old`` holds);
+    whether it was removed."""
     try:
-        return time.time() - entry.lstat().st_mtime >= min_age_s
-    except FileNotFoundError:  # its writer finished meanwhile
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:  # a link is none of our writers' (the link goes, never what it points to)
+        return error.errno == errno.ELOOP and _unlink(entry)
+    try:
+        if not _abandoned(entry, fd, min_age_s):
+            return False
+        folder = stat.S_ISDIR(os.fstat(fd).st_mode)
+        if folder and match["kind"] == "old" and not _put_back(match["name"], fd, directory_fd):
+            return False
+        return remove_tree(entry) if folder else _unlink(entry)
+    finally:
+        os.close(fd)
+
+
+def _abandoned(entry: Path, fd: int, min_age_s: float) -> bool:
+    """Whether no live writer holds ``entry``: its lock was free, and is now ours until ``fd`` is closed (or the
+    file system has no flock), ``fd`` is still ``entry`` (not renamed into place by its writer meanwhile), and it
+    is older than ``min_age_s``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
+    except OSError:  # no flock on this file system
+        pass
+    try:
+        now = entry.lstat()
+    except FileNotFoundError:  # its writer finished meanwhile, or another sweep removed it
+        return False
+    return os.path.samestat(os.fstat(fd), now) and time.time() - now.st_mtime >= min_age_s
+
+
+def _put_back(name: str, old_fd: int, directory_fd: int) -> bool:
+    """Put back the version ``name`` that the locked ``.old`` folder ``old_fd`` holds, unless there is none or a
+    complete one took its place; by fds, so that a link swapped in for either folder moves nothing. False if it
+    could not (a writer of ``name`` renamed its version in meanwhile): the ``.old`` is kept for a later sweep."""
+    moved_aside = _lstat(name, old_fd)
+    if moved_aside is None or not stat.S_ISDIR(moved_aside.st_mode) or _lstat(name, directory_fd) is not None:
+        return True
+    try:
+        os.replace(name, name, src_dir_fd=old_fd, dst_dir_fd=directory_fd)
+    except OSError:
+        return False
+    return True
+
+
+def _lstat(name: str, directory_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 def _unlink(path: Path) -> bool:
     try:
         path.unlink()
     except FileNotFoundError:
-        pass
+        return False
     except OSError as error:
         warnings.warn(f"could not delete {path}: {error}", stacklevel=3)
         return False

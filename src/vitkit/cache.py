@@ -10,8 +10,9 @@ from pathlib import Path
 
 from .atomic import sweep
 
-# Where the file system cannot lock (sweep cannot tell a live writer from a killed one), a cache temporary this old
-# was left by a killed writer, not one still at work.
+# A cache temporary is swept only once this old, even when no lock is held on it: where the file system has no
+# flock, or locks only for its own machine (NFS mounted with local_lock=flock, a cluster's shared ~/.cache), a free
+# lock does not prove its writer dead. A killed writer's then costs disk for an hour; a live one's is never lost.
 KILLED_WRITER_S = 3600
 
 
@@ -28,7 +29,8 @@ def cache_entry(kind: str, key: bytes, suffix: str) -> Path:
 
 
 def sweep_cache(kind: str) -> None:
-    """Clear what killed writers left in ``kind``'s folder; the temporaries of writers still at work (torchrun's
-    ranks, other runs) stay, however old. A cache is only ever worth time: failures are ignored."""
+    """Clear what killed writers left in ``kind``'s folder over ``KILLED_WRITER_S`` ago; the temporaries of writers
+    still at work (torchrun's ranks, other runs) stay, however old. A cache is only ever worth time: failures are
+    ignored."""
     with contextlib.suppress(OSError, RuntimeError):
         sweep(cache_dir() / kind, min_age_s=KILLED_WRITER_S)
