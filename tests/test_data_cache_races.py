@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from launch import child_env, start_until_ready
 
-from vitkit.cache import KILLED_WRITER_S
-
 import vitkit.data.folders as folders
+from vitkit.cache import KILLED_WRITER_S
 
 QUIET_NS = 200_000_000  # the racy window the processes use (the real one, 2 s, is tested in test_data_folders)
 CLASSES = {"ant": 300, "bee": 200, "cat": 100}
