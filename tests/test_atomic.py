@@ -316,6 +316,25 @@ def test_a_link_named_as_a_temporary_goes_alone(tmp_path):
     assert list(folder.iterdir()) == [] and (victim / "x" / "config.json").read_text() == "theirs"
 
 
+def test_a_link_swapped_in_after_the_lock_moves_nothing(tmp_path, monkeypatch):
+    """The ``.old`` folder is swapped for a link from inside sweep's ``flock``, once its lock is taken: the
+    moment an attacker (or a writer renaming its temporary) would have to hit, made certain."""
+    victim, folder = tmp_path / "victim", tmp_path / "run"
+    (victim / "x").mkdir(parents=True)
+    (victim / "x" / "config.json").write_text("theirs")
+    (folder / ".x.abc.old" / "x").mkdir(parents=True)
+    real = fcntl.flock
+
+    def swap_after_locking(fd, operation):
+        real(fd, operation)
+        monkeypatch.setattr(fcntl, "flock", real)
+        (folder / ".x.abc.old").rename(tmp_path / "elsewhere")
+        (folder / ".x.abc.old").symlink_to(victim)
+    monkeypatch.setattr(fcntl, "flock", swap_after_locking)
+    assert sweep(folder) == [], "what was locked is no longer there: nothing done"
+    assert [p.name for p in folder.iterdir()] == [".x.abc.old"] and (victim / "x" / "config.json").exists()
+
+
 def test_two_sweeps_at_once_remove_and_report_a_temporary_once(tmp_path, monkeypatch):
     """The other sweep runs from inside this one's ``flock``, between its open and its lock: an interleaving of
     two sweeping processes, made certain."""
