@@ -393,6 +393,49 @@ def test_an_old_version_whose_deletion_failed_is_never_put_back(tmp_path, monkey
     assert list(tmp_path.iterdir()) == [], "the half-deleted version 1 is not put back"
 
 
+def test_replacing_a_version_makes_no_folder_once_the_new_one_is_in_place(tmp_path, monkeypatch):
+    """A disk full after the new version is renamed in (``mkdir`` failing with ENOSPC, made so here: root may fill
+    no disk in a test): the save stands, the old version is deleted, nothing is left behind."""
+    import tempfile
+
+    target = tmp_path / "step-1"
+    with atomic_directory(target) as staging:
+        (staging / "model.safetensors").write_text("weights 1")
+    made, real = [], tempfile.mkdtemp
+
+    def two_folders_then_full(*args, **kwargs):  # the staging folder and the .old, then no space
+        made.append(args)
+        if len(made) > 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(tempfile, "mkdtemp", two_folders_then_full)
+    with atomic_directory(target, allowed_existing=("model.safetensors",)) as staging:
+        (staging / "model.safetensors").write_text("weights 2")
+    assert (target / "model.safetensors").read_text() == "weights 2" and list(tmp_path.iterdir()) == [target]
+
+
+def test_an_old_version_that_cannot_be_renamed_for_deletion_waits_for_the_next_sweep(tmp_path, monkeypatch):
+    """The rename of the held ``.old`` to a ``.tmp`` refused (EIO, made so here): the save stands with a warning,
+    and the next sweep deletes the old version rather than putting it back."""
+    target = tmp_path / "step-1"
+    with atomic_directory(target) as staging:
+        (staging / "model.safetensors").write_text("weights 1")
+    real = os.replace
+
+    def refuse_to_rename_an_old(source, destination, *args, **kwargs):
+        if str(source).endswith(".old"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(source))
+        return real(source, destination, *args, **kwargs)
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", refuse_to_rename_an_old)
+        with pytest.warns(UserWarning, match="the next sweep of"), \
+                atomic_directory(target, allowed_existing=("model.safetensors",)) as staging:
+            (staging / "model.safetensors").write_text("weights 2")
+    assert (target / "model.safetensors").read_text() == "weights 2" and len(list(tmp_path.iterdir())) == 2
+    sweep(tmp_path)
+    assert list(tmp_path.iterdir()) == [target] and (target / "model.safetensors").read_text() == "weights 2"
+
+
 def test_a_free_lock_is_not_enough_where_an_age_is_asked(tmp_path):
     # Where locks are seen only by the machine that took them (NFS with local_lock=flock), a free lock may be a
     # live writer's on another machine: callers that pass min_age_s (the caches) want both.

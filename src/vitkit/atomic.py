@@ -134,14 +134,20 @@ def _replace_directory(staging: Path, path: Path) -> None:
         return
     # A directory cannot be renamed over a non-empty one: move the old one aside first, so that at
     # every moment either it or the new one is complete on disk (``sweep`` puts it back if a crash
-    # comes between the two renames; never while we live and hold it). It is deleted through a ``.tmp``
-    # (retired), so that a deletion cut short leaves nothing that ``sweep`` would put back half deleted.
+    # comes between the two renames; never while we live and hold it). It is deleted as a ``.tmp`` (the held
+    # folder renamed, so nothing new is made on a full disk), so that a deletion cut short leaves nothing that
+    # ``sweep`` would put back half deleted.
     with _held_folder(path, "old") as old:
         os.replace(path, old / path.name)
         os.replace(staging, path)
         fsync_directory(path.parent)
-        if retire(old / path.name):
-            remove_tree(old)
+        doomed = old.with_suffix(".tmp")  # still held: the lock is the folder's, whatever its name
+        try:
+            os.replace(old, doomed)
+        except OSError as error:  # the new version stands; the old one waits for the next sweep
+            warnings.warn(f"could not delete {old}: {error}; the next sweep of {path.parent} will", stacklevel=4)
+            return
+        remove_tree(doomed)
 
 
 @contextlib.contextmanager
