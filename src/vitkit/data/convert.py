@@ -63,7 +63,7 @@ def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
             extension = path.suffix.lower().lstrip(".")
             if extension in IMAGE_EXTENSIONS:
                 data = path.read_bytes()
-                read_image(io.BytesIO(data), str(path))  # read once, decoded so that an unreadable file stops the conversion
+                read_image(io.BytesIO(data), str(path))  # decoded: an unreadable file stops the conversion
                 yield extension, data, int(dataset.labels[index])
                 continue
         image, label = dataset[index]
