@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import vitkit
-from launch import SRC, launch
+from launch import child_env, launch
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
 from vitkit.train.recipes import CONCERNS, IMAGE_SIZE_FORMS, Recipe, field_types, resolve
@@ -169,7 +169,7 @@ def test_training_progress_is_a_bar_on_a_terminal(tmp_path):
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a bar needs a width
     process = subprocess.Popen([sys.executable, "-m", "vitkit", *TRAIN, "--run-dir", str(tmp_path / "run")],
                                stdout=subprocess.DEVNULL, stderr=follower,
-                               env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"})
+                               env=child_env())
     os.close(follower)
     shown = b""
     while chunk := _read(leader):

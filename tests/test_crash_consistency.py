@@ -13,13 +13,13 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from launch import SRC, TORCHRUN
+from launch import TORCHRUN, child_env
 
 TINY = {"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1, "pool": "gap",
         "dropout": 0.1}
 TRAIN = ["--model-args", json.dumps(TINY), "--steps", "60", "--batch-size", "32", "--checkpoint-every", "1",
          "--eval-every", "20", "--log-every", "1", "--threads", "1", "--aug-level", "light2"]
-ENV = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+ENV = child_env()
 
 
 def start(run_dir: Path, sigint=signal.SIG_DFL) -> subprocess.Popen:

@@ -1,6 +1,5 @@
 """Datasets, transform presets and the step-indexed sampler."""
 
-import os
 import warnings
 
 import numpy as np
@@ -244,12 +243,12 @@ def test_a_loader_left_in_mid_pass_says_nothing_as_the_interpreter_exits():
     must not call into a torch already torn down (it printed 'Exception ignored ... NoneType')."""
     import subprocess
     import sys
-    from launch import SRC
+    from launch import child_env
     code = ("from vitkit.data import build_transform, load_dataset; from vitkit.data.pipelines import training_loader;"
             "loader = training_loader(load_dataset('digits', 'train'), build_transform('pretrain', (8, 8), 1), "
             "global_batch=8, total_steps=5, start_step=0, seed=0); passing = iter(loader); next(passing)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"})
+                          env=child_env())
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
 
 

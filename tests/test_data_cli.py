@@ -10,7 +10,7 @@ import time
 
 import torchvision
 from data_helpers import mnist_folder, numbered_image, png
-from launch import SRC, VITKIT
+from launch import VITKIT, child_env
 
 from vitkit.cli import main
 from vitkit.data import load_splits
@@ -63,7 +63,7 @@ def test_a_killed_conversion_leaves_nothing_half_written(tmp_path):
     folder = linked_folder(tmp_path / "folder", per_class=1000)
     dst = tmp_path / "shards"
     command = ["data", "convert", f"imagefolder:{folder}", str(dst), "--shard-size", "8kB"]
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     process = subprocess.Popen([*VITKIT, *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def staged():

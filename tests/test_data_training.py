@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 from data_helpers import mnist_folder, numbered_shards
-from launch import SRC, VITKIT, VITKIT_TORCHRUN, launch
+from launch import VITKIT, VITKIT_TORCHRUN, child_env, launch
 from safetensors.torch import load_file
 
 from vitkit.data import load_dataset
@@ -95,7 +95,7 @@ def test_killed_run_on_shards_resumes_to_the_same_weights(tmp_path, shards):
     launch(VITKIT, *ARGS, *extra, "--run-dir", tmp_path / "straight")
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     process = subprocess.Popen([*VITKIT, *ARGS, *extra, "--run-dir", str(killed)], env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

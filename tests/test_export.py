@@ -1,7 +1,6 @@
 """ONNX export: logits equal to PyTorch's through ONNX Runtime at any batch, metadata, int8 accuracy, the CLI."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -9,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from launch import SRC
+from launch import child_env
 
 from vitkit.checkpoints import CheckpointError, export
 from vitkit.checkpoints.onnx import CONFIG_KEY, OPSET, OnnxModel
@@ -163,7 +162,7 @@ sys.exit(main(sys.argv[1:]))
 
 def convert_killed(source, target, to, suffix, after):
     """Run ``vitkit convert SOURCE TARGET --to TO`` in a process SIGKILLed at the rename of ``suffix``."""
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     killed = subprocess.run([sys.executable, "-c", KILLED_AT_A_RENAME.format(suffix=suffix, after=after), "convert",
                              str(source), str(target), "--to", to], env=env, capture_output=True, text=True,
                             timeout=240)

@@ -161,22 +161,20 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
             add("timm", timm_twin(model))
         except (ImportError, ValueError) as error:
             skipped["timm"] = str(error)
-    traced = None  # the fp32 ONNX export, traced once and reused by the int8 and OpenVINO exports
-    if "onnxruntime" in runtimes or ("openvino" in runtimes and device.type == "cpu"):
+    traced = None  # the checked fp32 ONNX export, traced once: quantised for int8, converted for OpenVINO
+    if "onnxruntime" in runtimes:
         try:
-            from .checkpoints.onnx import OnnxModel, write_onnx
+            from .checkpoints.onnx import OnnxModel, quantize_onnx, write_onnx
 
             traced = write_onnx(model, workdir / "fp32.onnx", None, device).path
+            for precision in ("fp32", "int8"):
+                if wanted(precision):
+                    path = traced if precision == "fp32" else quantize_onnx(traced, workdir / "int8.onnx")
+                    session = OnnxModel(path, device)
+                    found.append(Candidate("onnxruntime", precision, "inference", lambda s=session: s(images),
+                                           precision))
         except ImportError as error:
-            if "onnxruntime" in runtimes:
-                skipped["onnxruntime"] = str(error)
-    if "onnxruntime" in runtimes and traced is not None:
-        for precision, quantize in (("fp32", None), ("int8", "int8")):
-            if wanted(precision):
-                path = traced if quantize is None else write_onnx(model, workdir / f"{precision}.onnx", quantize,
-                                                                  device, traced).path
-                session = OnnxModel(path, device)
-                found.append(Candidate("onnxruntime", precision, "inference", lambda s=session: s(images), precision))
+            skipped["onnxruntime"] = str(error)
     if "openvino" in runtimes:
         if device.type != "cpu":
             skipped["openvino"] = f"vitkit runs OpenVINO on its CPU plugin, not on {device.type}"

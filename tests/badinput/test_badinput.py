@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cases import CASES, PWNED, TRAIN, hf_with
-from launch import SRC
+from launch import child_env
 from vitkit.cli import main
 
 
@@ -51,7 +51,7 @@ def run_in_process(argv, limit=None, prefix=()) -> subprocess.CompletedProcess:
     def restrict():
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     return subprocess.run([*prefix, sys.executable, "-m", "vitkit", *argv], env=env, capture_output=True, text=True,
                           timeout=240, preexec_fn=restrict)
 

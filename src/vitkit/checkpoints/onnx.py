@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +90,8 @@ def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: 
     onnx.save(graph, str(path))
 
 
-def _quantize(source: Path, target: Path) -> None:
+def quantize_onnx(source: Path, target: Path) -> Path:
+    """``source``'s weights as int8 (dynamic quantisation; the metadata travels), written to ``target``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()
@@ -101,6 +101,7 @@ def _quantize(source: Path, target: Path) -> None:
         quantize_dynamic(source, target, weight_type=QuantType.QInt8)
     finally:
         root.setLevel(level)
+    return target
 
 
 def _logits(graph: Path, images: torch.Tensor, device: torch.device) -> np.ndarray:
@@ -113,10 +114,8 @@ def probe_batch(config: ViTConfig) -> torch.Tensor:
 
 
 def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
-               device: torch.device | str = "cpu", traced: Path | None = None) -> OnnxExport:
-    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place.
-    ``traced``: an fp32 export of this very model already written (read, never moved), to start from
-    instead of tracing again (``vitkit bench`` exports one model as fp32, int8 and OpenVINO)."""
+               device: torch.device | str = "cpu") -> OnnxExport:
+    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place."""
     if quantize not in (None, *QUANTIZATIONS):
         raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
     path, device = Path(path), torch.device(device)
@@ -133,10 +132,7 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     scale = max(1.0, float(np.abs(reference).max()))
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
         exported = tmp / "fp32.onnx"
-        if traced is None:
-            trace(model, exported, device)
-        else:
-            shutil.copyfile(traced, exported)
+        trace(model, exported, device)
         difference = float(np.abs(_logits(exported, probe, device) - reference).max())
         if difference > TOLERANCE * scale:
             raise CheckpointError(f"{path}: ONNX Runtime's logits differ from PyTorch's by {difference:.3g} on a probe "
@@ -144,7 +140,7 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
         report = OnnxExport(path, OPSET, difference)
         if quantize:
             quantized = tmp / "int8.onnx"
-            _quantize(exported, quantized)
+            quantize_onnx(exported, quantized)
             logits = _logits(quantized, probe, device)
             report.quantized_difference = float(np.abs(logits - reference).max())
             report.quantized_agreement = float((logits.argmax(-1) == reference.argmax(-1)).mean())

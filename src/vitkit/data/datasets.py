@@ -89,17 +89,19 @@ class FileDataset(Dataset):
     def files(self) -> np.ndarray:
         return self.listing if self.rows is None else self.listing[self.rows]
 
+    def _label_of(self, rows: int | np.ndarray) -> np.ndarray:
+        """The labels of listing rows: each that of the class it falls in."""
+        return self.class_labels[np.searchsorted(self.class_ends, rows, side="right")]
+
     @functools.cached_property
     def labels(self) -> torch.Tensor:
-        rows = np.arange(len(self.listing)) if self.rows is None else self.rows
-        return torch.from_numpy(self.class_labels[np.searchsorted(self.class_ends, rows, side="right")])
+        return torch.from_numpy(self._label_of(np.arange(len(self.listing)) if self.rows is None else self.rows))
 
     def path(self, index: int) -> Path:
         return Path(os.fsdecode(self.listing[self._row(index)]))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        label = self.class_labels[np.searchsorted(self.class_ends, self._row(index), side="right")]
-        return read_image(self.path(index)), int(label)
+        return read_image(self.path(index)), int(self._label_of(self._row(index)))
 
     def subset(self, indices: np.ndarray, name: str) -> "FileDataset":
         indices = np.asarray(indices)
