@@ -23,10 +23,20 @@ POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none")
 GELUS = ("exact", "tanh", "quick")
 # "swiglu": fc1 yields a gate and a value of mlp_dim each, SiLU(gate) * value goes into fc2 (DINOv2-g).
 MLPS = ("gelu", "swiglu")
+# "rms": RMSNorm, x / sqrt(mean(x^2) + eps) * weight, in place of every LayerNorm (AIMv2).
+NORMS = ("layer", "rms")
+# Rotary position embeddings on the queries and keys of the patch tokens: "axial", fixed frequencies per axis
+# (EVA-02, Perception Encoder, RoPE-ViT, DINOv3); "mixed", learned frequencies per block and head (RoPE-ViT).
+ROPES = ("none", "axial", "mixed")
+# The patch coordinates RoPE turns: "index", the patch's row and column (+ rope_offset, rescaled to rope_ref_grid
+# cells when set); "centered", patch centres normalised to [-1, 1] per axis, angles in turns (DINOv3).
+ROPE_GRIDS = ("index", "centered")
 POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 # The options of the families built on the skeleton (DeiT, DeiT-III, DINOv2, CLIP, SigLIP) and their off values.
 FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
-                                       patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu")
+                                       patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu", norm="layer",
+                                       patch_norm=False, k_bias=True, proj_bias=True, mlp_norm=False,
+                                       attn_norm=False, rope="none", pool_heads=None)
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -134,6 +144,21 @@ class ViTConfig:
     layer_scale: float | None = None  # LayerScale: residual branches scaled per channel, from this init
     qk_norm: bool = False  # LayerNorm on each head's queries and keys
     mlp: str = "gelu"
+    # Options of the families of 2023-25 (EVA-02, Perception Encoder, RoPE-ViT, DINOv3, AIMv2), off by default.
+    norm: str = "layer"  # every norm a LayerNorm, or "rms" (AIMv2)
+    patch_norm: bool = False  # a norm on the patch embeddings, before the prefix tokens (AIMv2)
+    k_bias: bool = True  # with qkv_bias: False holds the keys' bias at zero (EVA, DINOv3 keep only q and v biases)
+    proj_bias: bool = True  # biases of the attention output projection and of the MLP (AIMv2 has none)
+    mlp_norm: bool = False  # sub-LN: a norm on the MLP's hidden activations before fc2 (EVA-02 B/L)
+    attn_norm: bool = False  # sub-LN: a norm on the attention heads' output before proj (EVA-02 CLIP)
+    rope: str = "none"
+    rope_grid: str = "index"
+    rope_theta: float = 10000.0  # frequencies theta^(-j / (head_dim / 4)), j < head_dim / 4, per axis
+    rope_ref_grid: int | None = None  # index coordinates rescaled so that the grid spans this many cells (EVA)
+    rope_offset: float = 0.0  # added to every index coordinate (PE: 1)
+    rope_xy: bool = False  # the column (x) coordinate takes the first half of the frequencies, else the row
+    rope_half: bool = False  # rotate the two halves of each head against each other, else neighbouring pairs
+    pool_heads: int | None = None  # heads of the attention pool (pool='map'); None: num_heads (PE: 8)
     pool: str = "token"
     fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
     pos_embed: str = "learned"
@@ -190,7 +215,8 @@ class ViTConfig:
         for name in ("num_classes", "reg_tokens"):
             count(name, 0)
         for name in ("qkv_bias", "class_token", "fc_norm", "pos_interp_antialias", "pos_interp_align_corners",
-                     "dist_token", "no_embed_class", "pre_norm", "patch_bias", "qk_norm"):
+                     "dist_token", "no_embed_class", "pre_norm", "patch_bias", "qk_norm", "patch_norm", "k_bias",
+                     "proj_bias", "mlp_norm", "attn_norm", "rope_xy", "rope_half"):
             need(isinstance(getattr(self, name), bool), f"{name}={getattr(self, name)!r}, expected true or false")
         for name in ("dropout", "attn_dropout", "drop_path"):
             real(name, 0.0, 1.0)
@@ -200,8 +226,15 @@ class ViTConfig:
         need(self.layer_scale is None or is_real(self.layer_scale),
              f"layer_scale={self.layer_scale!r}, expected null or a finite number")
         for name, choices in (("pool", POOLINGS), ("pos_embed", POS_EMBEDS), ("gelu", GELUS), ("mlp", MLPS),
-                              ("pos_interp", POS_INTERPS), ("std_conv", STD_CONVS)):
+                              ("pos_interp", POS_INTERPS), ("std_conv", STD_CONVS), ("norm", NORMS),
+                              ("rope", ROPES), ("rope_grid", ROPE_GRIDS)):
             one_of(name, choices)
+        real("rope_offset", -1e6)
+        real("rope_theta", 0.0)
+        need(self.rope_theta > 1, f"rope_theta={self.rope_theta!r}, expected a number > 1")
+        for name in ("rope_ref_grid", "pool_heads"):
+            value = getattr(self, name)
+            need(value is None or (is_int(value) and value >= 1), f"{name}={value!r}, expected null or an int >= 1")
         size = self.representation_size
         need(size is None or (is_int(size) and size >= 1),
              f"representation_size={size!r}, expected null or an int >= 1")
@@ -216,6 +249,12 @@ class ViTConfig:
 
         need(self.dim % self.num_heads == 0, f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
         need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
+        need(self.rope == "none" or self.head_dim % 4 == 0,
+             f"rope={self.rope!r} needs a head width (dim / num_heads) divisible by 4, got {self.head_dim}")
+        need(self.rope == "none" or self.pos_embed in ("learned", "none"),
+             f"rope={self.rope!r} goes with pos_embed 'learned' or 'none', got {self.pos_embed!r}")
+        need(self.pool_heads is None or self.dim % self.pool_heads == 0,
+             f"dim={self.dim} is not divisible by pool_heads={self.pool_heads}")
         need(not self.dist_token or (self.class_token and self.pool == "token" and not self.fc_norm
                                      and not (self.representation_size and self.num_classes)),
              "dist_token=True needs class_token=True, pool='token', fc_norm=False, and no representation_size "

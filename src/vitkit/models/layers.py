@@ -1,5 +1,6 @@
 """Building blocks of the encoder: patch projection, multi-head self-attention, MLP, pre-LN block, and the
-attention-pool head; the options of later families (QK-norm, QuickGELU, SwiGLU, LayerScale) are marked."""
+attention-pool head; the options of later families (QK-norm, QuickGELU, SwiGLU, LayerScale, rotary embeddings,
+RMSNorm, sub-LN, bias switches) are marked."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
-from .position import RelativePositionLogits
+from .config import ViTConfig
+from .position import RelativePositionLogits, apply_rope
 
 
 class PatchEmbed(nn.Module):
@@ -18,7 +20,7 @@ class PatchEmbed(nn.Module):
     feature map instead of the pixels, usually into 1x1 patches (section 3.2)."""
 
     def __init__(self, in_chans: int, dim: int, patch_size: int, backbone: nn.Module | None = None,
-                 bias: bool = True):
+                 bias: bool = True, norm: nn.Module | None = None):
         super().__init__()
         self.in_chans = in_chans
         self.patch_size = patch_size
@@ -26,13 +28,14 @@ class PatchEmbed(nn.Module):
         self.stride = patch_size * (backbone.stride if backbone is not None else 1)
         features = backbone.out_chans if backbone is not None else in_chans
         self.proj = nn.Conv2d(features, dim, kernel_size=patch_size, stride=patch_size, bias=bias)
+        self.norm = norm if norm is not None else nn.Identity()  # Option patch_norm (AIMv2)
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """(B, C, H, W) images -> (B, N, D) patch embeddings and the (H/P, W/P) grid."""
         check_images(images, self.in_chans, self.stride)
         x = self.proj(images if self.backbone is None else self.backbone(images))
         grid = (x.shape[-2], x.shape[-1])
-        return x.flatten(2).transpose(1, 2), grid
+        return self.norm(x.flatten(2).transpose(1, 2)), grid
 
 
 def check_images(images: torch.Tensor, in_chans: int, multiple: int) -> None:
@@ -53,46 +56,66 @@ def check_images(images: torch.Tensor, in_chans: int, multiple: int) -> None:
         )
 
 
+def make_norm(config: ViTConfig, width: int) -> nn.Module:
+    """The family's norm over ``width`` channels: LayerNorm, or (Option norm='rms') RMSNorm, with its eps."""
+    if config.norm == "rms":
+        return nn.RMSNorm(width, eps=config.ln_eps)
+    return nn.LayerNorm(width, eps=config.ln_eps)
+
+
 class Attention(nn.Module):
-    """MSA: h heads of width D/h, softmax(q k^T / sqrt(D/h)) v, concatenated and projected by D x D."""
+    """MSA: h heads of width D/h, softmax(q k^T / sqrt(D/h)) v, concatenated and projected by D x D.
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_dropout: float = 0.0,
-                 dropout: float = 0.0, relative_tokens: int = 0, qk_norm: bool = False, ln_eps: float = 1e-6):
+    Options: QK-norm, queries and keys turned by rotary position embeddings (``rope``, a table from
+    :class:`RotaryEmbedding`), keys without bias (``k_bias``), a norm before the projection (``attn_norm``)."""
+
+    def __init__(self, c: ViTConfig, relative_tokens: int = 0):
         super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.num_heads, self.head_dim = c.num_heads, c.head_dim
         self.scale = self.head_dim ** -0.5
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        # Option qk_norm: LayerNorm on every head's queries and keys before their product.
-        self.q_norm = nn.LayerNorm(self.head_dim, eps=ln_eps) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=ln_eps) if qk_norm else nn.Identity()
-        self.attn_dropout = attn_dropout
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(dropout)
-        self.relative = RelativePositionLogits(relative_tokens, num_heads, self.head_dim) if relative_tokens else None
+        separate_bias = c.qkv_bias and not c.k_bias  # Option k_bias=False: only q and v have a bias
+        self.qkv = nn.Linear(c.dim, 3 * c.dim, bias=c.qkv_bias and not separate_bias)
+        self.q_bias = nn.Parameter(torch.zeros(c.dim)) if separate_bias else None
+        self.v_bias = nn.Parameter(torch.zeros(c.dim)) if separate_bias else None
+        # Option qk_norm: a norm on every head's queries and keys before their product.
+        self.q_norm = make_norm(c, self.head_dim) if c.qk_norm else nn.Identity()
+        self.k_norm = make_norm(c, self.head_dim) if c.qk_norm else nn.Identity()
+        self.rope_half = c.rope_half
+        self.attn_dropout = c.attn_dropout
+        self.norm = make_norm(c, c.dim) if c.attn_norm else nn.Identity()
+        self.proj = nn.Linear(c.dim, c.dim, bias=c.proj_bias)
+        self.proj_drop = nn.Dropout(c.dropout)
+        self.relative = RelativePositionLogits(relative_tokens, c.num_heads, self.head_dim) if relative_tokens else None
 
-    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _heads(self, x: torch.Tensor, rope: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
-        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, h, T, D/h)
-        return self.q_norm(q), self.k_norm(k), v
+        if self.q_bias is None:
+            qkv = self.qkv(x)
+        else:
+            qkv = F.linear(x, self.qkv.weight, torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
+        q, k, v = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)  # each (B, h, T, D/h)
+        if rope is not None:
+            q, k = apply_rope(q, rope, self.rope_half), apply_rope(k, rope, self.rope_half)
+        return q, k, v
 
     def _merge(self, out: torch.Tensor) -> torch.Tensor:
         batch, _, tokens, _ = out.shape
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, -1)))
+        return self.proj_drop(self.proj(self.norm(out.transpose(1, 2).reshape(batch, tokens, -1))))
 
     def _relative_logits(self, q: torch.Tensor) -> torch.Tensor | None:
         return None if self.relative is None else self.relative(q * self.scale)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._heads(x)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self._heads(x, rope)
         dropout = self.attn_dropout if self.training else 0.0
         bias = self._relative_logits(q)
         return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout))
 
-    def forward_with_probs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_probs(self, x: torch.Tensor, rope: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same attention computed explicitly, also returning the (B, h, T, T) probabilities."""
-        q, k, v = self._heads(x)
+        q, k, v = self._heads(x, rope)
         logits = (q * self.scale) @ k.transpose(-2, -1)
         bias = self._relative_logits(q)
         if bias is not None:
@@ -116,14 +139,17 @@ def make_gelu(gelu: str) -> nn.Module:
 class Mlp(nn.Module):
     """Linear(D, mlp) -> GELU -> Linear(mlp, D), with dropout after each dense layer as in Google's code.
 
-    Option ``swiglu``: fc1 yields a gate and a value of width mlp each, and SiLU(gate) * value enters fc2."""
+    Options: ``swiglu``, fc1 yields a gate and a value of width mlp each, and SiLU(gate) * value enters fc2;
+    ``norm``, a norm on the hidden activations before fc2 (sub-LN); ``bias=False``, no biases."""
 
-    def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0, swiglu: bool = False):
+    def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0, swiglu: bool = False,
+                 norm: nn.Module | None = None, bias: bool = True):
         super().__init__()
         self.swiglu = swiglu
-        self.fc1 = nn.Linear(dim, 2 * hidden if swiglu else hidden)
+        self.fc1 = nn.Linear(dim, 2 * hidden if swiglu else hidden, bias=bias)
         self.act = nn.SiLU() if swiglu else make_gelu(gelu)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.norm = norm if norm is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +159,7 @@ class Mlp(nn.Module):
             x = self.act(gate) * value
         else:
             x = self.act(x)
-        return self.drop(self.fc2(self.drop(x)))
+        return self.drop(self.fc2(self.norm(self.drop(x))))
 
 
 class LayerScale(nn.Module):
@@ -168,44 +194,45 @@ class DropPath(nn.Module):
 
 class Block(nn.Module):
     """Pre-LN encoder block: z' = MSA(LN(z)) + z (eq. 2); z = MLP(LN(z')) + z' (eq. 3); with LayerScale the
-    branches are ls1(MSA(...)) and ls2(MLP(...))."""
+    branches are ls1(MSA(...)) and ls2(MLP(...)); ``rope`` is the rotary table of the tokens, if any."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_dim: int, *, qkv_bias: bool = True, ln_eps: float = 1e-6,
-                 gelu: str = "exact", dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0,
-                 relative_tokens: int = 0, qk_norm: bool = False, swiglu: bool = False,
-                 layer_scale: float | None = None):
+    def __init__(self, c: ViTConfig, drop_path: float = 0.0, relative_tokens: int = 0):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout, relative_tokens, qk_norm, ln_eps)
-        self.ls1 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
-        self.mlp = Mlp(dim, mlp_dim, gelu, dropout, swiglu)
-        self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.norm1 = make_norm(c, c.dim)
+        self.attn = Attention(c, relative_tokens)
+        self.ls1 = LayerScale(c.dim, c.layer_scale) if c.layer_scale is not None else nn.Identity()
+        self.norm2 = make_norm(c, c.dim)
+        self.mlp = Mlp(c.dim, c.mlp_dim, c.gelu, c.dropout, c.mlp == "swiglu",
+                       make_norm(c, c.mlp_dim) if c.mlp_norm else None, c.proj_bias)
+        self.ls2 = LayerScale(c.dim, c.layer_scale) if c.layer_scale is not None else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        z = z + self.drop_path(self.ls1(self.attn(self.norm1(z))))
+    def forward(self, z: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        z = z + self.drop_path(self.ls1(self.attn(self.norm1(z), rope)))
         return z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
 
-    def forward_with_probs(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        attended, probs = self.attn.forward_with_probs(self.norm1(z))
+    def forward_with_probs(self, z: torch.Tensor, rope: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        attended, probs = self.attn.forward_with_probs(self.norm1(z), rope)
         z = z + self.drop_path(self.ls1(attended))
         return z + self.drop_path(self.ls2(self.mlp(self.norm2(z)))), probs
 
 
 class AttentionPool(nn.Module):
-    """Option pool='map' (SigLIP): one learned probe attends over the tokens with multi-head attention,
-    then a pre-LN MLP adds its residual; the probe's output is the image representation."""
+    """Option pool='map' (SigLIP, Perception Encoder): one learned probe attends over the tokens with
+    multi-head attention (``pool_heads`` heads), then a pre-LN MLP adds its residual; the probe's output is the
+    image representation."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_dim: int, ln_eps: float, gelu: str):
+    def __init__(self, c: ViTConfig):
         super().__init__()
-        self.num_heads = num_heads
+        dim = c.dim
+        self.num_heads = c.pool_heads or c.num_heads
         self.probe = nn.Parameter(torch.zeros(1, 1, dim))
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim, eps=ln_eps)
-        self.mlp = Mlp(dim, mlp_dim, gelu)
+        self.norm = make_norm(c, dim)
+        self.mlp = Mlp(dim, c.mlp_dim, c.gelu)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T, D) tokens -> (B, D) pooled."""

@@ -50,17 +50,19 @@ class _CachedByGrid(nn.Module):
     def _version(self) -> tuple:
         return tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters())
 
-    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """The table of ``grid``, moved to ``device`` when one is given (tables computed without parameters are
+        made on the CPU)."""
         grid = tuple(grid)
         needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         if needs_grad:
-            return self._compute(grid)
-        key = (grid,) + self._version()
+            return self._compute(grid).to(device)
+        key = (grid, device) + self._version()
         table = self._cache.get(key)
         if table is None:
             if len(self._cache) >= 8:
                 self._cache.clear()
-            table = self._cache[key] = self._compute(grid)
+            table = self._cache[key] = self._compute(grid).to(device)
         return table
 
 
@@ -173,6 +175,92 @@ class RelativePositionLogits(nn.Module):
         offsets = (position[:, None] - position[None, :]).clamp(-span, span) + span
         per_offset = q @ self.weight.transpose(-2, -1).unsqueeze(0)  # (B, h, T, 2M - 1)
         return per_offset.gather(-1, offsets.expand(*q.shape[:2], tokens, tokens))
+
+
+def rope_coordinates(grid: tuple[int, int], kind: str, offset: float = 0.0, ref_grid: int | None = None,
+                     xy: bool = False) -> torch.Tensor:
+    """(rows*cols, 2) float32 coordinates of the patches in row-major order: the row and the column, or (``xy``)
+    the column and the row. ``index``: the patch's indices plus ``offset``, rescaled so that each axis spans
+    ``ref_grid`` cells when one is given; ``centered``: the patch centres (k + 0.5 + offset) / n mapped to [-1, 1]."""
+    axes = []
+    for cells in grid:
+        if kind == "centered":
+            axis = (torch.arange(0.5, cells, dtype=torch.float32) + offset) / cells
+        else:
+            axis = torch.arange(cells, dtype=torch.float32) + offset
+            if ref_grid is not None:
+                axis = axis / cells * ref_grid
+        axes.append(axis)
+    rows, cols = torch.meshgrid(axes[0], axes[1], indexing="ij")
+    coords = torch.stack([cols, rows] if xy else [rows, cols], dim=-1).reshape(-1, 2)
+    return 2.0 * coords - 1.0 if kind == "centered" else coords
+
+
+class RotaryEmbedding(_CachedByGrid):
+    """Option rope: rotary position embeddings (Su et al. 2021) over the 2-D patch grid. Each head's width d is
+    cut into d/2 pairs; the first d/4 pairs turn with the first coordinate, the rest with the second, by
+    angle = coordinate x frequency. ``forward`` gives the (2, ..., T, d) cosines and sines of those angles for
+    the T tokens of a grid, each repeated over its pair; the prefix tokens' rows are cos 1, sin 0 (not rotated).
+
+    ``axial``: frequencies theta^(-j / (d/4)) for j < d/4 on each axis (index coordinates), or, on centred
+    coordinates, 2 pi theta^(-j / (d/4)) (DINOv3's periods in turns). ``mixed`` (RoPE-ViT): learned
+    (2, depth, heads, d/2) frequencies, each pair turning with a learned mix of both coordinates, one table per
+    block and head."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        c = config
+        self.kind, self.grid_kind, self.theta = c.rope, c.rope_grid, c.rope_theta
+        self.offset, self.ref_grid, self.xy, self.half = c.rope_offset, c.rope_ref_grid, c.rope_xy, c.rope_half
+        self.prefix, self.head_dim = c.num_prefix_tokens, c.head_dim
+        quarter = self.head_dim // 4
+        if self.kind == "mixed":  # RoPE-ViT's init: axial magnitudes, turned by a random angle per block and head
+            magnitude = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 4, dtype=torch.float32) / self.head_dim)
+            angle = torch.rand(c.depth, c.num_heads, 1) * 2 * torch.pi
+            fx = torch.cat([magnitude * torch.cos(angle), magnitude * torch.cos(angle + torch.pi / 2)], dim=-1)
+            fy = torch.cat([magnitude * torch.sin(angle), magnitude * torch.sin(angle + torch.pi / 2)], dim=-1)
+            self.freqs = nn.Parameter(torch.stack([fx, fy]))  # (2, depth, heads, d/2)
+        else:
+            self.freqs = None
+            self.exponents = torch.arange(quarter, dtype=torch.float32, device="cpu") / quarter
+
+    def _angles(self, coords: torch.Tensor) -> torch.Tensor:
+        """(N, 2) coordinates -> (..., N, d/2) angles, one per pair."""
+        if self.freqs is not None:
+            coords = coords.to(self.freqs.device)
+            freqs = self.freqs.float()
+            return coords[:, 0, None] * freqs[0].unsqueeze(-2) + coords[:, 1, None] * freqs[1].unsqueeze(-2)
+        if self.grid_kind == "centered":
+            angles = 2 * torch.pi * coords[:, :, None] / self.theta ** self.exponents
+        else:
+            angles = coords[:, :, None] * (1.0 / self.theta ** self.exponents)
+        return angles.flatten(1)
+
+    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
+        coords = rope_coordinates(grid, self.grid_kind, self.offset, self.ref_grid, self.xy)
+        angles = self._angles(coords)
+        angles = torch.cat([angles, angles], dim=-1) if self.half else angles.repeat_interleave(2, dim=-1)
+        table = torch.stack([angles.cos(), angles.sin()])
+        identity = torch.zeros_like(table[..., :1, :]).expand(*table.shape[:-2], self.prefix, -1).clone()
+        identity[0] = 1.0
+        return torch.cat([identity, table], dim=-2)
+
+    def resize(self, grid: tuple[int, int]) -> None:
+        """Nothing to resample: the table is computed for any grid."""
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool) -> torch.Tensor:
+    """Rotate (B, h, T, d) queries or keys by a (2, T, d) or (2, h, T, d) table of cosines and sines."""
+    if half:
+        first, second = x.chunk(2, dim=-1)
+        turned = torch.cat([-second, first], dim=-1)
+    else:
+        turned = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
+    return (x * table[0] + turned * table[1]).to(x.dtype)
+
+
+def make_rope(config: ViTConfig) -> RotaryEmbedding | None:
+    return RotaryEmbedding(config) if config.rope != "none" else None
 
 
 def make_position_embedding(config: ViTConfig) -> nn.Module | None:

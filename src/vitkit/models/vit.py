@@ -7,7 +7,9 @@
 
 Options of later families (config fields, all off by default) are marked "Option" where they act:
 distillation and register tokens beside [class], position table without prefix rows, a LayerNorm before
-the blocks, and an attention-pool head; QK-norm, QuickGELU, SwiGLU and LayerScale live in the blocks.
+the blocks, a norm on the patch embeddings, rotary position embeddings (a table per grid that the blocks turn
+their queries and keys by), and an attention-pool head; QK-norm, QuickGELU, SwiGLU, LayerScale, RMSNorm, sub-LN
+and the bias switches live in the blocks.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..atomic import atomic_directory, os_errors
 from .config import ViTConfig, pair
-from .layers import AttentionPool, Block, PatchEmbed
-from .position import make_position_embedding
+from .layers import AttentionPool, Block, PatchEmbed, make_norm
+from .position import make_position_embedding, make_rope
 from .resnet import make_backbone
 
 
@@ -46,26 +48,23 @@ class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         c = self.config = config
-        self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size, make_backbone(c), bias=c.patch_bias)
+        self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size, make_backbone(c), bias=c.patch_bias,
+                                      norm=make_norm(c, c.dim) if c.patch_norm else None)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_token else None
         # Option dist_token (DeiT) and reg_tokens (DINOv2-reg): more learned prefix tokens after [class].
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.dim)) if c.reg_tokens else None
         self.pos_embed = make_position_embedding(c)
+        self.rope = make_rope(c)  # Option rope: rotary position embeddings on the patches' queries and keys
         self.pos_drop = nn.Dropout(c.dropout)
-        self.norm_pre = nn.LayerNorm(c.dim, eps=c.ln_eps) if c.pre_norm else nn.Identity()  # Option pre_norm (CLIP)
+        self.norm_pre = make_norm(c, c.dim) if c.pre_norm else nn.Identity()  # Option pre_norm (CLIP)
         drop_rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         relative_tokens = self.num_prefix_tokens + c.grid_size[0] * c.grid_size[1] if c.pos_embed == "relative" else 0
-        self.blocks = nn.ModuleList(
-            Block(c.dim, c.num_heads, c.mlp_dim, qkv_bias=c.qkv_bias, ln_eps=c.ln_eps, gelu=c.gelu,
-                  dropout=c.dropout, attn_dropout=c.attn_dropout, drop_path=rate, relative_tokens=relative_tokens,
-                  qk_norm=c.qk_norm, swiglu=c.mlp == "swiglu", layer_scale=c.layer_scale)
-            for rate in drop_rates
-        )
-        self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.dim, eps=c.ln_eps)
-        self.fc_norm = nn.LayerNorm(c.dim, eps=c.ln_eps) if c.fc_norm else nn.Identity()
-        # Option pool='map' (SigLIP): attention pooling with a learned probe.
-        self.attn_pool = AttentionPool(c.dim, c.num_heads, c.mlp_dim, c.ln_eps, c.gelu) if c.pool == "map" else None
+        self.blocks = nn.ModuleList(Block(c, rate, relative_tokens) for rate in drop_rates)
+        self.norm = nn.Identity() if c.fc_norm else make_norm(c, c.dim)
+        self.fc_norm = make_norm(c, c.dim) if c.fc_norm else nn.Identity()
+        # Option pool='map' (SigLIP, PE): attention pooling with a learned probe.
+        self.attn_pool = AttentionPool(c) if c.pool == "map" else None
         if c.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(c.dim, c.representation_size), nn.Tanh())
         else:
@@ -101,9 +100,10 @@ class VisionTransformer(nn.Module):
                         nn.init.normal_(module.bias, std=1e-6)
                     else:
                         nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         conv = self.patch_embed.proj
         fan_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
         # LeCun normal as Flax draws it: a normal cut at two of its own deviations (torch's bounds are absolute),
@@ -139,28 +139,36 @@ class VisionTransformer(nn.Module):
             tokens = tokens if position is None else tokens + position
         return self.norm_pre(self.pos_drop(tokens))
 
-    def encode(self, z: torch.Tensor) -> torch.Tensor:
-        """Eqs. (2)-(3) through every block, then the final LayerNorm."""
+    def rope_tables(self, grid: tuple[int, int], device: torch.device) -> list[torch.Tensor | None]:
+        """Option rope: each block's (2, T, d) rotary table for ``grid`` (one shared table, or, for learned mixed
+        frequencies, one (2, heads, T, d) table per block); None for every block without rope."""
+        if self.rope is None:
+            return [None] * len(self.blocks)
+        table = self.rope(grid, device)
+        return list(table.unbind(1)) if self.config.rope == "mixed" else [table] * len(self.blocks)
+
+    def encode(self, z: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Eqs. (2)-(3) through every block, then the final LayerNorm; ``grid`` places the patches for rope."""
         recompute = self.grad_checkpointing and torch.is_grad_enabled()
-        for block in self.blocks:
-            z = checkpoint(block, z, use_reentrant=False) if recompute else block(z)
+        for block, rope in zip(self.blocks, self.rope_tables(grid, z.device)):
+            z = checkpoint(block, z, rope, use_reentrant=False) if recompute else block(z, rope)
         return self.norm(z)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """All (B, T, D) tokens after the final LayerNorm."""
-        return self.encode(self.embed(images)[0])
+        return self.encode(*self.embed(images))
 
     def forward_intermediates(self, images: torch.Tensor, attention: bool = False) -> Intermediates:
         """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
         computed from the same weights as the fused forward pass."""
         z, grid = self.embed(images)
         outputs, attentions = [], []
-        for block in self.blocks:
+        for block, rope in zip(self.blocks, self.rope_tables(grid, z.device)):
             if attention:
-                z, probs = block.forward_with_probs(z)
+                z, probs = block.forward_with_probs(z, rope)
                 attentions.append(probs)
             else:
-                z = block(z)
+                z = block(z, rope)
             outputs.append(z)
         return Intermediates(outputs, self.norm(z), grid, attentions if attention else None)
 
@@ -173,8 +181,8 @@ class VisionTransformer(nn.Module):
             pooled = features[:, :2].mean(dim=1) if distilled else features[:, 0]
         elif self.config.pool == "gap":
             pooled = features[:, self.num_prefix_tokens:].mean(dim=1)
-        else:
-            pooled = self.attn_pool(features[:, self.num_prefix_tokens:])
+        else:  # the probe attends over every token, prefix tokens included (PE has a [class] token)
+            pooled = self.attn_pool(features)
         return self.fc_norm(pooled)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
