@@ -158,14 +158,20 @@ def test_hf_families_give_transformers_outputs(tmp_path, family):
 
 
 def test_unsupported_families_are_refused_naming_the_keys(tmp_path):
-    """EVA's rotary embeddings would be silently dropped if its weights were loaded: refused instead."""
+    """An Eva of no timm definition: whether it turned its queries by rotary embeddings is not in its weights,
+    so it is refused rather than read with them left out; BEiT's relative position tables are refused by name."""
+    from timm.models.beit import Beit
     from timm.models.eva import Eva
 
     peer = Eva(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, use_rot_pos_emb=True, num_classes=3)
     save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, tmp_path / "eva.safetensors")
-    with pytest.raises(vitkit.CheckpointError, match=r"EVA / EVA-02 .* give it away: blocks.0.attn.q_bias, "
-                                                     r"blocks.0.attn.v_bias"):
+    with pytest.raises(vitkit.CheckpointError, match=r"eva.safetensors: a state dict of timm's Eva layout .*whether and how it used rotary"):
         vitkit.load(tmp_path / "eva.safetensors", num_heads=4)
+    beit = Beit(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, use_rel_pos_bias=True)
+    save_file({k: v.contiguous() for k, v in beit.state_dict().items()}, tmp_path / "beit.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match=r"BEiT / relative position bias tables .* give it away: "
+                                                     r"blocks.0.attn.relative_position_bias_table"):
+        vitkit.load(tmp_path / "beit.safetensors", num_heads=4)
 
 
 def test_hf_heads_without_a_counterpart_are_refused(tmp_path):

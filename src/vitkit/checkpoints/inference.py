@@ -41,9 +41,8 @@ def known_normalization(mean: Any, std: Any, source: Any, channels: int, names: 
 # Families vitkit does not read, and the keys that give them away: such a checkpoint is refused rather than
 # loaded with those weights ignored.
 UNSUPPORTED_FAMILIES = (
-    ("EVA / EVA-02 (rotary position embeddings, SwiGLU with separate gates)",
-     re.compile(r"(^|\.)(rope|freqs_cos|freqs_sin)(\.|$)|\.attn\.[qv]_bias$|\.mlp\.fc1_g\.|\.attn\.q_proj\.")),
-    ("BEiT / relative position bias tables", re.compile(r"relative_position_bias_table|rel_pos_bias|\.gamma_1$")),
+    ("EVA / EVA-02 as BAAI saves it (rotary tables in the weights)", re.compile(r"(^|\.)(freqs_cos|freqs_sin)$")),
+    ("BEiT / relative position bias tables", re.compile(r"relative_position_bias_table|rel_pos_bias")),
     ("Swin (windowed attention)", re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.")),
 )
 
@@ -113,6 +112,9 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
                                      for s in range(stages)))
     if "attn_pool.probe" in state:
         config["pool"] = "map"
+        pool_width = state["attn_pool.mlp.fc1.weight"].shape[0] if "attn_pool.mlp.fc1.weight" in state else None
+        if pool_width not in (None, config["mlp_dim"]):  # PE-G: the pool's MLP is 4 D, the blocks' narrower
+            config["pool_mlp_dim"] = pool_width
     else:
         config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"
     config.update(settings)

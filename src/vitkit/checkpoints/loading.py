@@ -19,6 +19,7 @@ from .hf_families import is_hf_family, read_hf_family
 from .inference import refuse_unsupported
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
+from .timm_families import family_of_keys, read_timm_family
 from .torchvision_ import from_torchvision, is_torchvision
 
 __all__ = ["CheckpointError", "load", "read_checkpoint", "build", "load_state_strict"]
@@ -83,6 +84,9 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTCo
         return *read_npz(path, overrides), source
     state = read_weights(path)
     refuse_unsupported(state, source)
+    family = family_of_keys(state, source) if "patch_embed.proj.weight" in state else None
+    if family is not None:  # timm's layout of a family whose rotary settings are not in the weights
+        return *read_timm_family(state, *family, overrides, source), source
     for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision),
                                 (is_open_clip, from_open_clip)):
         if recognises(state):

@@ -33,6 +33,7 @@ from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
 from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
+from .timm_families import family_of_architecture, read_timm_hub_family
 
 HUB_CONFIG = "config.json"
 TIMM_DEFAULT_CROP_PCT = 0.875  # what timm evaluates with when a pretrained_cfg names no crop_pct
@@ -93,14 +94,18 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
     if pool not in ("token", "avg", "map"):
         raise CheckpointError(f"{directory / HUB_CONFIG}: global_pool={pool!r}; vitkit pools the [class] token "
                               f"('token'), the mean of the patches ('avg') or by attention ('map')")
-    told = architecture_numerics(str(hub["architecture"]))
-    if pool == "avg":
-        told["pool"] = "gap"
-    if "num_heads" in hub.get("model_args", {}):
-        told["num_heads"] = hub["model_args"]["num_heads"]
     state = read_weights(weights)
-    refuse_unsupported(state, str(weights))  # a bare state dict is checked by vitkit.load, before its layout is told
-    config, state = from_timm(state, {**told, **overrides}, str(weights))
+    family = family_of_architecture(str(hub["architecture"]))
+    if family is not None:  # read by what the architecture's definition says, not by its keys
+        config, state = read_timm_hub_family(state, hub, *family, overrides, weights)
+    else:
+        told = architecture_numerics(str(hub["architecture"]))
+        if pool == "avg":
+            told["pool"] = "gap"
+        if "num_heads" in hub.get("model_args", {}):
+            told["num_heads"] = hub["model_args"]["num_heads"]
+        refuse_unsupported(state, str(weights))  # a bare state dict is checked by vitkit.load, before its layout is told
+        config, state = from_timm(state, {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
     family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG,
                                  config.in_chans, ("pretrained_cfg.mean", "pretrained_cfg.std"))

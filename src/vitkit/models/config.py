@@ -36,7 +36,7 @@ POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
                                        patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu", norm="layer",
                                        patch_norm=False, k_bias=True, proj_bias=True, mlp_norm=False,
-                                       attn_norm=False, rope="none", pool_heads=None)
+                                       attn_norm=False, rope="none", pool_heads=None, pool_mlp_dim=None)
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -159,6 +159,7 @@ class ViTConfig:
     rope_xy: bool = False  # the column (x) coordinate takes the first half of the frequencies, else the row
     rope_half: bool = False  # rotate the two halves of each head against each other, else neighbouring pairs
     pool_heads: int | None = None  # heads of the attention pool (pool='map'); None: num_heads (PE: 8)
+    pool_mlp_dim: int | None = None  # width of the attention pool's MLP; None: mlp_dim (PE-G: 4 D)
     pool: str = "token"
     fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
     pos_embed: str = "learned"
@@ -232,7 +233,7 @@ class ViTConfig:
         real("rope_offset", -1e6)
         real("rope_theta", 0.0)
         need(self.rope_theta > 1, f"rope_theta={self.rope_theta!r}, expected a number > 1")
-        for name in ("rope_ref_grid", "pool_heads"):
+        for name in ("rope_ref_grid", "pool_heads", "pool_mlp_dim"):
             value = getattr(self, name)
             need(value is None or (is_int(value) and value >= 1), f"{name}={value!r}, expected null or an int >= 1")
         size = self.representation_size

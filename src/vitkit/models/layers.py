@@ -220,7 +220,7 @@ class Block(nn.Module):
 
 class AttentionPool(nn.Module):
     """Option pool='map' (SigLIP, Perception Encoder): one learned probe attends over the tokens with
-    multi-head attention (``pool_heads`` heads), then a pre-LN MLP adds its residual; the probe's output is the
+    multi-head attention (``pool_heads`` heads), then a pre-LN MLP (``pool_mlp_dim`` wide) adds its residual; the probe's output is the
     image representation."""
 
     def __init__(self, c: ViTConfig):
@@ -232,7 +232,7 @@ class AttentionPool(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
         self.norm = make_norm(c, dim)
-        self.mlp = Mlp(dim, c.mlp_dim, c.gelu)
+        self.mlp = Mlp(dim, c.pool_mlp_dim or c.mlp_dim, c.gelu)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T, D) tokens -> (B, D) pooled."""

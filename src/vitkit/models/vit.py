@@ -102,7 +102,7 @@ class VisionTransformer(nn.Module):
                         nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
                 nn.init.ones_(module.weight)
-                if module.bias is not None:
+                if getattr(module, "bias", None) is not None:  # RMSNorm has none
                     nn.init.zeros_(module.bias)
         conv = self.patch_embed.proj
         fan_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]

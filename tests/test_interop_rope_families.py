@@ -1,0 +1,121 @@
+"""The families of 2023-25 on timm's Eva and VisionTransformer (DINOv3, EVA and EVA-02, Perception Encoder,
+RoPE-ViT axial and mixed, timm's RoPE ViTs, AIMv2), made by timm's own definitions with every weight randomised
+and saved as timm saves them (hub directories and bare state dicts), load with timm's features and logits: at
+the native size and, where timm computes other grids, at a non-square one."""
+
+import json
+
+import pytest
+import torch
+from interop_helpers import randomised
+from safetensors.torch import save_file
+
+import vitkit
+
+timm = pytest.importorskip("timm")
+
+SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)
+# architecture -> the vitkit fields its definition must set (what the weights alone cannot show).
+ARCHITECTURES = {
+    "vit_small_patch16_dinov3": dict(rope="axial", rope_grid="centered", rope_theta=100.0, rope_half=True,
+                                     reg_tokens=4, k_bias=True, qkv_bias=False, ln_eps=1e-5, pool="gap"),
+    "vit_small_patch16_dinov3_qkvb": dict(rope="axial", k_bias=False, qkv_bias=True),
+    "vit_small_plus_patch16_dinov3": dict(mlp="swiglu"),
+    "eva02_tiny_patch14_224": dict(rope="axial", rope_ref_grid=16, rope_xy=False, k_bias=False, fc_norm=True),
+    "eva02_base_patch14_224": dict(mlp_norm=True, mlp="swiglu"),
+    "eva02_base_patch16_clip_224": dict(attn_norm=True, pool="token"),
+    "eva_giant_patch14_224": dict(rope="none", k_bias=False),
+    "vit_pe_core_base_patch16_224": dict(rope="axial", rope_ref_grid=14, rope_offset=1.0, rope_xy=True, pool="map",
+                                         pool_heads=8, pre_norm=True, ln_eps=1e-5, class_token=True),
+    "vit_pe_core_gigantic_patch14_448": dict(rope_offset=0.0, class_token=False, pool_mlp_dim=256),
+    "vit_small_patch16_rope_224": dict(rope="axial", rope_theta=100.0, rope_xy=True, pos_embed="none"),
+    "vit_small_patch16_rope_mixed_224": dict(rope="mixed"),
+    "vit_small_patch16_rope_mixed_ape_224": dict(rope="mixed", pos_embed="learned", no_embed_class=True),
+    "vit_base_patch16_rope_reg1_gap_256": dict(rope="axial", rope_ref_grid=16, class_token=False, reg_tokens=1),
+    "aimv2_large_patch14_224": dict(norm="rms", ln_eps=1e-5, patch_norm=True, proj_bias=False, qkv_bias=False,
+                                    mlp="swiglu"),
+}
+# timm computes these at any size (their own rotary tables and resampled position tables).
+DYNAMIC = [name for name in ARCHITECTURES if name != "eva_giant_patch14_224"]
+
+
+def peer(architecture, **kwargs):
+    return randomised(timm.create_model(architecture, **{**SMALL, **kwargs}), std=0.1)
+
+
+def assert_same(model, theirs, x):
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_features(x), theirs.forward_features(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(x), theirs(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_timm_hub_directories_give_timms_outputs(tmp_path, architecture):
+    from timm.models._hub import save_for_hf
+
+    theirs = peer(architecture, num_classes=5, dynamic_img_size=architecture in DYNAMIC)
+    save_for_hf(theirs, str(tmp_path / "hub"))
+    model = vitkit.load(tmp_path / "hub")
+    for field, value in ARCHITECTURES[architecture].items():
+        assert getattr(model.config, field) == value, field
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in theirs.parameters())
+    assert_same(model, theirs, torch.randn(2, 3, 32, 32))
+    if architecture in DYNAMIC:  # another, non-square grid: rotary tables and position tables follow
+        assert_same(model, theirs, torch.randn(1, 3, 48, 40))
+
+
+@pytest.mark.parametrize("architecture", ["vit_small_patch16_dinov3", "eva02_base_patch14_224",
+                                          "vit_small_patch16_rope_mixed_ape_224", "vit_small_patch16_rope_224",
+                                          "vit_base_patch16_rope_reg1_gap_256", "aimv2_large_patch14_224",
+                                          "eva02_base_patch16_clip_224"])
+def test_bare_state_dicts_are_read_by_the_family_their_keys_show(tmp_path, architecture):
+    theirs = peer(architecture, num_classes=3)
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, tmp_path / "w.safetensors")
+    model = vitkit.load(tmp_path / "w.safetensors", num_heads=4)
+    assert_same(model, theirs, torch.randn(2, 3, 32, 32))
+
+
+def test_perception_encoder_is_read_exactly(tmp_path):
+    """A PE-core state dict holds no rotary buffers, so no key is missing: its 8-head pool, eps 1e-5 and the
+    rotary grid (offset 1, x first, the native grid as reference) must be known, not guessed as a ViT's."""
+    theirs = peer("vit_pe_core_base_patch16_224", img_size=224, patch_size=16, num_classes=7)
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, tmp_path / "pe.safetensors")
+    model = vitkit.load(tmp_path / "pe.safetensors", num_heads=4)
+    assert (model.config.pool_heads, model.config.ln_eps, model.config.rope_ref_grid) == (8, 1e-5, 14)
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_head(model.forward_features(x), pre_logits=True),
+                                   theirs.forward_head(theirs.forward_features(x), pre_logits=True), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("architecture,family", [
+    ("vit_pe_lang_large_patch14_448", "Perception Encoder's language and spatial towers"),
+    ("eva02_enormous_patch14_clip_224", "EVA-02-E's post-norm blocks"),
+])
+def test_architectures_not_computed_are_refused_naming_them(tmp_path, architecture, family):
+    from timm.models._hub import save_for_hf
+
+    save_for_hf(peer("vit_small_patch16_dinov3"), str(tmp_path / "hub"))
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    (tmp_path / "hub" / "config.json").write_text(json.dumps({**config, "architecture": architecture}))
+    with pytest.raises(vitkit.CheckpointError, match=f"{architecture}'?: vitkit does not compute {family}"):
+        vitkit.load(tmp_path / "hub")
+
+
+def test_rope_head_widths_are_checked(tmp_path):
+    """A head count that leaves a head width not divisible by 4 cannot carry two rotary axes: one line."""
+    from timm.models._hub import save_for_hf
+
+    save_for_hf(peer("vit_small_patch16_dinov3"), str(tmp_path / "hub"))
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    config["model_args"]["num_heads"] = 32
+    (tmp_path / "hub" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vitkit.CheckpointError, match=r"rope='axial' needs a head width \(dim / num_heads\) "
+                                                     r"divisible by 4, got 2"):
+        vitkit.load(tmp_path / "hub")
+    theirs = peer("vit_small_patch16_rope_mixed_224")
+    state = {k: v.contiguous() for k, v in theirs.state_dict().items()}
+    state["rope.freqs"] = state["rope.freqs"][:, :1].contiguous()  # frequencies for one block of two
+    save_file(state, tmp_path / "mixed.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match=r"rope.freqs: checkpoint \(2, 1, 4, 8\) vs model \(2, 2, 4, 8\)"):
+        vitkit.load(tmp_path / "mixed.safetensors")
