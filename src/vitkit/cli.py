@@ -142,8 +142,8 @@ def _override_flags(parser: argparse.ArgumentParser, dest: str = "overrides", js
                     help: str = "model config override, e.g. num_heads=4 for a packed qkv or ln_eps=1e-12 "
                                 "(repeatable)") -> None:
     """``--set KEY=VALUE`` (and on the training commands its spellings ``--model-args JSON`` and
-    ``--drop-path``): model config fields changed before the weights are loaded, or, for image_size and
-    num_classes, by surgery after."""
+    ``--drop-path``): model config fields changed before the weights are loaded, or, for patch_size,
+    image_size and num_classes, by surgery after."""
     default = argparse.SUPPRESS if json_alias else {}
     parser.add_argument("--set", type=_override, action=_Overrides, dest=dest, default=default, metavar="KEY=VALUE",
                         help=help)

@@ -16,6 +16,9 @@ from ..models.config import ViTConfig, backbone_stride, is_real, pair
 from ..models.registry import FAMILY_SIZES, SIZES
 from ..normalization import NORMALIZATION, normalization_family
 
+# Overrides that change the shape of weights: the file is read as it is, then the model is operated on.
+SURGERY = ("patch_size", "image_size", "num_classes")
+
 
 def known_normalization(mean: Any, std: Any, source: Any, channels: int, names: tuple[str, str] = ("mean", "std")
                         ) -> str:
@@ -152,8 +155,8 @@ def options_in_use(config: ViTConfig) -> list[str]:
 
 
 def kept_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """Overrides that win over what the file says (image_size and num_classes are surgery, after)."""
-    return {k: v for k, v in overrides.items() if k not in ("image_size", "num_classes")}
+    """Overrides that win over what the file says (those of SURGERY change weights, after loading)."""
+    return {k: v for k, v in overrides.items() if k not in SURGERY}
 
 
 def _is_square(count: int) -> bool:

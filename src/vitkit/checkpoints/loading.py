@@ -16,16 +16,13 @@ from .files import read_json_object, read_safetensors, read_weights
 from .google import read_npz
 from .hf import is_hf_config, read_hf
 from .hf_families import is_hf_family, read_hf_family
-from .inference import refuse_unsupported
+from .inference import SURGERY, kept_overrides, refuse_unsupported
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
 from .timm_families import family_of_keys, read_timm_family
 from .torchvision_ import from_torchvision, is_torchvision
 
 __all__ = ["CheckpointError", "load", "read_checkpoint", "build", "load_state_strict"]
-
-# Overrides that change the shape of weights are applied after loading, by model surgery.
-_SURGERY = ("image_size", "num_classes")
 
 
 def load(path: str | Path, **overrides: Any) -> VisionTransformer:
@@ -36,8 +33,9 @@ def load(path: str | Path, **overrides: Any) -> VisionTransformer:
     ``.pth``/``.bin``/``.pt`` read with ``weights_only``), or a remote name (``hf-hub:ORG/NAME``,
     ``gs://vit_models/...``). ``overrides`` change config fields:
     settings the file cannot tell (``num_heads`` of a packed qkv) and numerics are set before the
-    weights are loaded; ``image_size`` resamples the position table and ``num_classes`` puts a new
-    zero-initialised head on, after loading.
+    weights are loaded; after loading, ``patch_size`` resamples the patch kernel (FlexiViT) and the
+    position table, ``image_size`` resamples the position table and ``num_classes`` puts a new
+    zero-initialised head on.
     """
     config, state, source = read_checkpoint(path, overrides)
     return build(config, state, overrides, source)
@@ -111,8 +109,8 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[
 def build(config: ViTConfig, state: dict[str, torch.Tensor], overrides: dict[str, Any],
           source: str) -> VisionTransformer:
     """Build the model of ``config`` (plus overrides), load ``state`` strictly, then apply surgery."""
-    surgery = {key: overrides[key] for key in _SURGERY if key in overrides}
-    rest = {key: value for key, value in overrides.items() if key not in _SURGERY}
+    surgery = {key: overrides[key] for key in SURGERY if key in overrides}
+    rest = kept_overrides(overrides)
     try:
         config = config.replace(**rest)
     except (TypeError, ValueError) as error:
@@ -120,7 +118,9 @@ def build(config: ViTConfig, state: dict[str, torch.Tensor], overrides: dict[str
     with torch.device("meta"):
         model = VisionTransformer(config)
     load_state_strict(model, state, source)
-    if "image_size" in surgery:
+    if "patch_size" in surgery:  # at the new image size too, if one is asked for: one resample of the table
+        model.resize_patch(surgery["patch_size"], surgery.get("image_size"))
+    elif "image_size" in surgery:
         model.resize_image(surgery["image_size"])
     if "num_classes" in surgery and surgery["num_classes"] != config.num_classes:
         model.reset_head(surgery["num_classes"], keep_pre_logits=True)

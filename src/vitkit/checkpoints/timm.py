@@ -42,8 +42,10 @@ TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp
                      std_conv="sqrt(var+eps)", std_conv_eps=1e-8, gn_eps=1e-5)
 
 # Architectures whose numerics differ from timm's defaults: every CLIP tower has LayerNorm eps 1e-5 (and the
-# QuickGELU ones OpenAI's activation); these SigLIP towers use the tanh GELU (timm's own definitions).
-ARCHITECTURE_NUMERICS = (("_clip_quickgelu_", dict(ln_eps=1e-5, gelu="quick")), ("_clip_", dict(ln_eps=1e-5)))
+# QuickGELU ones OpenAI's activation); FlexiViT's weights are resized bilinear without antialias (patch
+# kernel and position table, as timm loads them); these SigLIP towers use the tanh GELU (timm's own definitions).
+ARCHITECTURE_NUMERICS = (("_clip_quickgelu_", dict(ln_eps=1e-5, gelu="quick")), ("_clip_", dict(ln_eps=1e-5)),
+                         ("flexivit", dict(pos_interp="bilinear", pos_interp_antialias=False)))
 TANH_GELU_SIGLIPS = frozenset(
     f"vit_{name}" for name in ("base_patch32_siglip_256", "large_patch16_siglip_512", "so400m_patch16_siglip_256",
                                "so400m_patch16_siglip_384", "so400m_patch16_siglip_512",
@@ -129,7 +131,8 @@ def hub_crop_pct(pretrained: dict[str, Any], path: Path) -> float:
 
 
 def architecture_numerics(architecture: str) -> dict[str, Any]:
-    """The LayerNorm eps and GELU that timm's definition of ``architecture`` uses, where not its defaults."""
+    """The LayerNorm eps, GELU and resize that timm's definition of ``architecture`` uses, where not its
+    defaults."""
     numerics = next((dict(told) for part, told in ARCHITECTURE_NUMERICS if part in architecture), {})
     if architecture.split(".")[0] in TANH_GELU_SIGLIPS:
         numerics["gelu"] = "tanh"

@@ -24,8 +24,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..atomic import atomic_directory, os_errors
+from ..errors import ConfigError
 from .config import ViTConfig, pair
 from .layers import AttentionPool, Block, PatchEmbed, make_norm
+from .patch_resize import resample_patch_kernel
 from .position import make_position_embedding, make_rope
 from .resnet import make_backbone
 
@@ -212,6 +214,27 @@ class VisionTransformer(nn.Module):
     def resize_image(self, image_size: int | tuple[int, int]) -> None:
         """Make ``image_size`` the native resolution: the position table is resampled once, for good."""
         config = self.config.replace(image_size=pair(image_size))
+        if self.pos_embed is not None:
+            self.pos_embed.resize(config.grid_size)
+        self.config = config
+
+    @torch.no_grad()
+    def resize_patch(self, patch_size: int, image_size: int | tuple[int, int] | None = None) -> None:
+        """FlexiViT: run at ``patch_size`` from now on, at ``image_size`` (by default the current one). The
+        patch kernel is resampled by the pseudo-inverse of the patch resize (its bias kept), and the position
+        table, once, to the new grid image_size // patch_size, as ``resize_image`` resamples it. Both resizes
+        are the family's (``pos_interp``, ``pos_interp_antialias``), as timm resizes both when loading."""
+        if self.config.backbone is not None and patch_size != self.config.patch_size:
+            raise ConfigError(f"resize_patch({patch_size!r}): a hybrid's patches are cut from its CNN's "
+                              f"features, not pixels; only a plain ViT changes its patch size")
+        size = self.config.image_size if image_size is None else pair(image_size)
+        config = self.config.replace(patch_size=patch_size, image_size=size)  # refuses a size P does not divide
+        proj = self.patch_embed.proj
+        kernel = resample_patch_kernel(proj.weight, (patch_size, patch_size), config.pos_interp,
+                                       config.pos_interp_antialias)
+        proj.weight = nn.Parameter(kernel, requires_grad=proj.weight.requires_grad)
+        proj.kernel_size = proj.stride = (patch_size, patch_size)
+        self.patch_embed.patch_size, self.patch_embed.stride = patch_size, config.effective_patch_size
         if self.pos_embed is not None:
             self.pos_embed.resize(config.grid_size)
         self.config = config
