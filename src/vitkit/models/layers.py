@@ -30,6 +30,12 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(features, dim, kernel_size=patch_size, stride=patch_size, bias=bias)
         self.norm = norm if norm is not None else nn.Identity()  # Option patch_norm (AIMv2)
 
+    def project_patches(self, patches: torch.Tensor) -> torch.Tensor:
+        """(B, N, P*P*C) pixel patches, each flattened row by row with the channels last (NaFlex), -> (B, N, D):
+        the same kernel as the convolution, applied as one linear map."""
+        weight = self.proj.weight.permute(0, 2, 3, 1).reshape(self.proj.out_channels, -1)
+        return self.norm(F.linear(patches.to(weight.dtype), weight, self.proj.bias))
+
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """(B, C, H, W) images -> (B, N, D) patch embeddings and the (H/P, W/P) grid."""
         check_images(images, self.in_chans, self.stride)
@@ -106,13 +112,16 @@ class Attention(nn.Module):
     def _relative_logits(self, q: torch.Tensor) -> torch.Tensor | None:
         return None if self.relative is None else self.relative(q * self.scale)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """``mask``: (B, 1, 1, T) bool, the keys that may be attended to (NaFlex padding is not)."""
         q, k, v = self._heads(x, rope)
         dropout = self.attn_dropout if self.training else 0.0
         bias = self._relative_logits(q)
-        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout))
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=bias if mask is None else mask,
+                                                          dropout_p=dropout))
 
-    def forward_with_probs(self, x: torch.Tensor, rope: torch.Tensor | None = None
+    def forward_with_probs(self, x: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same attention computed explicitly, also returning the (B, h, T, T) probabilities."""
         q, k, v = self._heads(x, rope)
@@ -120,6 +129,8 @@ class Attention(nn.Module):
         bias = self._relative_logits(q)
         if bias is not None:
             logits = logits + bias
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
         probs = logits.softmax(dim=-1)
         weights = F.dropout(probs, self.attn_dropout, self.training)
         return self._merge(weights @ v), probs
@@ -207,13 +218,14 @@ class Block(nn.Module):
         self.ls2 = LayerScale(c.dim, c.layer_scale) if c.layer_scale is not None else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, z: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
-        z = z + self.drop_path(self.ls1(self.attn(self.norm1(z), rope)))
+    def forward(self, z: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        z = z + self.drop_path(self.ls1(self.attn(self.norm1(z), rope, mask)))
         return z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
 
-    def forward_with_probs(self, z: torch.Tensor, rope: torch.Tensor | None = None
+    def forward_with_probs(self, z: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        attended, probs = self.attn.forward_with_probs(self.norm1(z), rope)
+        attended, probs = self.attn.forward_with_probs(self.norm1(z), rope, mask)
         z = z + self.drop_path(self.ls1(attended))
         return z + self.drop_path(self.ls2(self.mlp(self.norm2(z)))), probs
 
@@ -234,10 +246,11 @@ class AttentionPool(nn.Module):
         self.norm = make_norm(c, dim)
         self.mlp = Mlp(dim, c.pool_mlp_dim or c.mlp_dim, c.gelu)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) tokens -> (B, D) pooled."""
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, D) tokens -> (B, D) pooled; ``mask`` (B, T) bool marks the tokens that may be attended to."""
         batch, count, dim = tokens.shape
         q = self.q(self.probe).reshape(1, 1, self.num_heads, -1).transpose(1, 2).expand(batch, -1, -1, -1)
         k, v = self.kv(tokens).reshape(batch, count, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-        pooled = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, dim))
+        keys = None if mask is None else mask[:, None, None, :]
+        pooled = self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=keys).transpose(1, 2).reshape(batch, dim))
         return pooled + self.mlp(self.norm(pooled))

@@ -24,9 +24,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..atomic import atomic_directory, os_errors
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from .config import ViTConfig, pair
 from .layers import AttentionPool, Block, PatchEmbed, make_norm
+from .naflex import PatchBatch, check_patch_batch
 from .patch_resize import resample_patch_kernel
 from .position import make_position_embedding, make_rope
 from .resnet import make_backbone
@@ -131,9 +132,13 @@ class VisionTransformer(nn.Module):
 
     def embed_patches(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """The rest of eq. (1) on (B, N, D) patch embeddings (which masked patch prediction corrupts)."""
+        return self._add_prefix_and_positions(patches, None if self.pos_embed is None else self.pos_embed(grid))
+
+    def _add_prefix_and_positions(self, patches: torch.Tensor, position: torch.Tensor | None) -> torch.Tensor:
+        """[class] (and other prefix tokens) before the (B, N, D) patches, plus a (1 or B, rows, D) position table."""
         prefix = [token.expand(patches.shape[0], -1, -1).to(patches.dtype)
                   for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
-        position = None if self.pos_embed is None else self.pos_embed(grid).to(patches.dtype)
+        position = None if position is None else position.to(patches.dtype)
         if self.config.no_embed_class:  # Option: the prefix tokens take no position embedding
             tokens = torch.cat(prefix + [patches if position is None else patches + position], dim=1)
         else:
@@ -149,16 +154,51 @@ class VisionTransformer(nn.Module):
         table = self.rope(grid, device)
         return list(table.unbind(1)) if self.config.rope == "mixed" else [table] * len(self.blocks)
 
-    def encode(self, z: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Eqs. (2)-(3) through every block, then the final LayerNorm; ``grid`` places the patches for rope."""
+    def embed_batch(self, batch: PatchBatch) -> tuple[torch.Tensor, list[torch.Tensor | None], torch.Tensor]:
+        """Eq. (1) for a NaFlex batch: the patches projected by the patch kernel, each image's position table
+        resampled to its own grid and its patches' rows taken by their coordinates. Returns the tokens, each
+        block's rotary table ((2, B, 1 or heads, T, d), per image likewise) and the (B, 1, 1, T) key mask."""
+        c = self.config
+        if c.backbone is not None or c.pos_embed == "relative":
+            raise InputError("NaFlex batches need a plain patch projection and no relative position logits; "
+                             f"this model has {'a hybrid backbone' if c.backbone is not None else 'relative ones'}")
+        check_patch_batch(batch, c.patch_size, c.in_chans)
+        patches = self.patch_embed.project_patches(batch.patches)
+        grids = [tuple(grid) for grid in batch.grids.tolist()]
+        rows = batch.coords[..., 0] * batch.grids[:, None, 1] + batch.coords[..., 1]  # (B, N) index in each grid
+        position = None
+        if self.pos_embed is not None:
+            tables = [self.pos_embed(grid)[0] for grid in grids]
+            keep = c.pos_prefix_tokens
+            position = torch.stack([torch.cat([table[:keep], table[keep:][index]])
+                                    for table, index in zip(tables, rows)])
+        ropes: list[torch.Tensor | None] = [None] * len(self.blocks)
+        if self.rope is not None:
+            prefix = torch.arange(c.num_prefix_tokens, device=rows.device)
+            tables = [self.rope(grid, patches.device).index_select(-2, torch.cat([prefix, index + prefix.numel()]))
+                      for grid, index in zip(grids, rows)]
+            if c.rope == "mixed":  # (2, depth, heads, T, d) per image -> per block (2, B, heads, T, d)
+                ropes = list(torch.stack(tables, dim=2).unbind(1))
+            else:
+                ropes = [torch.stack(tables, dim=1).unsqueeze(2)] * len(self.blocks)
+        keys = torch.cat([batch.mask.new_ones(len(batch), c.num_prefix_tokens), batch.mask], dim=1)
+        return self._add_prefix_and_positions(patches, position), ropes, keys[:, None, None, :]
+
+    def encode(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """Eqs. (2)-(3) through every block, then the final LayerNorm; ``ropes`` holds each block's rotary table
+        (None without rope) and ``mask`` which keys may be attended to (NaFlex padding)."""
         recompute = self.grad_checkpointing and torch.is_grad_enabled()
-        for block, rope in zip(self.blocks, self.rope_tables(grid, z.device)):
-            z = checkpoint(block, z, rope, use_reentrant=False) if recompute else block(z, rope)
+        for block, rope in zip(self.blocks, ropes):
+            z = checkpoint(block, z, rope, mask, use_reentrant=False) if recompute else block(z, rope, mask)
         return self.norm(z)
 
-    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
-        """All (B, T, D) tokens after the final LayerNorm."""
-        return self.encode(*self.embed(images))
+    def forward_features(self, images: torch.Tensor | PatchBatch) -> torch.Tensor:
+        """All (B, T, D) tokens after the final LayerNorm, of an image tensor or a NaFlex :class:`PatchBatch`."""
+        if isinstance(images, PatchBatch):
+            return self.encode(*self.embed_batch(images))
+        z, grid = self.embed(images)
+        return self.encode(z, self.rope_tables(grid, z.device))
 
     def forward_intermediates(self, images: torch.Tensor, attention: bool = False) -> Intermediates:
         """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
@@ -174,27 +214,38 @@ class VisionTransformer(nn.Module):
             outputs.append(z)
         return Intermediates(outputs, self.norm(z), grid, attentions if attention else None)
 
-    def pool(self, features: torch.Tensor) -> torch.Tensor:
+    def pool(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
         'map') the attention pool over them; with a distillation token, the mean of it and [class] (but [class]
-        alone under a pre-logits layer, as HF's DeiTModel pools)."""
+        alone under a pre-logits layer, as HF's DeiTModel pools). ``mask`` (B, N) marks a NaFlex batch's real
+        patches: padding is left out of the mean and of the pool's keys."""
         if self.config.pool == "token":
             distilled = self.head_dist is not None and not self.config.representation_size
             pooled = features[:, :2].mean(dim=1) if distilled else features[:, 0]
         elif self.config.pool == "gap":
-            pooled = features[:, self.num_prefix_tokens:].mean(dim=1)
+            patches = features[:, self.num_prefix_tokens:]
+            if mask is None:
+                pooled = patches.mean(dim=1)
+            else:
+                weights = mask.to(patches.dtype).unsqueeze(-1)
+                pooled = (patches * weights).sum(dim=1) / weights.sum(dim=1)
         else:  # the probe attends over every token, prefix tokens included (PE has a [class] token)
-            pooled = self.attn_pool(features)
+            keys = None if mask is None else torch.cat([mask.new_ones(len(mask), self.num_prefix_tokens), mask], 1)
+            pooled = self.attn_pool(features, keys)
         return self.fc_norm(pooled)
 
-    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """Logits (or, with ``pre_logits``, the representation) of (B, T, D) features; ``mask`` as for ``pool``."""
         if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
             return (self.head(features[:, 0]) + self.head_dist(features[:, 1])) / 2
-        representation = self.pre_logits(self.pool(features))
+        representation = self.pre_logits(self.pool(features, mask))
         return representation if pre_logits else self.head(representation)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(images))
+    def forward(self, images: torch.Tensor | PatchBatch) -> torch.Tensor:
+        """Logits of (B, C, H, W) images, or of a NaFlex :class:`PatchBatch` (each image at its own grid)."""
+        mask = images.mask if isinstance(images, PatchBatch) else None
+        return self.forward_head(self.forward_features(images), mask=mask)
 
     # ----------------------------------------------------------------------- surgery for fine-tuning
     def reset_head(self, num_classes: int, keep_pre_logits: bool = False) -> None:

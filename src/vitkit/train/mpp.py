@@ -139,8 +139,8 @@ class MaskedPatchPrediction(nn.Module):
         patches, grid = encoder.patch_embed(images)
         corruption = draw_corruption(patches.shape[0], patches.shape[1], self.ratio, self.mask_prob,
                                      self.random_prob, generator, patches.device)
-        tokens = encoder.encode(encoder.embed_patches(corrupt(patches, self.mask_token, corruption, generator), grid),
-                                grid)
+        corrupted = encoder.embed_patches(corrupt(patches, self.mask_token, corruption, generator), grid)
+        tokens = encoder.encode(corrupted, encoder.rope_tables(grid, corrupted.device))
         chosen = corruption.corrupted
         predictions = self.head(tokens[:, encoder.num_prefix_tokens:][chosen])
         targets = self.targets(images)[chosen]

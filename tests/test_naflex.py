@@ -1,0 +1,89 @@
+"""NaFlex batches: images of different aspect ratios in one padded batch give, image by image, what each gives
+alone at its own size; the patch budget follows SigLIP 2's processor; bad batches are refused in one line."""
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.models.naflex import PatchBatch, naflex_batch, patchify, size_for_patch_budget
+
+FAMILIES = {
+    "siglip2": dict(class_token=False, pool="map", pos_interp="bilinear", pos_interp_antialias=True),
+    "dinov3": dict(reg_tokens=4, pos_embed="none", rope="axial", rope_grid="centered", rope_theta=100.0,
+                   rope_half=True, layer_scale=1e-5, pool="gap"),
+    "eva02": dict(rope="axial", rope_ref_grid=4, fc_norm=True, pool="gap", k_bias=False, mlp="swiglu"),
+    "rope-mixed": dict(rope="mixed", pos_embed="none", rope_xy=True, reg_tokens=1),
+    "pe": dict(rope="axial", rope_offset=1.0, rope_xy=True, pre_norm=True, pool="map", pool_heads=2),
+}
+
+
+def tiny(family):
+    config = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5,
+                              **FAMILIES[family])
+    model = vitkit.VisionTransformer(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_padded_batch_of_two_aspect_ratios_gives_each_image_alone(family):
+    model = tiny(family)
+    images = [torch.randn(3, 37, 61), torch.randn(3, 50, 21)]
+    batch = naflex_batch(images, patch_size=8, max_patches=20)
+    assert batch.grids.tolist() == [[4, 5], [6, 3]]  # 20 and 18 patches of 8 px within a budget of 20
+    assert batch.mask.sum(1).tolist() == [20, 18]
+    with torch.no_grad():
+        logits, features = model(batch), model.forward_features(batch)
+        for index, image in enumerate(images):
+            rows, cols = batch.grids[index].tolist()
+            alone = torch.nn.functional.interpolate(image[None], size=(rows * 8, cols * 8), mode="bilinear",
+                                                    antialias=True)
+            torch.testing.assert_close(logits[index], model(alone)[0], atol=1e-5, rtol=0)
+            valid = model.num_prefix_tokens + rows * cols
+            torch.testing.assert_close(features[index, :valid], model.forward_features(alone)[0], atol=1e-5, rtol=0)
+
+
+def test_patches_in_any_order_are_placed_by_their_coordinates():
+    """Shuffling the real patches (with their coordinates) leaves the pooled output unchanged."""
+    model = tiny("dinov3")
+    batch = naflex_batch([torch.randn(3, 24, 40)], patch_size=8, max_patches=16)
+    order = torch.randperm(16)
+    shuffled = PatchBatch(batch.patches[:, order], batch.coords[:, order], batch.mask[:, order], batch.grids)
+    with torch.no_grad():
+        torch.testing.assert_close(model(shuffled), model(batch), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("height,width,budget", [(37, 61, 20), (480, 640, 256), (1000, 10, 64), (8, 8, 1),
+                                                 (224, 224, 196), (300, 1000, 1024)])
+def test_patch_budget_is_siglip2s(height, width, budget):
+    from transformers.models.siglip2.image_processing_siglip2 import get_image_size_for_max_num_patches
+
+    assert size_for_patch_budget(height, width, 16, budget) == get_image_size_for_max_num_patches(
+        height, width, 16, budget)
+
+
+def test_patchify_is_siglip2s_order():
+    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+
+    image = torch.randn(3, 32, 48)
+    torch.testing.assert_close(patchify(image, 16), convert_image_to_patches(image, 16), atol=0, rtol=0)
+
+
+def test_bad_batches_are_refused_in_one_line():
+    model = tiny("dinov3")
+    batch = naflex_batch([torch.randn(3, 24, 40)], patch_size=8, max_patches=16)
+    outside = PatchBatch(batch.patches, batch.coords.clone(), batch.mask, batch.grids)
+    outside.coords[0, 2] = torch.tensor([7, 0])
+    with pytest.raises(vitkit.InputError, match=r"NaFlex patch 2 of image 0 at \(row, column\) \(7, 0\) lies outside "
+                                                r"its grid \(3, 5\)"):
+        model(outside)
+    empty = PatchBatch(batch.patches, batch.coords, torch.zeros_like(batch.mask), batch.grids)
+    with pytest.raises(vitkit.InputError, match="NaFlex mask of image 0 is empty"):
+        model(empty)
+    with pytest.raises(vitkit.InputError, match=r"max_patches=0; expected an int >= 1"):
+        naflex_batch([torch.randn(3, 24, 40)], patch_size=8, max_patches=0)
+    wrong = PatchBatch(batch.patches[..., :-1], batch.coords, batch.mask, batch.grids)
+    with pytest.raises(vitkit.InputError, match=r"expected floating-point \(batch, patches, 192\)"):
+        model(wrong)
