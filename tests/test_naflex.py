@@ -13,7 +13,8 @@ FAMILIES = {
                    rope_half=True, layer_scale=1e-5, pool="gap"),
     "eva02": dict(rope="axial", rope_ref_grid=4, fc_norm=True, pool="gap", k_bias=False, mlp="swiglu"),
     "rope-mixed": dict(rope="mixed", pos_embed="none", rope_xy=True, reg_tokens=1),
-    "pe": dict(rope="axial", rope_offset=1.0, rope_xy=True, pre_norm=True, pool="map", pool_heads=2),
+    "pe": dict(rope="axial", rope_offset=1.0, rope_xy=True, pre_norm=True, pool="map", pool_heads=2, pool_prefix=True),
+    "naflexvit": dict(class_token=False, reg_tokens=4, layer_scale=1e-5, pool="gap", fc_norm=True, pool_prefix=True),
 }
 
 

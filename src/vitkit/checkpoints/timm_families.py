@@ -138,7 +138,8 @@ def eva_fields(args: dict[str, Any], source: Any) -> dict[str, Any]:
                               f"normalises either every token or the pooled one")
     fields = dict(pool={"avg": "gap", "token": "token", "map": "map"}[a["global_pool"]], fc_norm=fc_norm,
                   pre_norm=a["use_pre_transformer_norm"], ln_eps=a["norm_eps"], norm=a["norm"],
-                  no_embed_class=a["no_embed_class"], pool_heads=a["attn_pool_num_heads"])
+                  no_embed_class=a["no_embed_class"], pool_heads=a["attn_pool_num_heads"],
+                  pool_prefix=a["global_pool"] == "map")  # Eva's attention pool takes every token
     if a["use_rot_pos_emb"]:
         fields.update(rope="mixed" if a["rope_type"] == "mixed" else "axial", rope_theta=float(a["rope_temperature"]),
                       rope_grid="centered" if a["rope_type"] == "dinov3" else "index",

@@ -36,7 +36,8 @@ POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
                                        patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu", norm="layer",
                                        patch_norm=False, k_bias=True, proj_bias=True, mlp_norm=False,
-                                       attn_norm=False, rope="none", pool_heads=None, pool_mlp_dim=None)
+                                       attn_norm=False, rope="none", pool_heads=None, pool_mlp_dim=None,
+                                       pool_prefix=False)
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -160,6 +161,7 @@ class ViTConfig:
     rope_half: bool = False  # rotate the two halves of each head against each other, else neighbouring pairs
     pool_heads: int | None = None  # heads of the attention pool (pool='map'); None: num_heads (PE: 8)
     pool_mlp_dim: int | None = None  # width of the attention pool's MLP; None: mlp_dim (PE-G: 4 D)
+    pool_prefix: bool = False  # pooling ('gap', 'map') takes the prefix tokens too, not the patches alone (PE)
     pool: str = "token"
     fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
     pos_embed: str = "learned"
@@ -217,7 +219,7 @@ class ViTConfig:
             count(name, 0)
         for name in ("qkv_bias", "class_token", "fc_norm", "pos_interp_antialias", "pos_interp_align_corners",
                      "dist_token", "no_embed_class", "pre_norm", "patch_bias", "qk_norm", "patch_norm", "k_bias",
-                     "proj_bias", "mlp_norm", "attn_norm", "rope_xy", "rope_half"):
+                     "proj_bias", "mlp_norm", "attn_norm", "rope_xy", "rope_half", "pool_prefix"):
             need(isinstance(getattr(self, name), bool), f"{name}={getattr(self, name)!r}, expected true or false")
         for name in ("dropout", "attn_dropout", "drop_path"):
             real(name, 0.0, 1.0)

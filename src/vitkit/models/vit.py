@@ -216,22 +216,21 @@ class VisionTransformer(nn.Module):
 
     def pool(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
-        'map') the attention pool over them; with a distillation token, the mean of it and [class] (but [class]
-        alone under a pre-logits layer, as HF's DeiTModel pools). ``mask`` (B, N) marks a NaFlex batch's real
-        patches: padding is left out of the mean and of the pool's keys."""
+        'map') the attention pool over them (Option pool_prefix: over the prefix tokens too); with a distillation
+        token, the mean of it and [class] (but [class] alone under a pre-logits layer, as HF's DeiTModel pools).
+        ``mask`` (B, N) marks a NaFlex batch's real patches: padding is left out of the mean and the pool's keys."""
         if self.config.pool == "token":
             distilled = self.head_dist is not None and not self.config.representation_size
-            pooled = features[:, :2].mean(dim=1) if distilled else features[:, 0]
-        elif self.config.pool == "gap":
-            patches = features[:, self.num_prefix_tokens:]
-            if mask is None:
-                pooled = patches.mean(dim=1)
-            else:
-                weights = mask.to(patches.dtype).unsqueeze(-1)
-                pooled = (patches * weights).sum(dim=1) / weights.sum(dim=1)
-        else:  # the probe attends over every token, prefix tokens included (PE has a [class] token)
-            keys = None if mask is None else torch.cat([mask.new_ones(len(mask), self.num_prefix_tokens), mask], 1)
-            pooled = self.attn_pool(features, keys)
+            return self.fc_norm(features[:, :2].mean(dim=1) if distilled else features[:, 0])
+        skipped = 0 if self.config.pool_prefix else self.num_prefix_tokens
+        tokens = features[:, skipped:]
+        if mask is not None:
+            mask = torch.cat([mask.new_ones(len(mask), self.num_prefix_tokens - skipped), mask], dim=1)
+        if self.config.pool == "gap":
+            weights = None if mask is None else mask.to(tokens.dtype).unsqueeze(-1)
+            pooled = tokens.mean(dim=1) if mask is None else (tokens * weights).sum(dim=1) / weights.sum(dim=1)
+        else:
+            pooled = self.attn_pool(tokens, mask)
         return self.fc_norm(pooled)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None
