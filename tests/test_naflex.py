@@ -88,3 +88,32 @@ def test_bad_batches_are_refused_in_one_line():
     wrong = PatchBatch(batch.patches[..., :-1], batch.coords, batch.mask, batch.grids)
     with pytest.raises(vitkit.InputError, match=r"expected floating-point \(batch, patches, 192\)"):
         model(wrong)
+
+
+@pytest.mark.parametrize("architecture", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_map",
+                                          "naflexvit_base_patch16_siglip", "naflexvit_so150m2_patch16_reg1_map"])
+@pytest.mark.parametrize("saved", ["hub", "bare"])
+def test_timm_naflexvit_gives_timms_outputs_on_a_padded_batch(tmp_path, architecture, saved):
+    """timm's NaFlexViT, saved as timm saves it, on images and on one padded batch of two aspect ratios."""
+    timm = pytest.importorskip("timm")
+    from interop_helpers import randomised
+    from safetensors.torch import save_file
+    from timm.models._hub import save_for_hf
+
+    theirs = randomised(timm.create_model(architecture, img_size=32, patch_size=8, embed_dim=64, depth=2,
+                                          num_heads=4, num_classes=5), std=0.1)
+    if saved == "hub":
+        save_for_hf(theirs, str(tmp_path / "hub"))
+        model = vitkit.load(tmp_path / "hub")
+    else:  # a bare state dict does not say its pooling or activation: told as overrides
+        save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, tmp_path / "w.safetensors")
+        told = dict(pool="gap", fc_norm=True) if architecture.endswith("gap") else {}
+        if architecture.endswith("siglip"):
+            told.update(gelu="tanh", pos_interp="bilinear")
+        model = vitkit.load(tmp_path / "w.safetensors", num_heads=4, **told)
+    batch = naflex_batch([torch.randn(3, 37, 61), torch.randn(3, 50, 21)], patch_size=8, max_patches=20)
+    with torch.no_grad():
+        x = torch.randn(2, 3, 32, 48)
+        torch.testing.assert_close(model(x), theirs(x), atol=1e-5, rtol=0)
+        expected = theirs({"patches": batch.patches, "patch_coord": batch.coords, "patch_valid": batch.mask})
+        torch.testing.assert_close(model(batch), expected, atol=1e-5, rtol=0)
