@@ -265,9 +265,14 @@ def _recipe_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X",
                                    help=help)
             else:
-                kind = type(default) if default is not None else str
+                kind = type(default) if default is not None else _not_none(kind)
                 group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
                                    help=help)
+
+
+def _not_none(kind: typing.Any) -> type:
+    """What a flag of an ``X | None`` recipe field reads: an X (null is the field's default, off)."""
+    return next(arg for arg in typing.get_args(kind) if arg is not type(None))
 
 
 def recipe_from_args(args: argparse.Namespace):
