@@ -1,6 +1,7 @@
 """Sharded data-parallel training: `torchrun --nproc_per_node=2 vitkit train --parallel fsdp` (FSDP2,
 gloo, CPU) equals one process with the same global batch, and resumes after an interruption to the
-same weights. Accumulation, EMA and clipping at a global norm are on, so their sharded forms count."""
+same weights. Accumulation, EMA, clipping at a global norm and layer-wise lr decay (eight parameter groups,
+keyed by name in the sharded optimiser state) are on, so their sharded forms count."""
 
 import json
 import shutil
@@ -14,8 +15,9 @@ CLIP = 0.25
 ARGS = ["train", "--dataset", "digits", "--model-args",
         '{"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1}',
         "--steps", "4", "--batch-size", "32", "--accum-steps", "2", "--optimizer", "sgd", "--lr", "0.3",
-        "--warmup-steps", "1", "--clip-norm", str(CLIP), "--ema-decay", "0.5", "--checkpoint-every", "2",
-        "--transform", "pretrain", "--crop-scale", "0.5", "1.0", "--threads", "1", "--log-every", "1"]
+        "--warmup-steps", "1", "--layer-decay", "0.5", "--clip-norm", str(CLIP), "--ema-decay", "0.5",
+        "--checkpoint-every", "2", "--transform", "pretrain", "--crop-scale", "0.5", "1.0", "--threads", "1",
+        "--log-every", "1"]
 FINAL = Path("checkpoints") / "step-00000004"
 
 
@@ -57,6 +59,8 @@ def test_fsdp_on_two_gloo_processes_equals_one_and_resumes(tmp_path):
     assert {name: m.shape for name, m in sharded_momentum.items()} == \
         {name: t.shape for name, t in sharded_weights.items()}, "whole moments, one per parameter name"
     _assert_all_close(dict(enumerate(sharded_momentum.values())), _momentum(single_state), **tight)
+    scales = [group["lr_scale"] for group in sharded_state["optimizer"]["param_groups"]]
+    assert scales == [0.125, 0.125, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0], "0.5 ** (3 - layer), weight matrices first"
     assert single_weights["head.weight"].abs().max() > 1e-3, "the zero-initialised head must have been trained"
     assert not torch.equal(single_model["head.weight"], single_weights["head.weight"]), "EMA exported, not raw"
     norms = [json.loads(line).get("train/grad_norm", 0.0) for line in (single_dir / "metrics.jsonl").open()]

@@ -89,6 +89,32 @@ def test_recipes_are_checked_when_built():
     assert isinstance(recipe.lr, float) and Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
 
 
+def test_layer_decay_from_flag_file_and_resume(tmp_path, capsys):
+    """Off (null) unless set; a number in (0, 1] from --layer-decay or a recipe file, kept in recipe.json."""
+    assert Recipe().layer_decay is None
+    args = build_parser().parse_args(["finetune", "runs/x/model", "--layer-decay", "0.65"])
+    assert recipe_from_args(args).layer_decay == 0.65
+    (tmp_path / "r.yaml").write_text("layer_decay: 0.75\n")
+    assert resolve(config_file=tmp_path / "r.yaml").layer_decay == 0.75
+    (tmp_path / "r.yaml").write_text("layer_decay: null\n")
+    assert resolve(config_file=tmp_path / "r.yaml").layer_decay is None
+    (tmp_path / "recipe.json").write_text(json.dumps(Recipe(layer_decay=1).to_dict()))
+    resumed = recipe_from_args(build_parser().parse_args(["train", "--resume", "--run-dir", str(tmp_path)]))
+    assert resumed.layer_decay == 1.0 and isinstance(resumed.layer_decay, float)
+    for bad in (0.0, 1.5, -0.5):
+        with pytest.raises(ConfigError, match=rf"layer_decay={bad}: expected a number in \(0, 1\], or null \(off\)"):
+            Recipe(layer_decay=bad)
+    with pytest.raises(ConfigError, match="layer_decay='fast': expected a finite number"):
+        Recipe(layer_decay="fast")
+    with pytest.raises(ConfigError, match="layer_decay=0.75: expected null with objective='mpp'"):
+        Recipe(layer_decay=0.75, objective="mpp")
+    assert main(["finetune", "runs/x/model", "--layer-decay", "2"]) == 2
+    assert "recipe field layer_decay=2.0: expected a number in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["finetune", "runs/x/model", "--layer-decay", "steep"])
+    assert "argument --layer-decay: invalid float value: 'steep'" in capsys.readouterr().err
+
+
 def test_yaml_exponents_are_numbers(tmp_path):
     """YAML 1.1 reads 1e-3 as the string '1e-3'; a recipe means the number, as JSON does."""
     (tmp_path / "r.yaml").write_text("lr: 1e-3\nweight_decay: 5E-2\nmodel: ViT-B/16\n")

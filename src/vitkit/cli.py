@@ -26,7 +26,8 @@ from .checkpoints.hub import is_remote
 from .checkpoints.onnx import QUANTIZATIONS
 from .data import CORRUPT, RESIZE_MODES
 from .errors import ConfigError, VitkitError
-from .evaluate.fewshot import DEFAULT_L2_REGS
+from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
+from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform
 from .models import create_model, list_models, model_config
 from .models.config import pair
@@ -215,6 +216,7 @@ def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
 _positive = _checked(int, at_least(1))
 _count = _checked(int, at_least(0))
 _fraction = _checked(float, fraction(open_top=True))
+_positive_number = _checked(float, ((lambda value: value > 0), "a positive number"))
 
 
 def _json_object(text: str) -> dict:
@@ -265,9 +267,14 @@ def _recipe_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X",
                                    help=help)
             else:
-                kind = type(default) if default is not None else str
+                kind = type(default) if default is not None else _not_none(kind)
                 group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
                                    help=help)
+
+
+def _not_none(kind: typing.Any) -> type:
+    """What a flag of an ``X | None`` recipe field reads: an X (null is the field's default, off)."""
+    return next(arg for arg in typing.get_args(kind) if arg is not type(None))
 
 
 def recipe_from_args(args: argparse.Namespace):
@@ -369,21 +376,27 @@ def write_json(folder: str, name: str, data: object) -> Path:
 
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
-    """Few-shot linear evaluation (the paper's protocol) and, with ``--linear-probe``, the full probe."""
+    """Few-shot linear evaluation (the paper's protocol), with ``--linear-probe`` the full probe, and with
+    ``--knn`` k-NN classification (DINO's protocol) from the same frozen representations."""
     from .data import SplitSpec, evaluation_loader, load_splits
     from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
+    from .evaluate.knn import check_knn, knn_evaluate
 
     device = select_device(args.device)
     model = load_checkpoint(args).to(device)
     config = model.config
     transform = checkpoint_transform(config, args.resize)
+    splits = load_splits(args.dataset, ("train", "test"), args.data_dir, SplitSpec(0.0))
+    if args.knn:  # before the features are computed: a bank too small for k is known from the split's size
+        train = splits["train"]
+        check_knn(args.knn, min(args.shots) * len(train.classes) if args.shots else len(train), args.knn_temperature)
     features = {}
-    for split, dataset in load_splits(args.dataset, ("train", "test"), args.data_dir, SplitSpec(0.0)).items():
+    for split, dataset in splits.items():
         loader = evaluation_loader(dataset, transform, args.batch_size, device=device)
         with autocast(device, resolve_precision(args.precision, device)):
             features[split] = extract_features(model, loader, device)
-    results = fewshot_evaluate(*features["train"], *features["test"], shots=args.shots, seeds=range(args.seeds),
-                               l2_regs=args.l2)
+    results = fewshot_evaluate(*features["train"], *features["test"], shots=args.shots or DEFAULT_SHOTS,
+                               seeds=range(args.seeds), l2_regs=args.l2)
     rows = [[r.shots, f"{100 * r.mean:.2f}%", f"{100 * r.std:.2f}", f"{r.selected_l2:g}"] for r in results]
     report: dict = {"checkpoint": args.checkpoint, "dataset": args.dataset,
                     "fewshot": {r.shots: {"mean": r.mean, "std": r.std, "l2": r.selected_l2, "per_seed": r.selected}
@@ -394,6 +407,16 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
         report["linear_probe"] = {"accuracy": accuracy, "l2": l2}
     print(f"{args.dataset}: linear classifier on frozen representations, {args.seeds} seeds")
     print_table(["shots", "test accuracy", "std", "l2"], rows)
+    if args.knn:
+        found = knn_evaluate(*features["train"], *features["test"], args.knn, args.knn_temperature, args.shots,
+                             range(args.seeds))
+        report["knn"] = {"temperature": args.knn_temperature, "results": [dataclasses.asdict(r) for r in found]}
+        print(f"\n{args.dataset}: k-NN on frozen representations (cosine, votes weighted by exp(similarity / "
+              f"{args.knn_temperature:g})), memory bank: " + (f"shots per class, {args.seeds} seeds" if args.shots
+                                                             else "every training image"))
+        print_table(["k", "shots", "top-1", "top-5", "std"], [
+            [r.k, r.shots or "all", f"{100 * r.top1:.2f}%", "-" if r.top5 is None else f"{100 * r.top5:.2f}%",
+             f"{100 * r.std:.2f}" if r.shots else "-"] for r in found])
     if args.out:
         print(f"numbers in {write_json(args.out, FEWSHOT_FILE, report)}")
     return 0
@@ -587,11 +610,19 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(fewshot)
     fewshot.add_argument("--dataset", default="digits")
     fewshot.add_argument("--data-dir")
-    fewshot.add_argument("--shots", type=_positive, nargs="+", default=[1, 5, 10, 25])
+    fewshot.add_argument("--shots", type=_positive, nargs="+",
+                         help=f"training images per class (default: {' '.join(map(str, DEFAULT_SHOTS))}); with "
+                              f"--knn, also the k-NN memory banks, which are otherwise every training image")
     fewshot.add_argument("--seeds", type=_positive, default=5, help="repeats with different shots")
     fewshot.add_argument("--l2", type=float, nargs="+", default=list(DEFAULT_L2_REGS),
                          help="regularisers tried; one is chosen on held-out training images")
     fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
+    fewshot.add_argument("--knn", type=_positive, nargs="+", metavar="K",
+                         help="also k-NN classification with K neighbours (DINO's: cosine similarity, each "
+                              "neighbour's vote weighted by exp(similarity / T)), for each K given")
+    fewshot.add_argument("--knn-temperature", type=_positive_number, default=DEFAULT_TEMPERATURE, metavar="T",
+                         help=f"T of the k-NN votes (default: {DEFAULT_TEMPERATURE:g}, DINO's): lower trusts the "
+                              "nearest neighbours more")
     fewshot.add_argument("--batch-size", "-b", type=_positive, default=256)
     fewshot.add_argument("--out", metavar="DIR", help=f"folder that receives the numbers as {FEWSHOT_FILE}")
     _resize_flag(fewshot)

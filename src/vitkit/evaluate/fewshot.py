@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..progress import track
 
 DEFAULT_L2_REGS = tuple(2.0 ** k for k in range(-10, 11, 2))
+DEFAULT_SHOTS = (1, 5, 10, 25)
 
 
 def ridge_solutions(features: np.ndarray, labels: np.ndarray, num_classes: int,
@@ -88,7 +89,7 @@ class FewShotResult:
 
 
 def fewshot_evaluate(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,
-                     test_labels: np.ndarray, shots: Sequence[int] = (1, 5, 10, 25),
+                     test_labels: np.ndarray, shots: Sequence[int] = DEFAULT_SHOTS,
                      seeds: Sequence[int] = (0, 1, 2), l2_regs: Sequence[float] = DEFAULT_L2_REGS,
                      num_classes: int | None = None, validation_per_class: int = 10) -> list[FewShotResult]:
     """For each shot count and seed: sample the shots, solve every regulariser in closed form, score on

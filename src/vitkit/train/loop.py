@@ -183,8 +183,9 @@ class Trainer:
     """Train ``model`` with ``objective`` for ``config.total_steps`` optimiser steps.
 
     ``batches(start_step)`` yields this rank's micro-batches from step ``start_step`` on;
-    ``lr_at(step)`` is the schedule; ``evaluate(model)`` returns metrics such as ``val/accuracy``
-    (on the main rank; the EMA weights are evaluated when EMA is on).
+    ``lr_at(step)`` is the schedule (a parameter group's ``lr_scale``, where it has one, multiplies it:
+    layer-wise decay); ``evaluate(model)`` returns metrics such as ``val/accuracy`` (on the main rank; the
+    EMA weights are evaluated when EMA is on).
     """
 
     def __init__(self, model: nn.Module, objective: Objective, optimizer: torch.optim.Optimizer,
@@ -307,7 +308,7 @@ class Trainer:
     def _train_step(self, micro_batches, stop: StopRequest | None = None) -> dict[str, float]:
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         accum = self.config.accum_steps
         totals: dict[str, torch.Tensor] = {}

@@ -93,6 +93,9 @@ class Recipe:
         "AdamW (pre-training) or SGD with momentum (fine-tuning)")
     lr: float = setting(1e-3, "optimiser", "peak learning rate")
     weight_decay: float = setting(0.1, "optimiser", "decoupled weight decay (not on biases, norms and embeddings)")
+    layer_decay: float | None = setting(None, "optimiser",
+        "layer-wise lr decay (BEiT/MAE/DINOv2 fine-tuning): of L blocks, block i learns at lr * decay**(L - i), the "
+        "embedding at lr * decay**(L + 1), the head at lr; null (the default): off")
     betas: tuple[float, float] = setting((0.9, 0.999), "optimiser", "AdamW's beta1 and beta2")
     momentum: float = setting(0.9, "optimiser", "SGD's momentum")
     schedule: Literal[SCHEDULES] = setting("cosine", "schedule", "learning-rate decay after the warm-up")
@@ -131,6 +134,9 @@ class Recipe:
         if self.batch_size % self.accum_steps:
             raise ConfigError(f"recipe field batch_size={self.batch_size}: expected a multiple of "
                               f"accum_steps={self.accum_steps}")
+        if self.layer_decay is not None and self.objective == "mpp":
+            raise ConfigError(f"recipe field layer_decay={self.layer_decay}: expected null with objective='mpp' "
+                              f"(layer-wise decay fine-tunes a pre-trained encoder)")
         if self.mpp_mask_prob + self.mpp_random_prob > 1:
             raise ConfigError(f"recipe fields mpp_mask_prob={self.mpp_mask_prob} + mpp_random_prob="
                               f"{self.mpp_random_prob}: expected a sum of at most 1")
@@ -271,6 +277,7 @@ RANGES: dict[str, Rule] = {
     "mpp_random_prob": fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),
     "cutmix_alpha": at_least(0), "steps": at_least(0), "epochs": ((lambda v: v > 0), "a positive number"),
     "batch_size": at_least(1), "accum_steps": at_least(1), "lr": at_least(0), "weight_decay": at_least(0),
+    "layer_decay": ((lambda v: v is None or 0 < v <= 1), "a number in (0, 1], or null (off)"),
     "betas": ((lambda v: all(0 <= b < 1 for b in v)), "two numbers in [0, 1)"), "momentum": fraction(open_top=True),
     "warmup_steps": at_least(0), "end_lr": at_least(0), "clip_norm": at_least(0),
     "label_smoothing": fraction(open_top=True), "ema_decay": fraction(open_top=True), "seed": at_least(0),

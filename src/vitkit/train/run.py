@@ -150,7 +150,8 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     def validate(network: VisionTransformer) -> dict[str, float]:
         return measure(network, "val").summary("val") if "val" in loaders else {}
 
-    optimizer = make_optimizer(model, recipe.optimizer, recipe.lr, recipe.weight_decay, recipe.betas, recipe.momentum)
+    optimizer = make_optimizer(model, recipe.optimizer, recipe.lr, recipe.weight_decay, recipe.betas, recipe.momentum,
+                               recipe.layer_decay)  # after sharding (its parameters), before DDP (their names)
     lr_at = functools.partial(learning_rate, base_lr=recipe.lr, total_steps=steps, warmup_steps=recipe.warmup_steps,
                               decay=recipe.schedule, end_lr=recipe.end_lr)
     _, mixup_alpha = augreg_level(recipe.aug_level)
