@@ -117,3 +117,36 @@ def test_timm_naflexvit_gives_timms_outputs_on_a_padded_batch(tmp_path, architec
         torch.testing.assert_close(model(x), theirs(x), atol=1e-5, rtol=0)
         expected = theirs({"patches": batch.patches, "patch_coord": batch.coords, "patch_valid": batch.mask})
         torch.testing.assert_close(model(batch), expected, atol=1e-5, rtol=0)
+
+
+def test_eval_with_max_patches_runs_each_image_at_its_own_aspect_ratio(tmp_path):
+    """Images already sized in whole patches within the budget are not resized: `vitkit eval --max-patches`
+    then scores each image as the model does alone at its size (images of 16x24, 24x8 and 8x8 px)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.cli import main
+
+    model = tiny("dinov3")
+    model.reset_head(2)
+    with torch.no_grad():
+        model.head.weight.normal_()
+    model.save(tmp_path / "model")
+    rng = np.random.default_rng(0)
+    expected = []
+    for index, (height, width) in enumerate([(16, 24), (24, 8), (8, 8), (16, 16), (8, 24)]):
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        label = index % 2
+        (tmp_path / "data" / "test" / f"c{label}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "data" / "train" / f"c{label}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(tmp_path / "data" / "test" / f"c{label}" / f"{index}.png")
+        image = (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255 - 0.5) / 0.5  # Google's statistics
+        with torch.no_grad():
+            expected.append(int(model(image[None]).argmax()) == label)
+    assert main(["eval", str(tmp_path / "model"), "--dataset", f"imagefolder:{tmp_path / 'data'}", "--max-patches",
+                 "6", "--batch-size", "3", "--out", str(tmp_path / "eval")]) == 0
+    report = json.loads((tmp_path / "eval" / "eval-test.json").read_text())
+    assert report["images"] == 5
+    assert report["top1"] == pytest.approx(sum(expected) / 5)

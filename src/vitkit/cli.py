@@ -29,7 +29,7 @@ from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform
-from .models import create_model, list_models, model_config
+from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
@@ -348,11 +348,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, device, dtype = inference_model(args)
     config = model.config
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
-    transform = checkpoint_transform(config, args.resize)
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
-    loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt, device=device)
+    if args.max_patches:
+        from .evaluate.preprocessing import naflex_loader
+
+        native_only(model, args.checkpoint)
+        loader = naflex_loader(dataset, config, args.max_patches, args.batch_size, args.num_workers, args.corrupt,
+                               device)
+    else:
+        transform = checkpoint_transform(config, args.resize)
+        loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt,
+                                   device=device)
     report = write_report(evaluate(model, loader, config.num_classes, device, dtype), dataset.classes, args.out,
                           args.split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
@@ -516,6 +524,19 @@ def _resize_flag(parser: argparse.ArgumentParser) -> None:
                              "kept); stretch: resize straight to the size")
 
 
+def _max_patches_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-patches", type=_positive, metavar="N",
+                        help="NaFlex: run each image at its own aspect ratio, resized to the most patches within N "
+                             "(SigLIP 2's rule), instead of resizing to the model's square size")
+
+
+def native_only(model: object, checkpoint: str) -> None:
+    """Refuse NaFlex batches for an exported model, which runs on fixed image tensors."""
+    if not isinstance(model, VisionTransformer):
+        raise ConfigError(f"--max-patches: {checkpoint} is an exported model, which takes images of one size; use "
+                          f"the PyTorch checkpoint")
+
+
 def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     if precision:
@@ -603,6 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--out", default=".", metavar="DIR",
                            help="folder for eval-<split>.json and confusion-<split>.png")
     _resize_flag(evaluate_)
+    _max_patches_flag(evaluate_)
     _runtime_flags(evaluate_)
     evaluate_.set_defaults(run=cmd_eval)
 

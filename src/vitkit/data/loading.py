@@ -78,6 +78,12 @@ def collate_training(preset: Preset, items: list[Item],
 def collate_evaluation(preset: Preset, items: list[Item],
                        slots: BatchSlots | None = None) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
     """An evaluation batch; the images that could not be read (``--corrupt skip``) are left out, with a warning."""
+    images, labels, _ = zip(*readable(items))
+    return finished_batch(preset, images, slots), torch.tensor(labels)
+
+
+def readable(items: list[Item]) -> list[Item]:
+    """The items of an evaluation batch whose images could be read; the others are named in a warning."""
     kept = [item for item in items if item[0] is not None]
     skipped = [name for item in items for name in item[2]]
     if skipped:
@@ -85,8 +91,7 @@ def collate_evaluation(preset: Preset, items: list[Item],
     if not kept:  # nothing to give the model a batch's shape
         raise DatasetError(f"a whole evaluation batch is unreadable ({', '.join(skipped[:5])}, ...); check the "
                            f"data with `vitkit data verify`")
-    images, labels, _ = zip(*kept)
-    return finished_batch(preset, images, slots), torch.tensor(labels)
+    return kept
 
 
 class Transformed(Dataset):

@@ -5,9 +5,17 @@ normalisation family and crop fraction) to the data layer's plain transform, tak
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
-from ..data.transforms import Preset, evaluation_transform
+import torch
+import torchvision.transforms.v2.functional as TF
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from ..data.loading import Item, Transformed, readable, worker_options
+from ..data.transforms import Preset, ToChannels, ToModelInput, evaluation_transform
 from ..models.config import ViTConfig
+from ..models.naflex import PatchBatch, patch_batch, size_for_patch_budget
 
 
 def checkpoint_transform(config: ViTConfig, resize: str = "crop", image_size: tuple[int, int] | None = None,
@@ -17,3 +25,35 @@ def checkpoint_transform(config: ViTConfig, resize: str = "crop", image_size: tu
     trained_mean, trained_std = config.input_statistics
     return evaluation_transform(image_size or config.image_size, config.in_chans, mean or trained_mean,
                                 std or trained_std, config.provenance.crop_pct, resize)
+
+
+class ResizeToPatchBudget(torch.nn.Module):
+    """Resize an image, aspect ratio kept, to the most ``patch_size`` patches ``max_patches`` allows (NaFlex)."""
+
+    def __init__(self, patch_size: int, max_patches: int):
+        super().__init__()
+        self.patch_size, self.max_patches = patch_size, max_patches
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        size = size_for_patch_budget(image.shape[-2], image.shape[-1], self.patch_size, self.max_patches)
+        return TF.resize(image, list(size), antialias=True)
+
+
+def naflex_loader(dataset, config: ViTConfig, max_patches: int, batch_size: int, num_workers: int = 0,
+                  corrupt: str = "fail", device: torch.device | None = None) -> DataLoader:
+    """Every image of ``dataset`` once, each at its own aspect ratio within ``max_patches`` patches, in
+    :class:`PatchBatch` es with their labels (``corrupt='skip'`` leaves unreadable images out)."""
+    mean, std = config.input_statistics
+    preset = Preset(v2.Compose([ToChannels(config.in_chans), ResizeToPatchBudget(config.patch_size, max_patches)]),
+                    ToModelInput(mean, std))
+    collate = partial(_naflex_collate, preset, config.patch_size, max_patches)
+    return DataLoader(Transformed(dataset, preset, corrupt=corrupt), batch_size=batch_size, shuffle=False,
+                      collate_fn=collate, generator=torch.Generator(), **worker_options(num_workers, device))
+
+
+def _naflex_collate(preset: Preset, patch_size: int, max_patches: int, items: list[Item]
+                    ) -> tuple[PatchBatch, torch.Tensor]:
+    """uint8 images of different sizes normalised one by one, then cut into patches and padded together."""
+    images, labels, _ = zip(*readable(items))
+    normalised = [preset.per_batch(image[None])[0] for image in images]
+    return patch_batch(normalised, patch_size, max_patches), torch.tensor(labels)

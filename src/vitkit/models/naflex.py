@@ -31,9 +31,11 @@ class PatchBatch:
     mask: torch.Tensor
     grids: torch.Tensor
 
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "PatchBatch":
-        return PatchBatch(self.patches.to(device, dtype), self.coords.to(device), self.mask.to(device),
-                          self.grids.to(device))
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None, non_blocking: bool = False
+           ) -> "PatchBatch":
+        move = dict(device=device, non_blocking=non_blocking)
+        return PatchBatch(self.patches.to(dtype=dtype, **move), self.coords.to(**move), self.mask.to(**move),
+                          self.grids.to(**move))
 
     def __len__(self) -> int:
         return self.patches.shape[0]
@@ -103,18 +105,28 @@ def naflex_batch(images: Sequence[torch.Tensor], patch_size: int, max_patches: i
     budget allows, cut into patches, padded."""
     if not images:
         raise InputError("naflex_batch of no images; expected at least one")
-    patches, coords, masks, grids = [], [], [], []
+    resized = []
     for index, image in enumerate(images):
         if image.ndim != 3 or not image.is_floating_point() or min(image.shape[1:]) < 1:
             raise InputError(f"image {index} of shape {tuple(image.shape)} ({image.dtype}); expected a floating-point "
                              f"(channels, height, width) tensor")
-        height, width = size_for_patch_budget(image.shape[1], image.shape[2], patch_size, max_patches)
-        resized = F.interpolate(image[None].float(), size=(height, width), mode="bilinear", align_corners=False,
-                                antialias=True)[0].to(image.dtype)
-        rows, cols = height // patch_size, width // patch_size
+        size = size_for_patch_budget(image.shape[1], image.shape[2], patch_size, max_patches)
+        resized.append(F.interpolate(image[None].float(), size=size, mode="bilinear", align_corners=False,
+                                     antialias=True)[0].to(image.dtype))
+    return patch_batch(resized, patch_size, max_patches)
+
+
+def patch_batch(images: Sequence[torch.Tensor], patch_size: int, max_patches: int) -> PatchBatch:
+    """Images already sized in whole patches, at most ``max_patches`` each, as one padded :class:`PatchBatch`."""
+    patches, coords, masks, grids = [], [], [], []
+    for image in images:
+        rows, cols = image.shape[1] // patch_size, image.shape[2] // patch_size
         count = rows * cols
+        if count > max_patches or (rows * patch_size, cols * patch_size) != tuple(image.shape[1:]):
+            raise InputError(f"an image of {tuple(image.shape[1:])} pixels in a batch of {max_patches} patches of "
+                             f"{patch_size} px; expected sides in whole patches, at most {max_patches} of them")
         row, col = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-        patches.append(F.pad(patchify(resized, patch_size), (0, 0, 0, max_patches - count)))
+        patches.append(F.pad(patchify(image, patch_size), (0, 0, 0, max_patches - count)))
         coords.append(F.pad(torch.stack([row.flatten(), col.flatten()], dim=-1), (0, 0, 0, max_patches - count)))
         masks.append(torch.arange(max_patches) < count)
         grids.append(torch.tensor([rows, cols]))
