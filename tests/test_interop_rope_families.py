@@ -119,3 +119,38 @@ def test_rope_head_widths_are_checked(tmp_path):
     save_file(state, tmp_path / "mixed.safetensors")
     with pytest.raises(vitkit.CheckpointError, match=r"rope.freqs: checkpoint \(2, 1, 4, 8\) vs model \(2, 2, 4, 8\)"):
         vitkit.load(tmp_path / "mixed.safetensors")
+
+
+@pytest.mark.parametrize("architecture", ["vit_small_patch16_dinov3", "vit_small_patch16_dinov3_qkvb",
+                                          "eva02_base_patch14_224", "eva02_tiny_patch14_224",
+                                          "vit_pe_core_base_patch16_224", "vit_small_patch16_rope_mixed_224",
+                                          "vit_base_patch16_rope_reg1_gap_256", "aimv2_large_patch14_224"])
+def test_timm_writer_gives_timm_a_hub_directory_it_loads(tmp_path, architecture):
+    """vitkit's timm export of a family model is a hub directory timm's own ``local-dir:`` loader builds and fills
+    strictly, with the same outputs at another size; as a bare state dict, vitkit reads it back the same."""
+    from timm.models._hub import save_for_hf
+    from vitkit.checkpoints import export
+
+    save_for_hf(peer(architecture, num_classes=5), str(tmp_path / "hub"))
+    model = vitkit.load(tmp_path / "hub")
+    export(model, tmp_path / "out", "timm")
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
+    assert_same(model, theirs, torch.randn(2, 3, 32, 40))
+    # a bare PE state dict takes its rotary reference grid to be its table's: told here, as its config.json would
+    again = vitkit.load(export(model, tmp_path / "out.safetensors", "timm"), num_heads=4,
+                        rope_ref_grid=model.config.rope_ref_grid)
+    assert_same(again, theirs, torch.randn(1, 3, 32, 32))
+
+
+def test_timm_writer_refuses_what_eva_cannot_hold(tmp_path):
+    from vitkit.checkpoints import export
+
+    config = vitkit.ViTConfig(image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=128, num_classes=3,
+                              rope="axial", gelu="tanh", patch_norm=True)
+    with pytest.raises(vitkit.CheckpointError, match=r"timm's eva02_base cannot hold gelu='tanh', proj_bias=False "
+                                                     r"or patch_norm without RMSNorm$"):
+        export(vitkit.VisionTransformer(config), tmp_path / "out", "timm")
+    plain = vitkit.ViTConfig(image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=128, pool="map",
+                             class_token=False, pool_heads=2)
+    with pytest.raises(vitkit.CheckpointError, match="VisionTransformer state dict has no pool_heads or pool_mlp_dim"):
+        export(vitkit.VisionTransformer(plain), tmp_path / "plain.safetensors", "timm")

@@ -33,7 +33,7 @@ from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
 from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
-from .timm_families import family_of_architecture, read_timm_hub_family
+from .timm_families import family_of_architecture, is_timm_family, read_timm_hub_family, write_timm_family
 
 HUB_CONFIG = "config.json"
 TIMM_DEFAULT_CROP_PCT = 0.875  # what timm evaluates with when a pretrained_cfg names no crop_pct
@@ -142,12 +142,18 @@ def architecture_numerics(architecture: str) -> dict[str, Any]:
 def write_timm(model: VisionTransformer, path: str | Path) -> Path:
     """Export as a timm ``VisionTransformer`` state dict (``.safetensors``), atomically. timm holds every
     family option; like any bare state dict it does not record numerics, so CLIP's ``ln_eps=1e-5`` and
-    ``gelu='quick'`` are passed again when it is read (and to timm's constructor)."""
+    ``gelu='quick'`` are passed again when it is read (and to timm's constructor). The families on timm's Eva
+    (rotary embeddings...) and AIMv2 are written in their layout, or as a hub directory naming the architecture."""
     config, path = model.config, Path(path)
+    if is_timm_family(config):  # rotary embeddings, q/v-only biases, sub-LN, RMSNorm: timm's Eva or AIMv2
+        return write_timm_family(model, path)
     unsupported = [reason for reason, bad in [
         (f"pos_embed={config.pos_embed!r} (only 'learned' or 'none')", config.pos_embed not in ("learned", "none")),
         ("pre-logits layer (representation_size)", config.representation_size),
         ("hybrid backbone (vitkit writes plain ViTs to timm)", config.backbone is not None),
+        ("patch_norm or proj_bias=False (only with AIMv2's RMSNorm)", config.patch_norm or not config.proj_bias),
+        ("pool_heads or pool_mlp_dim", config.pool_heads or config.pool_mlp_dim),
+        ("pool_prefix (its pools take the patches)", config.pool_prefix and config.num_prefix_tokens),
     ] if bad]
     if unsupported:
         raise CheckpointError(f"cannot write {path}: timm's VisionTransformer state dict has no "

@@ -16,12 +16,15 @@ beside a bias-free key are vitkit's ``k_bias=False``.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save
 
+from ..atomic import atomic_directory, atomic_file
 from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from .inference import infer_config
@@ -296,3 +299,104 @@ def read_timm_naflex(state: dict[str, torch.Tensor], args: dict[str, Any], overr
         fields["num_heads"] = heads
     return infer_config(state, overrides, source, **fields,
                         provenance=Provenance(format="timm", source=source))
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def is_timm_family(config: ViTConfig) -> bool:
+    """Whether ``config`` needs timm's Eva (or, with RMSNorm, AIMv2's layout) rather than its VisionTransformer."""
+    return config.rope != "none" or not config.k_bias or config.mlp_norm or config.attn_norm or config.norm == "rms"
+
+
+def timm_architecture(config: ViTConfig, path: Any) -> tuple[str, dict[str, Any]]:
+    """The timm architecture whose definition (with ``model_args``) builds ``config``'s model; what timm's Eva or
+    AIMv2 cannot hold is refused, naming the fields."""
+    c, aimv2 = config, config.norm == "rms"
+    if c.rope == "axial" and c.rope_grid == "centered":
+        architecture, eps = "vit_base_patch16_dinov3" + ("_qkvb" if c.qkv_bias else ""), 1e-5
+    elif c.pre_norm and c.pool == "map":
+        architecture, eps = "vit_pe_core_base_patch16_224", 1e-5
+    elif aimv2:
+        architecture, eps = "aimv2_large_patch14_224", 1e-5
+    else:
+        architecture, eps = "eva02_base_patch14_224", 1e-6
+    refused = [reason for reason, bad in [
+        (f"ln_eps={c.ln_eps} (this family's timm definition has {eps})", c.ln_eps != eps),
+        (f"gelu={c.gelu!r}", c.gelu != "exact" and c.mlp == "gelu"), ("dist_token", c.dist_token),
+        ("representation_size", c.representation_size), ("a hybrid backbone", c.backbone is not None),
+        (f"pos_embed={c.pos_embed!r}", c.pos_embed not in ("learned", "none")),
+        ("pool_prefix differing from timm's (Eva pools every token by attention, the patches by mean)",
+         not aimv2 and c.pool != "token" and c.pool_prefix != (c.pool == "map")),
+        ("proj_bias=False or patch_norm without RMSNorm", not aimv2 and (not c.proj_bias or c.patch_norm)),
+        ("pre_norm with a patch bias (timm's Eva drops the bias under a pre-norm)", c.pre_norm == c.patch_bias),
+        ("rope in AIMv2's layout", aimv2 and c.rope != "none"), ("qk_norm", c.qk_norm and aimv2),
+        ("a bias on q and v alone in AIMv2's layout", aimv2 and not c.k_bias),
+    ] if bad]
+    if refused:
+        raise CheckpointError(f"cannot write {path}: timm's {architecture.split('_patch')[0]} cannot hold "
+                              f"{', '.join(refused)}")
+    mlp_ratio = (c.mlp_dim + 0.5) / c.dim  # int(dim * ratio) is timm's width
+    args: dict[str, Any] = dict(img_size=list(c.image_size), patch_size=c.patch_size, in_chans=c.in_chans,
+                                num_classes=c.num_classes, embed_dim=c.dim, depth=c.depth, num_heads=c.num_heads,
+                                mlp_ratio=mlp_ratio, qkv_bias=c.qkv_bias, class_token=c.class_token,
+                                global_pool={"gap": "avg", "token": "token", "map": "map"}[c.pool],
+                                no_embed_class=c.no_embed_class)
+    if aimv2:
+        args.update(reg_tokens=c.reg_tokens, fc_norm=c.fc_norm, proj_bias=c.proj_bias, init_values=c.layer_scale,
+                    pos_embed="learn" if c.pos_embed == "learned" else "none", dynamic_img_size=True)
+        return architecture, args
+    args.update(num_reg_tokens=c.reg_tokens, init_values=c.layer_scale, qkv_fused=True, qk_norm=c.qk_norm,
+                attn_type="rope" if c.qkv_bias and c.k_bias else "eva", swiglu_mlp=c.mlp == "swiglu",
+                scale_mlp=c.mlp_norm, scale_attn_inner=c.attn_norm, use_abs_pos_emb=c.pos_embed == "learned",
+                use_rot_pos_emb=c.rope != "none", use_pre_transformer_norm=c.pre_norm, use_fc_norm=c.fc_norm,
+                use_post_transformer_norm=not c.fc_norm, dynamic_img_size=True, ref_feat_shape=None)
+    if c.rope != "none":
+        args.update(rope_type={"mixed": "mixed", "axial": "dinov3" if c.rope_grid == "centered" else "cat"}[c.rope],
+                    rope_temperature=c.rope_theta, rope_grid_offset=c.rope_offset,
+                    rope_grid_indexing="xy" if c.rope_xy else "ij", rope_rotate_half=c.rope_half,
+                    ref_feat_shape=[c.rope_ref_grid] * 2 if c.rope_ref_grid else None)
+    if c.pool == "map":
+        args.update(attn_pool_num_heads=c.pool_heads or c.num_heads,
+                    attn_pool_mlp_ratio=((c.pool_mlp_dim or c.mlp_dim) + 0.5) / c.dim)
+    return architecture, args
+
+
+def timm_family_state(model: torch.nn.Module, eva: bool) -> dict[str, torch.Tensor]:
+    """``model``'s weights in timm's names: LayerScale as gamma_1/gamma_2 (Eva), SwiGLU's packed fc1 split into
+    its gate and value layers where timm keeps them apart (AIMv2, and Eva's SwiGLU with a norm inside)."""
+    c = model.config
+    separate = c.mlp == "swiglu" and (not eva or c.mlp_norm)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        if separate and name.startswith("blocks.") and ".mlp.fc1." in name:
+            gate, value = tensor.chunk(2)
+            state[name.replace(".fc1.", ".fc1_g.")] = gate.contiguous()
+            state[name.replace(".fc1.", ".fc1_x.")] = value.contiguous()
+        elif eva:
+            state[NAMES.to_theirs(name)] = tensor
+        else:
+            state[{"pos_embed.weight": "pos_embed", "attn_pool.probe": "attn_pool.latent"}.get(name, name)] = tensor
+    return state
+
+
+def write_timm_family(model: torch.nn.Module, path: Path) -> Path:
+    """``model`` for timm: a ``.safetensors`` state dict in its family's layout, or (any other path) a timm hub
+    directory, whose ``config.json`` names the architecture and the ``model_args`` that build the model
+    (``timm.create_model("local-dir:PATH")``), written atomically."""
+    architecture, args = timm_architecture(model.config, path)
+    state = timm_family_state(model, eva=model.config.norm != "rms")
+    if path.suffix == ".safetensors":
+        with atomic_file(path, "wb") as handle:
+            handle.write(save(state, metadata={"format": "pt"}))
+        return path
+    c = model.config
+    mean, std = c.input_statistics
+    hub = dict(architecture=architecture, num_classes=c.num_classes, num_features=c.dim,
+               global_pool=args["global_pool"], model_args=args,
+               pretrained_cfg=dict(input_size=[c.in_chans, *c.image_size], mean=list(mean), std=list(std),
+                                   crop_pct=c.provenance.crop_pct, crop_mode="center", interpolation="bicubic",
+                                   num_classes=c.num_classes, first_conv="patch_embed.proj", classifier="head"))
+    with atomic_directory(path) as staging:
+        (staging / "config.json").write_text(json.dumps(hub, indent=2))
+        (staging / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
+    return path
