@@ -119,3 +119,35 @@ def test_finetuning_with_layer_decay_resumes_bit_exact(tmp_path):
     groups = resumed.optimizer.param_groups  # in layer order, the weight matrices' group first
     assert [group["lr"] for group in groups] == [0.025, 0.025, 0.05, 0.05, 0.1, 0.1, 0.2, 0.2]
     assert [group["weight_decay"] for group in groups] == [0.1, 0.0] * 4
+
+
+@pytest.mark.parametrize("architecture,differences", [
+    ("vit_small_patch16_dinov3", FINAL_NORM),  # [class] and storage tokens with the embedding
+    ("vit_pe_core_base_patch16_224", {**FINAL_NORM, "attn_pool.latent": ((1.0, WD), (1.0, 0.0))}),  # pool: head
+    ("eva02_base_patch14_224", {}),  # q/v biases, sub-LN, separate SwiGLU gates (packed in vitkit: one group each)
+])
+def test_groups_of_the_rotary_families_are_timms(tmp_path, architecture, differences):
+    """The 2023-25 families read from timm hub directories: each timm parameter's (lr scale, weight decay) is the
+    one vitkit gives the parameter it became (LayerScale's gamma_1 as ls1.gamma; EVA-02's gate and value layers
+    as halves of one fc1, so both must have the same groups in timm)."""
+    from timm.models._hub import save_for_hf
+
+    from vitkit.checkpoints.timm_families import NAMES
+
+    peer = randomised(timm.create_model(architecture, img_size=32, patch_size=8, embed_dim=64, depth=DEPTH,
+                                        num_heads=4, num_classes=10))
+    save_for_hf(peer, str(tmp_path / "hub"))
+    model = vitkit.load(tmp_path / "hub")
+    theirs, ours = _by_name(peer, _timm_groups(peer)), _by_name(model, param_groups(model, WD, DECAY))
+    packed = {".attn.q_proj.bias": ".attn.q_bias", ".attn.v_proj.bias": ".attn.v_bias", ".mlp.fc1_g.": ".mlp.fc1.",
+              ".mlp.fc1_x.": ".mlp.fc1.", ".attn.q_proj.": ".attn.qkv.", ".attn.k_proj.": ".attn.qkv.",
+              ".attn.v_proj.": ".attn.qkv."}
+
+    def vitkit_name(name):
+        for part, whole in packed.items():
+            name = name.replace(part, whole)
+        return NAMES.to_ours(name)
+
+    assert {vitkit_name(name) for name in theirs} == set(ours)
+    found = {name: (theirs[name], ours[vitkit_name(name)]) for name in theirs if theirs[name] != ours[vitkit_name(name)]}
+    assert found == differences
