@@ -125,8 +125,9 @@ _CANONICAL = {key.lower(): key for key in [*FAMILIES, *_ALL_SIZES, *SUFFIXES]}
 
 
 def list_models() -> list[str]:
-    """The paper's named variants and hybrids, then the families; any other ``ViT-<size>/<patch>`` pair is
-    accepted too, and any ``<family>-<size>/<patch>[-<suffix>]``."""
+    """The paper's named variants and hybrids, then the families (DeiT to SigLIP, then those of 2022-25); any
+    other ``ViT-<size>/<patch>`` pair is accepted too, and any ``<family>-<size>/<patch>[-<suffix>]`` of a size
+    the family has."""
     return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS + RECENT_VARIANTS)
 
 
