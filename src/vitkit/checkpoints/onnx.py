@@ -72,9 +72,22 @@ def _metadata(config: ViTConfig) -> dict[str, str]:
             "std": json.dumps(list(std)), "crop_pct": json.dumps(config.provenance.crop_pct)}
 
 
+def _rms_norm(g, x, normalized_shape, weight, eps):
+    """aten::rms_norm as opset 17's ops (RMSNormalization is an op from opset 23, which torch's TorchScript
+    exporter does not write): x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape) axes."""
+    from torch.onnx import symbolic_helper
+
+    axes = list(range(-len(symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")), 0))
+    eps = g.op("CastLike", g.op("Constant", value_t=torch.tensor(symbolic_helper._get_const(eps, "f", "eps"))), x)
+    mean_square = g.op("ReduceMean", g.op("Mul", x, x), axes_i=axes, keepdims_i=1)
+    return g.op("Mul", g.op("Div", x, g.op("Sqrt", g.op("Add", mean_square, eps))), weight)
+
+
 def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: bool = True) -> None:
-    """Export ``model`` to ``path``, written once: traced into memory, then saved with its metadata."""
+    """Export ``model`` to ``path``, written once: traced into memory, then saved with its metadata. The image size
+    is fixed at the config's (only the batch axis is dynamic); rotary tables are computed in the graph for it."""
     onnx, _ = _require_runtime()
+    torch.onnx.register_custom_op_symbolic("aten::rms_norm", _rms_norm, OPSET)  # AIMv2's norms
     config = model.config
     example = torch.randn(_TRACE_BATCH, config.in_chans, *config.image_size, device=device)
     traced = io.BytesIO()

@@ -239,7 +239,9 @@ class RotaryEmbedding(_CachedByGrid):
     def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
         coords = rope_coordinates(grid, self.grid_kind, self.offset, self.ref_grid, self.xy)
         angles = self._angles(coords)
-        angles = torch.cat([angles, angles], dim=-1) if self.half else angles.repeat_interleave(2, dim=-1)
+        # Each angle over its pair, stacked: torch's ONNX exporter mis-exports repeat_interleave (it corrupts
+        # constants that other nodes of the graph share).
+        angles = torch.cat([angles] * 2, dim=-1) if self.half else torch.stack([angles] * 2, dim=-1).flatten(-2)
         table = torch.stack([angles.cos(), angles.sin()])
         identity = torch.zeros_like(table[..., :1, :]).expand(*table.shape[:-2], self.prefix, -1).clone()
         identity[0] = 1.0

@@ -1,5 +1,6 @@
 """Named variants as the paper writes them: ``ViT-B/16`` is the Base model with 16x16 patches; and the
-families that later papers built on the same skeleton: ``DeiT-B/16-distilled``, ``DINOv2-S/14-reg4``..."""
+families that later papers built on the same skeleton: ``DeiT-B/16-distilled``, ``DINOv2-S/14-reg4``,
+``DINOv3-H+/16``, ``PE-core-L/14``..."""
 
 from __future__ import annotations
 
@@ -40,18 +41,62 @@ FAMILY_SIZES: dict[str, tuple[int, int, int, int]] = {
     "So400m": (27, 1152, 4304, 16),
     "g": (40, 1536, 4096, 24),
 }
+# Sizes of one family each, kept out of FAMILY_SIZES (whose widths also tell a checkpoint's head count): DINOv3's
+# S+ and H+ (H+ has 20 heads of 64 where ViT-H has 16 of 80) and Perception Encoder's T (Ti by PE's name).
+OWN_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "S+": (12, 384, 1536, 6),
+    "H+": (32, 1280, 5120, 20),
+    "T": (12, 192, 768, 3),
+}
+# Sizes whose MLP is a SwiGLU with a gate and a value of the MLP width each. DINOv3 rounds that width up to a
+# multiple of 8 (timm's align_to), which 4 D already is for S+ and H+.
+SWIGLU_SIZES = ("g", "S+", "H+")
 
 # Each family is the paper's model with some config options on, the defaults of timm's definitions
 # (image size, classes: DINOv2 and SigLIP towers come without a head), its input normalisation and its
 # evaluation crop: timm 1.0.31's pretrained_cfg of the default weights for DeiT, DeiT-III (0.9) and DINOv2;
 # for CLIP and SigLIP the whole image, as their authors' preprocessing and HF's processors take it (timm
 # names 0.9 for OpenAI's CLIP and for SigLIP, its generic default). The paper's ViT: Google's, 1.0.
+# Beyond config fields: ``image_size`` is the family's native size (rounded down to a multiple of the patch),
+# ``mlp_ratio`` sets the MLP width to int(D x ratio), ``rope_ref_grid="native"`` is the grid of the native size,
+# and ``sizes`` names the only sizes the family has, each with its own options. The learned tables of the families
+# of 2022-25 are resampled as timm runs other sizes (bicubic, antialiased), FlexiViT's as timm loads its weights.
 FAMILIES: dict[str, dict[str, Any]] = {
     "DeiT": dict(normalization="imagenet", crop_pct=0.9),
     "DeiT3": dict(no_embed_class=True, layer_scale=1e-6, normalization="imagenet", crop_pct=0.9),
     "DINOv2": dict(layer_scale=1e-5, image_size=518, num_classes=0, normalization="imagenet", crop_pct=1.0),
     "CLIP": dict(pre_norm=True, patch_bias=False, ln_eps=1e-5, normalization="clip", crop_pct=1.0),
     "SigLIP": dict(class_token=False, pool="map", num_classes=0, normalization="google", crop_pct=1.0),
+    # timm's vit_*_patch16_dinov3: [class] and 4 registers, RoPE on centred coordinates, no position table, no qkv
+    # bias, patch-token mean under the final norm (timm's default pool; DINOv3 itself reads [class]).
+    "DINOv3": dict(reg_tokens=4, layer_scale=1e-5, rope="axial", rope_grid="centered", rope_theta=100.0,
+                   rope_half=True, pos_embed="none", qkv_bias=False, ln_eps=1e-5, pool="gap", image_size=256,
+                   num_classes=0, normalization="imagenet", crop_pct=1.0,
+                   sizes={"S": {}, "S+": {}, "B": {}, "L": {}, "H+": {}}),
+    # timm's eva02_*_patch14_224 (the MIM towers): RoPE on a 16-cell reference grid beside the learned table,
+    # q and v biases only, SwiGLU of 8/3 D with a LayerNorm inside for B and L, fc_norm after the patch mean.
+    "EVA02": dict(mlp="swiglu", mlp_ratio=8 / 3, k_bias=False, rope="axial", rope_ref_grid=16, pool="gap",
+                  fc_norm=True, pos_interp_antialias=True, num_classes=0, normalization="clip", crop_pct=0.9,
+                  sizes={"Ti": {}, "S": {}, "B": dict(mlp_norm=True), "L": dict(mlp_norm=True)}),
+    # timm's vit_pe_core_*: a norm before the blocks, no patch bias, RoPE from (column, row) + 1 on the native
+    # grid, an 8-head attention pool over every token; the head is the CLIP projection (512 or 1024 wide).
+    "PE-core": dict(pre_norm=True, patch_bias=False, rope="axial", rope_offset=1.0, rope_xy=True,
+                    rope_ref_grid="native", pool="map", pool_heads=8, ln_eps=1e-5, pos_interp_antialias=True,
+                    normalization="google", crop_pct=1.0,
+                    sizes={"T": dict(image_size=384, num_classes=512), "S": dict(image_size=384, num_classes=512),
+                           "B": dict(num_classes=1024), "L": dict(image_size=336, num_classes=1024)}),
+    # SigLIP 2 at 224 (timm's vit_base_patch16_siglip_224.v2_webli): SigLIP's tower with the tanh GELU that
+    # SigLIP 2 was trained with (timm's NaFlex definition and HF's config say so; timm's 224 one runs exact).
+    "SigLIP2": dict(class_token=False, pool="map", gelu="tanh", pos_interp_antialias=True, num_classes=0,
+                    normalization="google", crop_pct=1.0, sizes={"B": {}}),
+    # timm's aimv2_*: RMSNorm everywhere (the patches too), SwiGLU of 2.75 D, no biases but the patch
+    # projection's, the patch mean under the final norm.
+    "AIMv2": dict(norm="rms", ln_eps=1e-5, patch_norm=True, mlp="swiglu", mlp_ratio=2.75, qkv_bias=False,
+                  proj_bias=False, class_token=False, pool="gap", pos_interp_antialias=True, num_classes=0,
+                  normalization="clip", crop_pct=1.0, sizes={"L": dict(num_heads=8)}),
+    # timm's flexivit_*: 240 px, a position table without the [class] row, resized bilinear without antialias.
+    "FlexiViT": dict(no_embed_class=True, image_size=240, pos_interp="bilinear", normalization="google",
+                     crop_pct=0.95, sizes={"S": {}, "B": {}, "L": {}}),
 }
 SUFFIXES: dict[str, dict[str, Any]] = {
     "distilled": dict(dist_token=True),  # DeiT's distillation token and head
@@ -64,32 +109,49 @@ FAMILY_VARIANTS = (
     "DINOv2-S/14-reg4", "DINOv2-B/14-reg4", "DINOv2-L/14-reg4", "DINOv2-g/14-reg4",
     "CLIP-B/32", "CLIP-B/16", "CLIP-L/14", "CLIP-H/14", "SigLIP-B/16", "SigLIP-So400m/14",
 )
+RECENT_VARIANTS = (
+    "DINOv3-S/16", "DINOv3-S+/16", "DINOv3-B/16", "DINOv3-L/16", "DINOv3-H+/16",
+    "EVA02-Ti/14", "EVA02-S/14", "EVA02-B/14", "EVA02-L/14",
+    "PE-core-T/16", "PE-core-S/16", "PE-core-B/16", "PE-core-L/14",
+    "SigLIP2-B/16", "AIMv2-L/14", "FlexiViT-S/16", "FlexiViT-B/16", "FlexiViT-L/16",
+)
 
 _NAME = re.compile(r"^(?:(r\d*)\+)?vit-(ti|s|b|l|h)/(\d+)$", re.IGNORECASE)
 _SIZE_BY_LOWER = {size.lower(): size for size in SIZES}
-_FAMILY_NAME = re.compile(rf"^({'|'.join(FAMILIES)})-({'|'.join([*SIZES, *FAMILY_SIZES])})/(\d+)"
+_ALL_SIZES = {**SIZES, **FAMILY_SIZES, **OWN_SIZES}
+_FAMILY_NAME = re.compile(rf"^({'|'.join(map(re.escape, FAMILIES))})-({'|'.join(map(re.escape, _ALL_SIZES))})/(\d+)"
                           rf"(?:-({'|'.join(SUFFIXES)}))?$", re.IGNORECASE)
-_CANONICAL = {key.lower(): key for key in [*FAMILIES, *SIZES, *FAMILY_SIZES, *SUFFIXES]}
+_CANONICAL = {key.lower(): key for key in [*FAMILIES, *_ALL_SIZES, *SUFFIXES]}
 
 
 def list_models() -> list[str]:
-    """The paper's named variants and hybrids, then the families; any other ``ViT-<size>/<patch>`` pair is
-    accepted too, and any ``<family>-<size>/<patch>[-<suffix>]``."""
-    return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS)
+    """The paper's named variants and hybrids, then the families (DeiT to SigLIP, then those of 2022-25); any
+    other ``ViT-<size>/<patch>`` pair is accepted too, and any ``<family>-<size>/<patch>[-<suffix>]`` of a size
+    the family has."""
+    return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS + RECENT_VARIANTS)
 
 
 def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
     """The configuration of ``<family>-<size>/<patch>[-<suffix>]``: the ViT of that size plus the options."""
     family, size, suffix = (_CANONICAL[part.lower()] if part else None for part in match.group(1, 2, 4))
     patch = int(match.group(3))
-    depth, dim, mlp_dim, heads = {**SIZES, **FAMILY_SIZES}[size]
     options = {**FAMILIES[family], **SUFFIXES.get(suffix, {})}
+    sizes = options.pop("sizes", dict.fromkeys([*SIZES, *FAMILY_SIZES], {}))
+    if size not in sizes:
+        raise ConfigError(f"unknown model {match.group(0)!r}: {family} comes in sizes {', '.join(sizes)}")
+    depth, dim, mlp_dim, heads = _ALL_SIZES[size]
+    options.update(sizes[size])
     inputs = dict(normalization=options.pop("normalization"), crop_pct=options.pop("crop_pct"))
+    if "mlp_ratio" in options:
+        mlp_dim = int(dim * options.pop("mlp_ratio"))
+    native = options.pop("image_size", 224) // patch * patch
+    if options.get("rope_ref_grid") == "native":
+        options["rope_ref_grid"] = native // patch
     name = f"{family}-{size}/{patch}" + (f"-{suffix}" if suffix else "")
-    base = {**dict(patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp_dim, num_heads=heads,
-                   image_size=224 // patch * patch), **options}
+    base = {**dict(patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp_dim, num_heads=heads, image_size=native),
+            **options}
     base["provenance"] = Provenance(name=name, **inputs)
-    if size == "g":
+    if size in SWIGLU_SIZES:
         base["mlp"] = "swiglu"
     return ViTConfig(**{**base, **overrides})
 
