@@ -81,7 +81,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # timm's vit_pe_core_*: a norm before the blocks, no patch bias, RoPE from (column, row) + 1 on the native
     # grid, an 8-head attention pool over every token; the head is the CLIP projection (512 or 1024 wide).
     "PE-core": dict(pre_norm=True, patch_bias=False, rope="axial", rope_offset=1.0, rope_xy=True,
-                    rope_ref_grid="native", pool="map", pool_heads=8, ln_eps=1e-5, pos_interp_antialias=True,
+                    rope_ref_grid="native", pool="map", pool_heads=8, pool_prefix=True, ln_eps=1e-5,
+                    pos_interp_antialias=True,
                     normalization="google", crop_pct=1.0,
                     sizes={"T": dict(image_size=384, num_classes=512), "S": dict(image_size=384, num_classes=512),
                            "B": dict(num_classes=1024), "L": dict(image_size=336, num_classes=1024)}),
