@@ -9,10 +9,12 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .google import write_npz
 from .hf import write_hf
 from .hf_families import hf_family_of, write_hf_family
+from .hf_recent import hf_recent_family_of, write_hf_recent
 from .timm import write_timm
 from .loading import load
 from .onnx import OnnxExport, write_onnx
@@ -21,10 +23,17 @@ from .openvino import OpenVinoExport, write_openvino
 WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "native": lambda model, path: model.save(path),
     "npz": write_npz,
-    "hf": lambda model, path: (write_hf_family if hf_family_of(model.config) else write_hf)(model, path),
+    "hf": lambda model, path: hf_writer(model.config)(model, path),
     "timm": write_timm,
 }
 FORMATS = (*WRITERS, "onnx", "openvino")
+
+
+def hf_writer(config: ViTConfig) -> Callable[[VisionTransformer, Path], Path]:
+    """The HF writer of ``config``'s family: DINOv3 or AIMv2, a family on the ViT layout, or HF's ViT."""
+    if hf_recent_family_of(config):
+        return write_hf_recent
+    return write_hf_family if hf_family_of(config) else write_hf
 
 
 def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | None = None,

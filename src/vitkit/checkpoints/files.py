@@ -54,6 +54,8 @@ def read_side_file(path: Path) -> dict[str, Any] | None:
 # What a number in a checkpoint's JSON file may be, by kind: a test of the value and the words that say it.
 FIELD_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count": (lambda value: is_int(value) and value >= 1, "an integer >= 1"),
+    "whole": (lambda value: is_int(value) and value >= 0, "an integer >= 0"),
+    "number": (is_real, "a finite number"),
     "size": (lambda value: is_int(value) and value >= 1 or isinstance(value, list) and len(value) == 2
              and all(is_int(side) and side >= 1 for side in value), "an integer >= 1 or a [height, width] pair"),
     "fraction": (lambda value: is_real(value) and 0 <= value < 1, "a number in [0, 1)"),

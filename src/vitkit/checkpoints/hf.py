@@ -68,12 +68,9 @@ def is_hf_config(config_json: dict[str, Any] | None) -> bool:
 
 def read_hf(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
             ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    """An HF ViT directory whose ``config.json`` the caller has parsed into ``hf``."""
+    """An HF ViT directory (model_type 'vit') whose ``config.json`` the caller has parsed into ``hf``."""
     check_fields(hf, HF_FIELDS, directory / CONFIG_FILE,
                  required=("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"))
-    if hf.get("model_type") != "vit":
-        raise CheckpointError(f"{directory / CONFIG_FILE}: model_type={hf.get('model_type')!r}; vitkit reads "
-                              f"HF's 'vit' models")
     if hf.get("hidden_act", "gelu") not in GELUS or hf.get("pooler_act", "tanh") != "tanh":
         raise CheckpointError(f"{directory / CONFIG_FILE}: hidden_act={hf.get('hidden_act')!r}, "
                               f"pooler_act={hf.get('pooler_act')!r}; expected hidden_act in {sorted(GELUS)} "
@@ -218,11 +215,12 @@ def processor_geometry(config: ViTConfig, directory: str | Path) -> dict[str, An
 
 
 def write_hf_directory(directory: str | Path, config: ViTConfig, hf: dict[str, Any],
-                       state: dict[str, torch.Tensor]) -> Path:
+                       state: dict[str, torch.Tensor], geometry: dict[str, Any] | None = None) -> Path:
     """An HF directory, atomically: ``config.json`` (``hf``), the weights (``state`` in HF's names) and a
-    ``preprocessor_config.json`` with the checkpoint's size, input statistics and crop fraction."""
+    ``preprocessor_config.json`` with the checkpoint's input statistics and ``geometry`` (the processor's class
+    and sizes; by default :func:`processor_geometry`'s: its size and crop fraction)."""
     mean, std = config.input_statistics
-    processor = {**processor_geometry(config, directory), "resample": 2, "do_rescale": True,
+    processor = {**(geometry or processor_geometry(config, directory)), "resample": 2, "do_rescale": True,
                  "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(mean), "image_std": list(std)}
     weights = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
     with atomic_directory(directory) as staging:

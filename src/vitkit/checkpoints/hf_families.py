@@ -1,8 +1,8 @@
 """HF transformers' vision towers of the families on the ViT skeleton: ``deit`` (the distilled
 ``DeiTForImageClassificationWithTeacher`` and ``DeiTModel``), ``dinov2``, ``dinov2_with_registers``,
-``clip_vision_model`` (``CLIPVisionModel``, also ``...WithProjection``), ``siglip_vision_model``, and the
-whole ``clip`` and ``siglip`` models, whose vision tower is read and whose text tower is left out with a
-warning.
+``clip_vision_model`` (``CLIPVisionModel``, also ``...WithProjection``), ``siglip_vision_model``,
+``siglip2_vision_model``, and the whole ``clip``, ``siglip`` and ``siglip2`` models, whose vision tower is read
+and whose text tower is left out with a warning.
 
 What HF computes differently from timm, and how the reader makes it the same:
 - DINOv2 with registers adds the position table to [class] and the patches and then inserts the registers;
@@ -12,6 +12,10 @@ What HF computes differently from timm, and how the reader makes it the same:
 - SigLIP's attention-pool head is a ``torch.nn.MultiheadAttention`` whose packed input projection is split
   into the probe's query and the tokens' keys and values.
 - DINOv2's ``mask_token`` only replaces masked patches at pre-training (``bool_masked_pos``) and is dropped.
+- SigLIP 2 embeds patches by a Linear over each patch's pixels flattened as (row, column, channel): it is
+  vitkit's patch kernel rearranged. Its table of ``num_patches`` positions is resampled to each image's grid
+  bilinearly with antialias (vitkit's ``pos_interp``); at one image size with every patch valid this is
+  vitkit's forward on the image (NaFlex batches of several sizes and padded patches are another path).
 - ``DeiTModel``'s pooler (Linear + tanh on [class]) is vitkit's pre-logits layer, as for HF's ViT.
 Numerics (LayerNorm eps, activation) come from ``config.json``, with each family's HF defaults.
 """
@@ -32,17 +36,22 @@ from .hf import (CONFIG_FILE, GELUS, HF_ACTIVATIONS, HF_FIELDS, VIT_NAMES, hf_la
 from .inference import infer_config
 from .names import Names, clip_token_and_head, fuse_qkv, rename, split_qkv, with_prefix_positions, without_text_tower
 
-# model_type -> (family, HF's default layer_norm_eps, default hidden_act, whether its position tables are
-# resampled (bicubic) with antialias).
+# model_type -> (family, HF's default layer_norm_eps, default hidden_act, how its position tables are resampled:
+# the mode and whether with antialias).
+_BICUBIC, _SIGLIP2 = ("bicubic", False), ("bilinear", True)
 MODEL_TYPES = {
-    "deit": ("deit", 1e-12, "gelu", False),
-    "dinov2": ("dinov2", 1e-6, "gelu", False),
-    "dinov2_with_registers": ("dinov2", 1e-6, "gelu", True),
-    "clip_vision_model": ("clip", 1e-5, "quick_gelu", False),
-    "clip": ("clip", 1e-5, "quick_gelu", False),
-    "siglip_vision_model": ("siglip", 1e-6, "gelu_pytorch_tanh", False),
-    "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh", False),
+    "deit": ("deit", 1e-12, "gelu", _BICUBIC),
+    "dinov2": ("dinov2", 1e-6, "gelu", _BICUBIC),
+    "dinov2_with_registers": ("dinov2", 1e-6, "gelu", ("bicubic", True)),
+    "clip_vision_model": ("clip", 1e-5, "quick_gelu", _BICUBIC),
+    "clip": ("clip", 1e-5, "quick_gelu", _BICUBIC),
+    "siglip_vision_model": ("siglip", 1e-6, "gelu_pytorch_tanh", _BICUBIC),
+    "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh", _BICUBIC),
+    "siglip2_vision_model": ("siglip2", 1e-6, "gelu_pytorch_tanh", _SIGLIP2),
+    "siglip2": ("siglip2", 1e-6, "gelu_pytorch_tanh", _SIGLIP2),
 }
+WHOLE = ("clip", "siglip", "siglip2")  # model types of image and text towers together
+SIGLIPS = ("siglip", "siglip2")
 TEXT_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 
 _DINO = "encoder.layer.{i}."
@@ -97,28 +106,26 @@ NAMES = {
         *_TOWER_NAMES,
     ]),
 }
-
-
-def is_hf_family(hf: dict[str, Any]) -> bool:
-    return hf.get("model_type") in MODEL_TYPES
+NAMES["siglip2"] = NAMES["siglip"]  # the patch embedding is a Linear, of the same name
 
 
 def read_hf_family(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
                    ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF directory of a family on the ViT skeleton whose ``config.json`` the caller has parsed into ``hf``."""
-    family, default_eps, default_act, antialias = MODEL_TYPES[hf["model_type"]]
-    nested = hf["model_type"] in ("clip", "siglip") and "vision_config" in hf
+    family, default_eps, default_act, (interp, antialias) = MODEL_TYPES[hf["model_type"]]
+    nested = hf["model_type"] in WHOLE and "vision_config" in hf
     tower = hf["vision_config"] if nested else hf
-    check_fields(tower, HF_FIELDS, directory / CONFIG_FILE, required=("num_attention_heads",),
-                 within="vision_config." if nested else "")
+    check_fields(tower, {**HF_FIELDS, "num_patches": "count"}, directory / CONFIG_FILE,
+                 required=("num_attention_heads",), within="vision_config." if nested else "")
     act = tower.get("hidden_act", default_act)
     if act not in GELUS and not (family == "dinov2" and tower.get("use_swiglu_ffn")):
         raise CheckpointError(f"{directory / CONFIG_FILE}: hidden_act={act!r}; expected one of {sorted(GELUS)}")
     weights = hub_weights_file(directory, "an HF")
     state = _vision_tower(read_weights(weights), family, weights)
-    state = _to_vitkit(fuse_qkv(rename(state, NAMES[family], str(weights))), family)
+    state = fuse_qkv(rename(state, NAMES[family], str(weights)))
+    state = _to_vitkit(state, (tower.get("num_channels", 3), tower.get("patch_size", 16)), weights)
     settings = dict(num_heads=tower["num_attention_heads"], ln_eps=tower.get("layer_norm_eps", default_eps),
-                    gelu=GELUS.get(act, "exact"), pos_interp="bicubic", pos_interp_antialias=antialias,
+                    gelu=GELUS.get(act, "exact"), pos_interp=interp, pos_interp_antialias=antialias,
                     no_embed_class="reg_token" in state,
                     provenance=Provenance(format=f"hf-{family}", source=str(directory),
                                           **read_preprocessing(directory, tower.get("num_channels", 3))))
@@ -131,7 +138,8 @@ def _vision_tower(state: dict[str, torch.Tensor], family: str, source: Path) -> 
     """The vision tower's weights without their model prefix; a text tower is left out with a warning, and
     heads vitkit's model does not have are refused."""
     text = [key for key in state if key.startswith(TEXT_TOWER)]
-    prefixes = {"deit": "deit.", "clip": "vision_model.", "siglip": "vision_model.", "dinov2": "dinov2."}
+    prefixes = {"deit": "deit.", "clip": "vision_model.", "siglip": "vision_model.", "siglip2": "vision_model.",
+                "dinov2": "dinov2."}
     tower = {key.removeprefix(prefixes[family]): value
              for key, value in without_text_tower(state, text, family.upper(), source).items()}
     refused = {
@@ -145,9 +153,19 @@ def _vision_tower(state: dict[str, torch.Tensor], family: str, source: Path) -> 
     return {key: value for key, value in tower.items() if key != "embeddings.mask_token"}
 
 
-def _to_vitkit(state: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
-    """Shapes and layouts HF keeps differently: see the module's docstring."""
+def _to_vitkit(state: dict[str, torch.Tensor], patch_shape: tuple[int, int], source: Path
+               ) -> dict[str, torch.Tensor]:
+    """Shapes and layouts HF keeps differently (see the module's docstring); ``patch_shape`` is the config's
+    (channels, patch side), the shape of SigLIP 2's flattened patches."""
     state = clip_token_and_head(state)
+    linear = state.get("patch_embed.proj.weight")
+    if linear is not None and linear.ndim == 2:  # SigLIP 2: (D, P * P * C), each patch flattened as (row, col, C)
+        channels, patch = patch_shape
+        if linear.shape[1] != patch * patch * channels:
+            raise CheckpointError(f"{source}: embeddings.patch_embedding.weight of shape {tuple(linear.shape)}; "
+                                  f"expected (hidden_size, {patch * patch * channels}) for patch_size={patch} "
+                                  f"and num_channels={channels}")
+        state["patch_embed.proj.weight"] = linear.reshape(-1, patch, patch, channels).permute(0, 3, 1, 2)
     if "reg_token" in state:  # HF's [class] took a position row; the registers and vitkit's prefix take none
         table = state["pos_embed.weight"]
         state["cls_token"] = state["cls_token"] + table[:, :1]
@@ -167,8 +185,8 @@ def hf_family_of(config: ViTConfig) -> str | None:
         return "deit"
     if config.pre_norm:
         return "clip"
-    if config.pool == "map":
-        return "siglip"
+    if config.pool == "map":  # SigLIP 2 where the table is resampled as SigLIP 2 does
+        return "siglip2" if (config.pos_interp, config.pos_interp_antialias) == _SIGLIP2 else "siglip"
     if config.layer_scale is not None or config.reg_tokens:
         return "dinov2"
     return None
@@ -177,13 +195,14 @@ def hf_family_of(config: ViTConfig) -> str | None:
 def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
     """Export as the HF model of the config's family: ``DeiTForImageClassificationWithTeacher`` (or
     ``DeiTModel``), ``Dinov2Model`` / ``Dinov2WithRegistersModel``, ``CLIPVisionModel`` (with projection
-    for a bias-free head), ``SiglipVisionModel``; what that model cannot hold is refused, naming it."""
+    for a bias-free head), ``SiglipVisionModel``, ``Siglip2VisionModel`` (with a processor of its patches);
+    what that model cannot hold is refused, naming it."""
     config, family = model.config, hf_family_of(model.config)
     state = model.state_dict()
     height, width = config.image_size
     options = config.family_options()
     allowed = {"deit": {"dist_token", "no_embed_class"}, "dinov2": {"layer_scale", "reg_tokens", "no_embed_class"},
-               "clip": {"pre_norm", "patch_bias"}, "siglip": set()}[family]
+               "clip": {"pre_norm", "patch_bias"}, "siglip": set(), "siglip2": set()}[family]
     head = state.get("head.bias")
     unsupported = [f"{name}={value!r}" for name, value in options.items() if name not in allowed] + [
         reason for reason, bad in [
@@ -192,11 +211,11 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
             ("hybrid backbone", config.backbone is not None),
             ("representation_size", config.representation_size and (family != "deit" or config.num_classes)),
             ("a bias-free qkv", not config.qkv_bias), ("gelu='quick'", config.gelu == "quick" and family != "clip"),
-            ("pool other than 'token'", family != "siglip" and config.pool != "token"),
-            ("a [class] token", family == "siglip" and config.class_token),
+            ("pool other than 'token'", family not in SIGLIPS and config.pool != "token"),
+            ("a [class] token", family in SIGLIPS and config.class_token),
             ("position rows for the registers (no_embed_class=False)", config.reg_tokens and not config.no_embed_class),
             ("patch bias", family == "clip" and config.patch_bias),
-            ("a head (HF's classifiers pool differently)", family in ("dinov2", "siglip") and config.num_classes),
+            ("a head (HF's classifiers pool differently)", family in ("dinov2", *SIGLIPS) and config.num_classes),
             ("a head bias (CLIP's projection has none)", family == "clip" and head is not None and head.any()),
         ] if bad]
     if unsupported:
@@ -229,7 +248,8 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
         state = {key: value for key, value in state.items() if key != "head.bias"}
         state["cls_token"] = state["cls_token"].reshape(-1)
     else:
-        hf.update(model_type="siglip_vision_model", architectures=["SiglipVisionModel"], vision_use_head=True)
+        hf.update(model_type=f"{family}_vision_model", vision_use_head=True,
+                  architectures=["Siglip2VisionModel" if family == "siglip2" else "SiglipVisionModel"])
         state = {key: value for key, value in state.items() if not key.startswith(("attn_pool.q.", "attn_pool.kv."))}
         for leaf in ("weight", "bias"):
             state[f"attn_pool.in_proj.{leaf}"] = torch.cat([model.state_dict()[f"attn_pool.q.{leaf}"],
@@ -239,8 +259,15 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
         state["pos_embed.weight"] = torch.cat([table.new_zeros(1, 1, table.shape[-1]), table], dim=1)
     else:
         state = with_prefix_positions(config, state)[1]
-    if family in ("clip", "siglip"):  # an nn.Embedding's (tokens, D) table
+    if family in ("clip", *SIGLIPS):  # an nn.Embedding's (tokens, D) table
         state["pos_embed.weight"] = state["pos_embed.weight"][0]
+    geometry = None
+    if family == "siglip2":  # patches flattened as (row, column, channel) into a Linear; a processor that cuts them
+        del hf["image_size"]
+        hf["num_patches"] = config.grid_size[0] * config.grid_size[1]
+        state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"].permute(0, 2, 3, 1).reshape(config.dim, -1)
+        geometry = {"image_processor_type": "Siglip2ImageProcessor", "do_resize": True,
+                    "patch_size": config.patch_size, "max_num_patches": hf["num_patches"]}
     prefix = {"deit": "deit." if classify else "", "clip": "vision_model.", "siglip": "vision_model."}.get(family, "")
     written = {}
     for name, tensor in split_qkv(state).items():
@@ -249,4 +276,4 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
         written[theirs if top_level else prefix + theirs] = tensor
     if family == "dinov2":  # used only on masked patches at pre-training; zero as HF initialises it
         written["embeddings.mask_token"] = torch.zeros(1, config.dim)
-    return write_hf_directory(directory, config, hf, written)
+    return write_hf_directory(directory, config, hf, written, geometry)

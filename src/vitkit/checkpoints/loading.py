@@ -8,14 +8,17 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, VitkitError
+from ..errors import CheckpointError, VitkitError, abridged
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from . import hub
 from .files import read_json_object, read_safetensors, read_weights
 from .google import read_npz
 from .hf import is_hf_config, read_hf
-from .hf_families import is_hf_family, read_hf_family
+from .hf_families import MODEL_TYPES as HF_FAMILY_TYPES
+from .hf_families import read_hf_family
+from .hf_recent import MODEL_TYPES as HF_RECENT_TYPES
+from .hf_recent import read_hf_recent
 from .inference import SURGERY, kept_overrides, refuse_unsupported
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
@@ -29,9 +32,9 @@ def load(path: str | Path, **overrides: Any) -> VisionTransformer:
     """Load a checkpoint of any supported format as a ready ``VisionTransformer`` (in eval mode).
 
     ``path`` is a vitkit directory, an HF transformers or timm hub directory (ViT, DeiT, DINOv2, CLIP,
-    SigLIP), a Google ``.npz``, a timm, torchvision or open_clip state dict (``.safetensors``, or
-    ``.pth``/``.bin``/``.pt`` read with ``weights_only``), or a remote name (``hf-hub:ORG/NAME``,
-    ``gs://vit_models/...``). ``overrides`` change config fields:
+    SigLIP; HF's DINOv3, AIMv2 and SigLIP 2; timm's families of 2023-25), a Google ``.npz``, a timm,
+    torchvision or open_clip state dict (``.safetensors``, or ``.pth``/``.bin``/``.pt`` read with
+    ``weights_only``), or a remote name (``hf-hub:ORG/NAME``, ``gs://vit_models/...``). ``overrides`` change config fields:
     settings the file cannot tell (``num_heads`` of a packed qkv) and numerics are set before the
     weights are loaded; after loading, ``patch_size`` resamples the patch kernel (FlexiViT) and the
     position table, ``image_size`` resamples the position table and ``num_classes`` puts a new
@@ -66,8 +69,7 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTCo
             return *read_open_clip_directory(path, overrides), source
         config_json = read_json_object(path / CONFIG_FILE)  # HF's, timm's or vitkit's: parsed once, passed on
         if is_hf_config(config_json):
-            reader = read_hf_family if is_hf_family(config_json) else read_hf
-            return *reader(path, config_json, overrides), source
+            return *read_hf_directory(path, config_json, overrides), source
         if is_timm_config(config_json):
             return *read_timm_directory(path, config_json, overrides), source
         if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists():
@@ -93,6 +95,25 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTCo
                           f"'pos_embed', torchvision's 'conv_proj.weight' + 'encoder.pos_embedding', or "
                           f"open_clip's 'visual.conv1.weight'); "
                           f"found {sorted(state)[:6]} ...")
+
+
+# HF's model_type -> the reader of its directories.
+HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
+              **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent)}
+
+
+def read_hf_directory(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
+                      ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """An HF transformers directory, read by its ``model_type``; one vitkit does not read is refused naming it
+    (and the architecture its config gives) beside those it reads."""
+    model_type = hf.get("model_type")
+    if not (isinstance(model_type, str) and model_type in HF_READERS):
+        architectures = hf.get("architectures")
+        named = f" ({architectures[0]})" if isinstance(architectures, list) and architectures and isinstance(
+            architectures[0], str) else ""
+        raise CheckpointError(f"{directory / CONFIG_FILE}: model_type={abridged(model_type)}{named} is not a model "
+                              f"vitkit reads; it reads HF's {', '.join(HF_READERS)}")
+    return HF_READERS[model_type](directory, hf, overrides)
 
 
 def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
