@@ -198,18 +198,16 @@ AIMV2_LIKE = dict(norm="rms", patch_norm=True, mlp="swiglu", class_token=False)
 @pytest.mark.parametrize("cls, config", [
     ("DINOv3ViTModel", dict(DINOV3_LIKE, reg_tokens=1, mlp="swiglu", patch_bias=False, gelu="quick")),
     ("DINOv3ViTModel", dict(DINOV3_LIKE, qkv_bias=False, proj_bias=False, layer_scale=None, image_size=(32, 40))),
-    ("Aimv2VisionModel", dict(AIMV2_LIKE, pool="map", k_bias=False, proj_bias=False, patch_bias=False)),
-    ("Aimv2VisionModel", dict(AIMV2_LIKE, pool="map", qkv_bias=False, pool_heads=4)),
+    ("Aimv2VisionModel", dict(AIMV2_LIKE, pool="map", pool_mlp_dim=0, k_bias=False, proj_bias=False,
+                              patch_bias=False)),
+    ("Aimv2VisionModel", dict(AIMV2_LIKE, pool="map", pool_mlp_dim=0, qkv_bias=False, pool_heads=4)),
 ])
 def test_vitkit_models_written_for_transformers_give_vitkits_outputs(tmp_path, cls, config):
     """What HF has and vitkit's config leaves out is written as zero biases and unit LayerScale; an attention pool
-    whose MLP is zero is AIMv2's head, its query projection folded into the query."""
+    without an MLP is AIMv2's head, its query projection folded into the query."""
     model = randomised(vitkit.create_model(vitkit.ViTConfig(**{**ROPE_VIT, "depth": 2, **config})))
-    if model.attn_pool is not None:
-        torch.nn.init.zeros_(model.attn_pool.mlp.fc2.weight)
-        torch.nn.init.zeros_(model.attn_pool.mlp.fc2.bias)
-        if not model.config.qkv_bias:
-            torch.nn.init.zeros_(model.attn_pool.kv.bias)
+    if model.attn_pool is not None and not model.config.qkv_bias:
+        torch.nn.init.zeros_(model.attn_pool.kv.bias)
     export(model, tmp_path / "hf", "hf")
     peer = reloaded_by_transformers(getattr(transformers, cls), tmp_path / "hf")
     for shape in (NATIVE, OTHER) if cls == "DINOv3ViTModel" else (NATIVE,):
@@ -224,7 +222,7 @@ def test_vitkit_models_written_for_transformers_give_vitkits_outputs(tmp_path, c
      "HF's DINOv3ViTModel cannot hold qk_norm=True, pool='gap'"),
     (dict(norm="rms", patch_norm=True, mlp="swiglu"), "HF's Aimv2VisionModel cannot hold a [class] token"),
     (dict(norm="rms", patch_norm=True, mlp="swiglu", class_token=False, pool="map"),
-     "HF's Aimv2VisionModel cannot hold an attention pool whose MLP is not zero (AIMv2's head has none)"),
+     "HF's Aimv2VisionModel cannot hold an attention pool with an MLP (pool_mlp_dim=None; AIMv2's head has none)"),
     (dict(norm="rms", class_token=False, pool="gap", image_size=(32, 40)),
      "HF's Aimv2VisionModel cannot hold patch_norm=False, mlp='gelu', non-square images"),
 ])

@@ -142,7 +142,7 @@ def _aimv2_fields(hf: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[
     fields = dict(_common_fields(hf, path, 1, ""), image_size=hf.get("image_size", 224),
                   patch_size=hf.get("patch_size", 14), norm="rms", ln_eps=hf.get("rms_norm_eps", 1e-5),
                   patch_norm=True, mlp="swiglu", class_token=False, pool="map" if head else "gap",
-                  pool_mlp_dim=1 if head else None, pos_interp="bicubic", pos_interp_antialias=True)
+                  pool_mlp_dim=0 if head else None, pos_interp="bicubic", pos_interp_antialias=True)
     qkv = hf.get("qkv_bias", False)
     return fields, dict(q=qkv, k=qkv, v=qkv, proj=qkv, mlp=hf.get("mlp_bias", False))
 
@@ -194,9 +194,9 @@ def _dinov3_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _aimv2_layout(state: dict[str, torch.Tensor], fields: dict[str, Any], kv_bias: bool) -> dict[str, torch.Tensor]:
-    """AIMv2's (N, D) position table as vitkit's (1, N, D); its head as vitkit's attention pool: keys and values
-    packed (with zero biases where the blocks have none), an identity query projection, and a zero MLP (its norm
-    at ones) that adds nothing."""
+    """AIMv2's (N, D) position table as vitkit's (1, N, D); its head as vitkit's attention pool without an MLP
+    (``pool_mlp_dim=0``): keys and values packed (with zero biases where the blocks have none), an identity query
+    projection (the query is a learned constant either way)."""
     state = dict(state)
     if "pos_embed.weight" in state:
         state["pos_embed.weight"] = state["pos_embed.weight"].unsqueeze(0)
@@ -205,12 +205,7 @@ def _aimv2_layout(state: dict[str, torch.Tensor], fields: dict[str, Any], kv_bia
     dim, dtype = fields["dim"], _dtype(state)
     _take(state, "attn_pool.kv.weight", ["attn_pool.k.weight", "attn_pool.v.weight"])
     _take(state, "attn_pool.kv.bias", ["attn_pool.k.bias", "attn_pool.v.bias"] if kv_bias else [2 * dim])
-    state.update({"attn_pool.q.weight": torch.eye(dim, dtype=dtype), "attn_pool.q.bias": torch.zeros(dim, dtype=dtype),
-                  "attn_pool.norm.weight": torch.ones(dim, dtype=dtype),
-                  "attn_pool.mlp.fc1.weight": torch.zeros(1, dim, dtype=dtype),
-                  "attn_pool.mlp.fc1.bias": torch.zeros(1, dtype=dtype),
-                  "attn_pool.mlp.fc2.weight": torch.zeros(dim, 1, dtype=dtype),
-                  "attn_pool.mlp.fc2.bias": torch.zeros(dim, dtype=dtype)})
+    state.update({"attn_pool.q.weight": torch.eye(dim, dtype=dtype), "attn_pool.q.bias": torch.zeros(dim, dtype=dtype)})
     return state
 
 
@@ -297,8 +292,8 @@ def _aimv2_hf(config: ViTConfig, state: dict[str, torch.Tensor]
         (f"mlp={config.mlp!r}", config.mlp != "swiglu"), ("a [class] token", config.class_token),
         (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"), ("non-square images", height != width),
         (f"pool_heads={config.pool_heads!r}", config.pool_heads not in (None, config.num_heads)),
-        ("an attention pool whose MLP is not zero (AIMv2's head has none)",
-         head and bool(pool["mlp.fc2.weight"].any() or pool["mlp.fc2.bias"].any())),
+        (f"an attention pool with an MLP (pool_mlp_dim={config.pool_mlp_dim!r}; AIMv2's head has none)",
+         head and config.pool_mlp_dim != 0),
         ("a key/value bias in the attention pool without biases in the blocks",
          head and not qkv_bias and bool(pool["kv.bias"].any())),
     ]

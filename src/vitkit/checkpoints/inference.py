@@ -115,8 +115,8 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
                                      for s in range(stages)))
     if "attn_pool.probe" in state:
         config["pool"] = "map"
-        pool_width = state["attn_pool.mlp.fc1.weight"].shape[0] if "attn_pool.mlp.fc1.weight" in state else None
-        if pool_width not in (None, config["mlp_dim"]):  # PE-G: the pool's MLP is 4 D, the blocks' narrower
+        pool_width = state["attn_pool.mlp.fc1.weight"].shape[0] if "attn_pool.mlp.fc1.weight" in state else 0
+        if pool_width != config["mlp_dim"]:  # PE-G: the pool's MLP is 4 D, the blocks' narrower; AIMv2's has none
             config["pool_mlp_dim"] = pool_width
     else:
         config["pool"] = "gap" if config["fc_norm"] or not config["class_token"] else "token"

@@ -160,7 +160,7 @@ class ViTConfig:
     rope_xy: bool = False  # the column (x) coordinate takes the first half of the frequencies, else the row
     rope_half: bool = False  # rotate the two halves of each head against each other, else neighbouring pairs
     pool_heads: int | None = None  # heads of the attention pool (pool='map'); None: num_heads (PE: 8)
-    pool_mlp_dim: int | None = None  # width of the attention pool's MLP; None: mlp_dim (PE-G: 4 D)
+    pool_mlp_dim: int | None = None  # width of the attention pool's MLP; None: mlp_dim (PE-G: 4 D); 0: none (AIMv2)
     pool_prefix: bool = False  # pooling ('gap', 'map') takes the prefix tokens too, not the patches alone (PE)
     pool: str = "token"
     fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
@@ -235,9 +235,9 @@ class ViTConfig:
         real("rope_offset", -1e6)
         real("rope_theta", 0.0)
         need(self.rope_theta > 1, f"rope_theta={self.rope_theta!r}, expected a number > 1")
-        for name in ("rope_ref_grid", "pool_heads", "pool_mlp_dim"):
+        for name, low in (("rope_ref_grid", 1), ("pool_heads", 1), ("pool_mlp_dim", 0)):
             value = getattr(self, name)
-            need(value is None or (is_int(value) and value >= 1), f"{name}={value!r}, expected null or an int >= 1")
+            need(value is None or (is_int(value) and value >= low), f"{name}={value!r}, expected null or an int >= {low}")
         size = self.representation_size
         need(size is None or (is_int(size) and size >= 1),
              f"representation_size={size!r}, expected null or an int >= 1")

@@ -243,8 +243,9 @@ class AttentionPool(nn.Module):
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.norm = make_norm(c, dim)
-        self.mlp = Mlp(dim, c.pool_mlp_dim or c.mlp_dim, c.gelu)
+        width = c.mlp_dim if c.pool_mlp_dim is None else c.pool_mlp_dim
+        self.norm = make_norm(c, dim) if width else None  # Option pool_mlp_dim=0: the attention alone (AIMv2)
+        self.mlp = Mlp(dim, width, c.gelu) if width else None
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T, D) tokens -> (B, D) pooled; ``mask`` (B, T) bool marks the tokens that may be attended to."""
@@ -253,4 +254,4 @@ class AttentionPool(nn.Module):
         k, v = self.kv(tokens).reshape(batch, count, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         keys = None if mask is None else mask[:, None, None, :]
         pooled = self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=keys).transpose(1, 2).reshape(batch, dim))
-        return pooled + self.mlp(self.norm(pooled))
+        return pooled if self.mlp is None else pooled + self.mlp(self.norm(pooled))
