@@ -18,7 +18,7 @@ import torch
 
 from . import __version__
 from .analysis import inputs
-from .analysis.attention import HEAD_FUSIONS
+from .analysis.attention import HEAD_FUSIONS, READOUTS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import export, load
 from .checkpoints.convert import FORMATS
@@ -183,7 +183,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     images, shown = inputs.prepare(pictures, checkpoint_transform(config, args.resize, size, mean, std))
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device))
+                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout)
     print(f"analysed {len(images)} images at {size[0]}x{size[1]}: {len(result.figures)} figures, "
           f"report {result.out / REPORT_FILE}")
     return 0
@@ -546,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     analyze.add_argument("--discard-ratio", type=_fraction, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")
+    analyze.add_argument("--readout", choices=list(READOUTS),
+                         help="the output token rolled out from: token, the [class] token; mean, the mean of the patch "
+                              "tokens (default: what the model's head reads, [class] under pool='token')")
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
     _resize_flag(analyze)

@@ -1,5 +1,6 @@
 """What the embeddings learned (figure 7 left and centre): the principal components of the
-patch-embedding filters and the cosine similarity between position embeddings."""
+patch-embedding filters and the cosine similarity between position embeddings, or, in a model with rotary
+position embeddings, between the patches' rotary phases."""
 
 from __future__ import annotations
 
@@ -31,6 +32,21 @@ def position_table(model: nn.Module) -> tuple[torch.Tensor, tuple[int, int]]:
     with torch.no_grad():
         table = embedding(grid)
     return table[0, embedding.prefix:].detach(), grid
+
+
+def rope_phases(model: nn.Module, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    """The rotary phase vector of every patch, (rows*cols, width): its row of [cos; sin] in ``model.rope``'s
+    table for ``grid`` (the model's native grid by default), prefix rows dropped. With learned mixed frequencies
+    (RoPE-ViT) the rows of every block and head are concatenated, so the cosine similarity of two vectors is the
+    average over blocks and heads of the per-head similarities (every head's row has the same norm)."""
+    rope = getattr(model, "rope", None)
+    if rope is None:
+        raise ConfigError("the model has no rotary position embeddings (rope='none')")
+    grid = tuple(model.config.grid_size if grid is None else grid)
+    with torch.no_grad():
+        table = rope(grid, next(model.parameters()).device)  # (2, [depth, heads,] prefix + N, d)
+    patches = table[..., model.config.num_prefix_tokens:, :].detach().float().cpu()
+    return patches.movedim(-2, 0).reshape(grid[0] * grid[1], -1)
 
 
 def filter_components(weight: torch.Tensor, count: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
