@@ -445,13 +445,26 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """Top-k labels with probabilities for each image file."""
+    """Top-k labels with probabilities for each image file; with --features, each image's dense patch features
+    and pooled embedding written to one file."""
     from .evaluate import predict
+    from .evaluate.predict import feature_file, save_features
 
+    if args.features:
+        feature_file(args.features)
+        if Path(args.checkpoint).suffix in (".onnx", ".xml"):
+            raise ConfigError(f"--features: {args.checkpoint} is an exported graph that gives logits only; pass the "
+                              "checkpoint it was exported from")
     model, device, dtype = inference_model(args)
-    for prediction in predict(model, args.images, args.top_k, device, dtype, args.resize):
+    predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
+                          args.keep_aspect)
+    for prediction in predictions:
         ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
+        if prediction.features is not None:
+            ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
         print(f"{prediction.path}: {ranked}")
+    if args.features:
+        print(f"dense features and embeddings in {save_features(predictions, args.features)}")
     return 0
 
 
@@ -626,6 +639,11 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(predict_, help="anything vitkit.load reads, or an .onnx file")
     predict_.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     predict_.add_argument("--top-k", type=_positive, default=5)
+    predict_.add_argument("--features", metavar="OUT", help="also write each image's dense patch features (D, H/P, "
+                          "W/P) and pooled embedding to OUT (.npz or .safetensors)")
+    predict_.add_argument("--keep-aspect", action="store_true",
+                          help="resize each image to its own aspect ratio, the shorter side to the model's, both "
+                               "sides rounded to the patch size (no crop), instead of --resize")
     _resize_flag(predict_)
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)

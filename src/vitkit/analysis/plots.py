@@ -116,3 +116,20 @@ def filters_figure(components: torch.Tensor, columns: int = 7):
                    if components.shape[1] == 3 else f"embedding filters (first {len(tiles)} principal components)",
                    fontsize=9)
     return figure
+
+
+def features_figure(image: np.ndarray, colours: torch.Tensor, title: str = ""):
+    """The input image beside its dense features' principal components as colours (``feature_colours``), one
+    patch a pixel block."""
+    Figure, _ = _matplotlib()
+    figure = Figure(figsize=(9, 3.4), dpi=110)
+    left, right = figure.subplots(1, 2)
+    left.imshow(image, cmap="gray" if image.ndim == 2 else None)
+    right.imshow(colours.numpy(), interpolation="nearest")
+    for axes in (left, right):
+        axes.set_axis_off()
+    left.set_title(f"input, {image.shape[0]}x{image.shape[1]} px", fontsize=9)
+    right.set_title(f"PCA of the {colours.shape[0]}x{colours.shape[1]} patch features as RGB", fontsize=9)
+    if title:
+        figure.suptitle(title, fontsize=10)
+    return figure
