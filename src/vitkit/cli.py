@@ -18,7 +18,7 @@ import torch
 
 from . import __version__
 from .analysis import inputs
-from .analysis.attention import HEAD_FUSIONS
+from .analysis.attention import HEAD_FUSIONS, READOUTS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import export, load
 from .checkpoints.convert import FORMATS
@@ -184,7 +184,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     images, shown = inputs.prepare(pictures, checkpoint_transform(config, args.resize, size, mean, std))
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device))
+                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout)
     print(f"analysed {len(images)} images at {size[0]}x{size[1]}: {len(result.figures)} figures, "
           f"report {result.out / REPORT_FILE}")
     return 0
@@ -476,13 +476,26 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """Top-k labels with probabilities for each image file."""
+    """Top-k labels with probabilities for each image file; with --features, each image's dense patch features
+    and pooled embedding written to one file."""
     from .evaluate import predict
+    from .evaluate.predict import feature_file, save_features
 
+    if args.features:
+        feature_file(args.features)
+        if Path(args.checkpoint).suffix in (".onnx", ".xml"):
+            raise ConfigError(f"--features: {args.checkpoint} is an exported graph that gives logits only; pass the "
+                              "checkpoint it was exported from")
     model, device, dtype = inference_model(args)
-    for prediction in predict(model, args.images, args.top_k, device, dtype, args.resize):
+    predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
+                          args.keep_aspect)
+    for prediction in predictions:
         ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
+        if prediction.features is not None:
+            ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
         print(f"{prediction.path}: {ranked}")
+    if args.features:
+        print(f"dense features and embeddings in {save_features(predictions, args.features)}")
     return 0
 
 
@@ -590,6 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     analyze.add_argument("--discard-ratio", type=_fraction, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")
+    analyze.add_argument("--readout", choices=list(READOUTS),
+                         help="the output token rolled out from: token, the [class] token; mean, the mean of the patch "
+                              "tokens (default: what the model's head reads, [class] under pool='token')")
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
     _resize_flag(analyze)
@@ -676,6 +692,11 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(predict_, help="anything vitkit.load reads, or an .onnx file")
     predict_.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     predict_.add_argument("--top-k", type=_positive, default=5)
+    predict_.add_argument("--features", metavar="OUT", help="also write each image's dense patch features (D, H/P, "
+                          "W/P) and pooled embedding to OUT (.npz or .safetensors)")
+    predict_.add_argument("--keep-aspect", action="store_true",
+                          help="resize each image to its own aspect ratio, the shorter side to the model's, both "
+                               "sides rounded to the patch size (no crop), instead of --resize")
     _resize_flag(predict_)
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)

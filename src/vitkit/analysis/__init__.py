@@ -1,10 +1,12 @@
 """Inspecting a Vision Transformer (section 4.5): attention maps, attention rollout, mean attention
-distance, position-embedding similarity, patch-filter principal components, figures and a report."""
+distance, position-embedding (or rotary-phase) similarity, patch-filter principal components, figures and a
+report; and the dense patch features of any image size."""
 
 from .attention import (attention_maps, attention_rollout, capture_attention, mean_attention_distance,
-                        patch_distances, rollout_matrix)
-from .embeddings import filter_components, patch_filters, position_similarity, position_table
+                        output_readout, patch_distances, rollout_matrix)
+from .embeddings import filter_components, patch_filters, position_similarity, position_table, rope_phases
+from .features import feature_colours, patch_features
 
-__all__ = ["attention_maps", "attention_rollout", "capture_attention", "mean_attention_distance",
+__all__ = ["attention_maps", "attention_rollout", "capture_attention", "mean_attention_distance", "output_readout",
            "patch_distances", "rollout_matrix", "filter_components", "patch_filters", "position_similarity",
-           "position_table"]
+           "position_table", "rope_phases", "feature_colours", "patch_features"]

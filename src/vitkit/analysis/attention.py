@@ -2,7 +2,8 @@
 (Abnar & Zuidema, 2020) back onto the image, and the mean attention distance of every head.
 
 Attention tensors here are shaped (layers, batch, heads, tokens, tokens); the first ``tokens - rows*cols``
-tokens are prefix tokens (the [class] token), the rest the patches of a (rows, cols) grid in row-major order.
+tokens are prefix tokens ([class], distillation, register tokens, in that order; none in a model without them),
+the rest the patches of a (rows, cols) grid in row-major order, square or not.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from torch import nn
 from ..errors import ConfigError
 
 HEAD_FUSIONS = ("mean", "max", "min")
-READOUTS = ("token", "mean")
+# The output token whose row of the rolled-out attention is drawn, as the report names it.
+READOUTS = {"token": "the [class] token", "mean": "the mean of the patch tokens"}
 
 
 def capture_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None
@@ -92,20 +94,39 @@ def rollout_matrix(attn: torch.Tensor | Sequence[torch.Tensor], head_fusion: str
     return joint
 
 
+def output_readout(model: nn.Module, readout: str | None = None) -> str:
+    """The output token of ``model``'s rollout: ``readout`` if given (checked against the model), else what its
+    head reads: the [class] token (``"token"``) under pool='token', otherwise the mean of the patch tokens
+    (``"mean"``): what average pooling takes, what an attention pool weighs, and the only output of a model
+    without [class] (AIMv2, SigLIP, timm's reg1_gap ViTs, whose first token is a register)."""
+    config = model.config
+    chosen = readout or ("token" if config.pool == "token" else "mean")
+    if chosen not in READOUTS:
+        raise ConfigError(f"readout={chosen!r}, expected one of {list(READOUTS)}")
+    if chosen == "token" and not config.class_token:
+        raise ConfigError("readout='token' reads the [class] token, but the model has none "
+                         f"({config.num_prefix_tokens} prefix tokens, all registers); use readout='mean'")
+    return chosen
+
+
 def attention_rollout(attn: torch.Tensor | Sequence[torch.Tensor], grid: tuple[int, int] | None = None,
                       head_fusion: str = "mean", discard_ratio: float = 0.0,
-                      readout: str | None = None) -> torch.Tensor:
+                      readout: str | nn.Module | None = None) -> torch.Tensor:
     """Where the output looks in the image, (batch, rows, cols), each map scaled to a maximum of 1.
 
-    ``readout`` is the output token's row of the rolled-out attention over the patches: ``"token"``
-    (the [class] token, the default when there is a prefix token) or ``"mean"`` (the mean over patch
-    rows, for global-average-pooled models and the default without a prefix token).
+    ``readout`` names the output token, whose row of the rolled-out attention over the patches is drawn:
+    ``"token"``, the [class] token (row 0); ``"mean"``, the mean of the patch rows; or the model the attention
+    came from, which decides by its head as ``vitkit analyze`` does (:func:`output_readout`). Left out, it is
+    ``"token"`` behind prefix tokens and ``"mean"`` without; a model whose first token is a register, not
+    [class], must be passed (or ``"mean"`` named).
     """
     joint = rollout_matrix(attn, head_fusion, discard_ratio)
     prefix, (rows, cols) = _split_tokens(joint.shape[-1], grid)
+    if isinstance(readout, nn.Module):
+        readout = output_readout(readout)
     readout = readout or ("token" if prefix else "mean")
     if readout not in READOUTS:
-        raise ValueError(f"readout={readout!r}, expected one of {READOUTS}")
+        raise ValueError(f"readout={readout!r}, expected one of {list(READOUTS)}")
     if readout == "token" and not prefix:
         raise ValueError("readout='token' needs a [class] token, but the attention has no prefix token")
     patches = joint[:, 0, prefix:] if readout == "token" else joint[:, prefix:, prefix:].mean(1)

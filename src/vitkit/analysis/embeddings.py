@@ -1,5 +1,6 @@
 """What the embeddings learned (figure 7 left and centre): the principal components of the
-patch-embedding filters and the cosine similarity between position embeddings."""
+patch-embedding filters and the cosine similarity between position embeddings, or, in a model with rotary
+position embeddings, between the patches' rotary phases."""
 
 from __future__ import annotations
 
@@ -33,21 +34,40 @@ def position_table(model: nn.Module) -> tuple[torch.Tensor, tuple[int, int]]:
     return table[0, embedding.prefix:].detach(), grid
 
 
+def rope_phases(model: nn.Module, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    """The rotary phase vector of every patch, (rows*cols, width): its row of [cos; sin] in ``model.rope``'s
+    table for ``grid`` (the model's native grid by default), prefix rows dropped. With learned mixed frequencies
+    (RoPE-ViT) the rows of every block and head are concatenated, so the cosine similarity of two vectors is the
+    average over blocks and heads of the per-head similarities (every head's row has the same norm)."""
+    rope = getattr(model, "rope", None)
+    if rope is None:
+        raise ConfigError("the model has no rotary position embeddings (rope='none')")
+    grid = tuple(model.config.grid_size if grid is None else grid)
+    with torch.no_grad():
+        table = rope(grid, next(model.parameters()).device)  # (2, [depth, heads,] prefix + N, d)
+    patches = table[..., model.config.num_prefix_tokens:, :].detach().float().cpu()
+    return patches.movedim(-2, 0).reshape(grid[0] * grid[1], -1)
+
+
+def principal_components(samples: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` principal directions (count, features) of (n, features) samples, in float64, and the
+    fraction of the variance each explains. Signs are fixed so that every direction's largest-magnitude entry is
+    positive (an SVD's signs are arbitrary)."""
+    samples = samples.double()
+    _, singular, directions = torch.linalg.svd(samples - samples.mean(0), full_matrices=False)
+    directions = directions[:count]
+    directions = directions * directions.gather(1, directions.abs().argmax(1, keepdim=True)).sign()
+    variance = singular ** 2
+    return directions, variance[:len(directions)] / variance.sum()
+
+
 def filter_components(weight: torch.Tensor, count: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``count`` principal components of a (filters, channels, P, P) bank, shaped like a
-    filter, and the fraction of the variance each explains. Signs are fixed so that every
-    component's largest-magnitude entry is positive."""
+    filter, and the fraction of the variance each explains (signs as ``principal_components`` fixes them)."""
     if weight.ndim != 4:
         raise ValueError(f"expected filters of shape (filters, channels, height, width), got {tuple(weight.shape)}")
-    flat = weight.detach().reshape(weight.shape[0], -1).double()
-    _, singular, components = torch.linalg.svd(flat - flat.mean(0), full_matrices=False)
-    count = min(count, components.shape[0])
-    components = components[:count]
-    peaks = components.gather(1, components.abs().argmax(1, keepdim=True))
-    components = components * peaks.sign()
-    variance = singular ** 2
-    explained = variance[:count] / variance.sum()
-    return components.reshape(count, *weight.shape[1:]).float(), explained.float()
+    components, explained = principal_components(weight.detach().reshape(weight.shape[0], -1), count)
+    return components.reshape(len(components), *weight.shape[1:]).float(), explained.float()
 
 
 def patch_filters(model: nn.Module) -> torch.Tensor:

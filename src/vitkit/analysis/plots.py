@@ -40,8 +40,9 @@ def mosaic(tiles: np.ndarray, columns: int, gap: int = 1) -> np.ndarray:
     return canvas
 
 
-def rollout_overlay(image: np.ndarray, heat: torch.Tensor, title: str = ""):
-    """The input image beside it with the rollout map (upsampled bilinearly) laid over it."""
+def rollout_overlay(image: np.ndarray, heat: torch.Tensor, title: str = "", output: str = ""):
+    """The input image beside it with the rollout map (upsampled bilinearly) laid over it; ``output`` names the
+    output token the map was rolled out from."""
     Figure, _ = _matplotlib()
     height, width = image.shape[:2]
     figure = Figure(figsize=(6, 3.2), dpi=100)
@@ -52,7 +53,7 @@ def rollout_overlay(image: np.ndarray, heat: torch.Tensor, title: str = ""):
     right.imshow(heat.numpy(), cmap="jet", alpha=0.5, extent=(-0.5, width - 0.5, height - 0.5, -0.5),
                  interpolation="bilinear", vmin=0, vmax=1)  # the image's own pixel-centred extent
     left.set_title(title or "input", fontsize=9)
-    right.set_title("attention rollout", fontsize=9)
+    right.set_title(f"attention rollout from {output}" if output else "attention rollout", fontsize=9)
     return figure
 
 
@@ -76,9 +77,9 @@ def distance_figure(distances: torch.Tensor, patch_size: float):
     return figure
 
 
-def similarity_figure(similarity: torch.Tensor):
-    """Figure 7 (centre): for every patch, a map of its position embedding's cosine similarity with all
-    others, placed at that patch's position."""
+def similarity_figure(similarity: torch.Tensor, title: str = "position embedding similarity"):
+    """Figure 7 (centre): for every patch, a map of its position embedding's (or rotary phases') cosine
+    similarity with all others, placed at that patch's position."""
     Figure, _ = _matplotlib()
     rows, cols = similarity.shape[:2]
     tiles = similarity.reshape(rows * cols, rows, cols).numpy()
@@ -92,7 +93,7 @@ def similarity_figure(similarity: torch.Tensor):
     axes.set_ylabel("input patch row")
     axes.tick_params(length=0)
     figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04, shrink=min(1.0, rows / cols), label="cosine similarity")
-    axes.set_title("position embedding similarity", fontsize=9)
+    axes.set_title(title, fontsize=9)
     return figure
 
 
@@ -114,4 +115,21 @@ def filters_figure(components: torch.Tensor, columns: int = 7):
     axes.set_title(f"RGB embedding filters (first {len(tiles)} principal components)"
                    if components.shape[1] == 3 else f"embedding filters (first {len(tiles)} principal components)",
                    fontsize=9)
+    return figure
+
+
+def features_figure(image: np.ndarray, colours: torch.Tensor, title: str = ""):
+    """The input image beside its dense features' principal components as colours (``feature_colours``), one
+    patch a pixel block."""
+    Figure, _ = _matplotlib()
+    figure = Figure(figsize=(9, 3.4), dpi=110)
+    left, right = figure.subplots(1, 2)
+    left.imshow(image, cmap="gray" if image.ndim == 2 else None)
+    right.imshow(colours.numpy(), interpolation="nearest")
+    for axes in (left, right):
+        axes.set_axis_off()
+    left.set_title(f"input, {image.shape[0]}x{image.shape[1]} px", fontsize=9)
+    right.set_title(f"PCA of the {colours.shape[0]}x{colours.shape[1]} patch features as RGB", fontsize=9)
+    if title:
+        figure.suptitle(title, fontsize=10)
     return figure

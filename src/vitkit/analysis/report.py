@@ -17,8 +17,8 @@ from torch import nn
 from ..atomic import atomic_file
 from ..runtime import autocast
 from . import plots
-from .attention import attention_rollout, capture_attention, mean_attention_distance
-from .embeddings import filter_components, patch_filters, position_similarity, position_table
+from .attention import READOUTS, attention_rollout, capture_attention, mean_attention_distance, output_readout
+from .embeddings import filter_components, patch_filters, position_similarity, position_table, rope_phases
 
 REPORT_FILE = "index.html"
 
@@ -49,12 +49,15 @@ class Analysis:
 
 def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarray], out: str | Path, *,
             batch_size: int = 8, head_fusion: str = "mean", discard_ratio: float = 0.0, overlays: int = 8,
-            filters: int = 28, title: str = "", dtype: torch.dtype = torch.float32) -> Analysis:
+            filters: int = 28, title: str = "", dtype: torch.dtype = torch.float32,
+            readout: str | None = None) -> Analysis:
     """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W)) whose uint8 crops are ``pictures``
-    and write the results into ``out``; the model runs where its weights are, computing in ``dtype``."""
+    and write the results into ``out``; the model runs where its weights are, computing in ``dtype``. The
+    rollout is read from ``readout`` ("token", "mean"; by default the output token of the model's head, see
+    ``output_readout``)."""
     device = next(model.parameters()).device
     config = model.config
-    readout = "token" if config.pool == "token" else "mean"
+    readout = output_readout(model, readout)
     rollouts, distance_sum = [], 0.0
     for start in range(0, len(images), batch_size):  # batches bound the memory the attention maps take
         batch = images[start:start + batch_size]
@@ -69,44 +72,91 @@ def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarra
     Path(out).mkdir(parents=True, exist_ok=True)
     analysis = Analysis(Path(out), {
         "title": title, "model": config.to_dict(), "images": len(images), "image_size": list(images.shape[-2:]),
-        "grid": list(grid), "token_stride_px": list(stride),
-        "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "readout": readout},
+        "grid": list(grid), "token_stride_px": list(stride), "prefix_tokens": prefix_tokens(config),
+        "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "readout": readout,
+                    "output_token": READOUTS[readout]},
         "mean_attention_distance_px": [[round(v, 3) for v in row] for row in distances.tolist()],
-        "files": {}, "skipped": {},
+        "position_similarity": [], "files": {}, "skipped": {},
     })
     analysis.save_numbers("rollout", rollout)
     for index in range(min(overlays, len(pictures))):
         analysis.save_figure(f"rollout_{index:03d}.png",
-                             plots.rollout_overlay(pictures[index], rollout[index], f"image {index}"),
-                             f"Attention rollout ({head_fusion} over heads) of image {index}.")
+                             plots.rollout_overlay(pictures[index], rollout[index], f"image {index}",
+                                                   READOUTS[readout]),
+                             f"Attention rollout ({head_fusion} over heads) from {READOUTS[readout]} of image {index}.")
     analysis.save_numbers("mean_attention_distance", distances)
     analysis.save_figure("attention_distance.png", plots.distance_figure(distances, stride[0]),
                          f"Mean attention distance per head and depth over {len(images)} images (figure 7 right).")
-    try:
-        table, pos_grid = position_table(model)
-    except ValueError as error:
-        analysis.summary["skipped"]["position_similarity"] = str(error)
-    else:
-        similarity = position_similarity(table.cpu(), pos_grid)
-        analysis.save_numbers("position_similarity", similarity)
-        analysis.save_figure("position_similarity.png", plots.similarity_figure(similarity),
-                             f"Cosine similarity of the position embeddings ({config.pos_embed}, "
-                             f"{pos_grid[0]}x{pos_grid[1]} grid; figure 7 centre).")
-    try:
-        weights = patch_filters(model)
-    except ValueError as error:
-        analysis.summary["skipped"]["filter_components"] = str(error)
-    else:
-        components, explained = filter_components(weights.cpu(), filters)
-        analysis.summary["filter_explained_variance"] = [round(v, 5) for v in explained.tolist()]
-        analysis.save_numbers("filter_components", components)
-        analysis.save_figure("filters.png", plots.filters_figure(components),
-                             f"First {len(components)} principal components of the patch-embedding filters "
-                             "(figure 7 left).")
+    position_figures(analysis, model, grid)
+    filter_figure(analysis, model, filters)
     with atomic_file(analysis.out / "summary.json") as handle:
         json.dump(analysis.summary, handle, indent=2)
     write_page(analysis)
     return analysis
+
+
+def prefix_tokens(config) -> dict[str, int]:
+    """How many tokens of each kind stand before the patches, in their order."""
+    return {"class": int(config.class_token), "distillation": int(config.dist_token), "registers": config.reg_tokens}
+
+
+def position_figures(analysis: Analysis, model: nn.Module, grid: tuple[int, int]) -> None:
+    """Figure 7 (centre) for what the model holds: the similarity of its position table at the table's own grid,
+    and, with rotary embeddings, of the patches' rotary phases at the analysed grid (``rope_phases``); both for
+    EVA-02, which has both. Which were drawn is listed in the summary's ``position_similarity``."""
+    config, drawn = model.config, analysis.summary["position_similarity"]
+    try:
+        table, table_grid = position_table(model)
+    except ValueError as error:
+        reason = str(error)
+    else:
+        similarity = position_similarity(table.cpu(), table_grid)
+        analysis.save_numbers("position_similarity", similarity)
+        analysis.save_figure("position_similarity.png", plots.similarity_figure(similarity),
+                             f"Cosine similarity of the position embeddings ({config.pos_embed}, "
+                             f"{table_grid[0]}x{table_grid[1]} grid; figure 7 centre).")
+        drawn.append({"kind": "table", "grid": list(table_grid), "file": "position_similarity.png"})
+    if model.rope is not None:
+        phases = position_similarity(rope_phases(model, grid), grid)
+        blocks = " averaged over blocks and heads" if config.rope == "mixed" else ""
+        analysis.save_numbers("rope_similarity", phases)
+        analysis.save_figure("rope_similarity.png", plots.similarity_figure(phases, "rotary phase similarity"),
+                             f"Cosine similarity of the patches' rotary phase vectors [cos, sin] ({config.rope} "
+                             f"RoPE, {config.rope_grid} coordinates{blocks}, {grid[0]}x{grid[1]} grid): the mean "
+                             "over frequencies of cos(angle difference), what stands for a position table in a "
+                             "RoPE model (figure 7 centre).")
+        drawn.append({"kind": "rope", "grid": list(grid), "file": "rope_similarity.png",
+                      "blocks": "mean over blocks and heads" if blocks else "one table for every block"})
+    if not drawn:
+        analysis.summary["skipped"]["position_similarity"] = reason
+
+
+def filter_figure(analysis: Analysis, model: nn.Module, filters: int) -> None:
+    """Figure 7 (left): principal components of the patch-embedding filters, where the model has pixel filters."""
+    try:
+        weights = patch_filters(model)
+    except ValueError as error:
+        analysis.summary["skipped"]["filter_components"] = str(error)
+        return
+    components, explained = filter_components(weights.cpu(), filters)
+    analysis.summary["filter_explained_variance"] = [round(v, 5) for v in explained.tolist()]
+    analysis.save_numbers("filter_components", components)
+    analysis.save_figure("filters.png", plots.filters_figure(components),
+                         f"First {len(components)} principal components of the patch-embedding filters "
+                         "(figure 7 left).")
+
+
+def describe_prefix(counts: dict[str, int]) -> str:
+    """"1 [class] token, 4 register tokens", or "no prefix tokens"."""
+    names = {"class": "[class]", "distillation": "distillation", "registers": "register"}
+    parts = [f"{count} {names[kind]} token{'s' if count > 1 else ''}" for kind, count in counts.items() if count]
+    return ", ".join(parts) or "no prefix tokens"
+
+
+def describe_positions(drawn: list[dict]) -> str:
+    """Which position similarity the page shows: the learned or fixed table, the rotary phases, both or none."""
+    words = {"table": "the position table", "rope": "the rotary phases (no table holds positions in a RoPE model)"}
+    return " and ".join(words[entry["kind"]] for entry in drawn) or "nothing (the model holds no positions)"
 
 
 def write_page(analysis: Analysis) -> Path:
@@ -135,9 +185,12 @@ td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 </style></head><body data-figures="{len(figures)}">
 <h1>{html.escape(summary['title'] or name)}</h1>
 <p>{html.escape(name)}: {config['depth']} layers, D={config['dim']}, {config['num_heads']} heads, pooling
-'{html.escape(config['pool'])}', position embeddings '{html.escape(config['pos_embed'])}'.
-{summary['images']} images at {summary['image_size'][0]}x{summary['image_size'][1]} px, a
-{summary['grid'][0]}x{summary['grid'][1]} token grid.</p>
+'{html.escape(config['pool'])}', position embeddings '{html.escape(config['pos_embed'])}', rotary embeddings
+'{html.escape(config['rope'])}'. {summary['images']} images at {summary['image_size'][0]}x{summary['image_size'][1]}
+px, a {summary['grid'][0]}x{summary['grid'][1]} patch grid behind {describe_prefix(summary['prefix_tokens'])}.</p>
+<p>Attention rollout from {html.escape(summary['rollout']['output_token'])}; prefix tokens are kept out of the
+patch grid and out of the attention distances. Position similarity drawn from:
+{html.escape(describe_positions(summary['position_similarity']))}.</p>
 <div class="figures">{''.join(figures)}</div>
 <h2>Mean attention distance (pixels) over heads</h2>
 <table><tr><th>layer</th><th>min</th><th>mean</th><th>max</th></tr>{rows}</table>
