@@ -150,3 +150,41 @@ def test_eval_with_max_patches_runs_each_image_at_its_own_aspect_ratio(tmp_path)
     report = json.loads((tmp_path / "eval" / "eval-test.json").read_text())
     assert report["images"] == 5
     assert report["top1"] == pytest.approx(sum(expected) / 5)
+
+
+def test_predict_and_analyze_with_max_patches_keep_each_aspect_ratio(tmp_path):
+    """`predict --max-patches` gives each image's dense features on the grid of SigLIP 2's budget for its size, equal
+    to the model's on the image resized there; `analyze --max-patches` rolls each image out on its own grid."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.cli import main
+
+    model = tiny("dinov3")
+    model.save(tmp_path / "model")
+    paths = []
+    for index, (height, width) in enumerate([(37, 61), (50, 21)]):
+        paths.append(tmp_path / f"{index}.png")
+        Image.fromarray(np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(
+            paths[-1])
+    assert main(["predict", str(tmp_path / "model"), *map(str, paths), "--max-patches", "20",
+                 "--features", str(tmp_path / "f.npz")]) == 0
+    saved = np.load(tmp_path / "f.npz")
+    dense = [saved[key] for key in sorted(saved.files) if "embedding" not in key and saved[key].ndim == 3]
+    assert [d.shape[1:] for d in dense] == [(4, 5), (6, 3)]  # 20 and 18 patches: SigLIP 2's sizes for the budget
+    for path, features in zip(paths, dense):
+        pixels = torch.from_numpy(np.array(Image.open(path))).permute(2, 0, 1).float()
+        rows, cols = features.shape[1:]
+        resized = torch.nn.functional.interpolate(pixels[None], size=(rows * 8, cols * 8), mode="bilinear",
+                                                  antialias=True)
+        with torch.no_grad():
+            tokens = model.forward_features((resized / 255 - 0.5) / 0.5)
+        expected = tokens[0, model.num_prefix_tokens:].T.reshape(-1, rows, cols)
+        assert np.abs(features - expected.numpy()).max() < 0.05  # uint8 rounding of the resized pixels aside
+    assert main(["analyze", str(tmp_path / "model"), "--images", *map(str, paths), "--max-patches", "20",
+                 "--out", str(tmp_path / "analysis")]) == 0
+    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    assert summary["image_size"] == [[32, 40], [48, 24]]
+    assert [np.load(tmp_path / "analysis" / f"rollout_00{i}.npy").shape for i in (0, 1)] == [(4, 5), (6, 3)]

@@ -28,7 +28,7 @@ from .data import CORRUPT, RESIZE_MODES
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
-from .evaluate.preprocessing import checkpoint_transform
+from .evaluate.preprocessing import budget_transform, checkpoint_transform
 from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
@@ -181,12 +181,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     size = args.image_size or config.image_size
     mean = _per_channel(args.mean, config.in_chans) if args.mean else None
     std = _per_channel(args.std, config.in_chans) if args.std else None
-    images, shown = inputs.prepare(pictures, checkpoint_transform(config, args.resize, size, mean, std))
+    if args.max_patches:
+        if args.image_size:
+            raise ConfigError("--image-size and --max-patches: the budget sizes each image at its own aspect ratio")
+        transform = budget_transform(config, args.max_patches, mean, std)
+    else:
+        transform = checkpoint_transform(config, args.resize, size, mean, std)
+    images, shown = inputs.prepare(pictures, transform)
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
                      title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout)
-    print(f"analysed {len(images)} images at {size[0]}x{size[1]}: {len(result.figures)} figures, "
-          f"report {result.out / REPORT_FILE}")
+    sizes = "each at its own aspect ratio" if args.max_patches else f"at {size[0]}x{size[1]}"
+    print(f"analysed {len(images)} images {sizes}: {len(result.figures)} figures, report {result.out / REPORT_FILE}")
     return 0
 
 
@@ -487,8 +493,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
             raise ConfigError(f"--features: {args.checkpoint} is an exported graph that gives logits only; pass the "
                               "checkpoint it was exported from")
     model, device, dtype = inference_model(args)
+    if args.max_patches:
+        native_only(model, args.checkpoint)
+        if args.keep_aspect:
+            raise ConfigError("--keep-aspect and --max-patches: pick one way to keep each image's aspect ratio")
     predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
-                          args.keep_aspect)
+                          args.keep_aspect, args.max_patches)
     for prediction in predictions:
         ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
         if prediction.features is not None:
@@ -609,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
     _resize_flag(analyze)
+    _max_patches_flag(analyze)
     _runtime_flags(analyze)
     analyze.set_defaults(run=cmd_analyze)
     for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
@@ -698,6 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="resize each image to its own aspect ratio, the shorter side to the model's, both "
                                "sides rounded to the patch size (no crop), instead of --resize")
     _resize_flag(predict_)
+    _max_patches_flag(predict_)
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
 

@@ -47,38 +47,48 @@ class Analysis:
         self.figures.append(FigureFile(file, caption))
 
 
-def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarray], out: str | Path, *,
-            batch_size: int = 8, head_fusion: str = "mean", discard_ratio: float = 0.0, overlays: int = 8,
-            filters: int = 28, title: str = "", dtype: torch.dtype = torch.float32,
+def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pictures: Sequence[np.ndarray],
+            out: str | Path, *, batch_size: int = 8, head_fusion: str = "mean", discard_ratio: float = 0.0,
+            overlays: int = 8, filters: int = 28, title: str = "", dtype: torch.dtype = torch.float32,
             readout: str | None = None) -> Analysis:
-    """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W)) whose uint8 crops are ``pictures``
-    and write the results into ``out``; the model runs where its weights are, computing in ``dtype``. The
-    rollout is read from ``readout`` ("token", "mean"; by default the output token of the model's head, see
-    ``output_readout``)."""
+    """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W), or a list of (1, C, H, W) images of their
+    own sizes, each at its aspect ratio) whose uint8 crops are ``pictures`` and write the results into ``out``;
+    the model runs where its weights are, computing in ``dtype``. The rollout is read from ``readout`` ("token",
+    "mean"; by default the output token of the model's head, see ``output_readout``)."""
     device = next(model.parameters()).device
     config = model.config
     readout = output_readout(model, readout)
-    rollouts, distance_sum = [], 0.0
-    for start in range(0, len(images), batch_size):  # batches bound the memory the attention maps take
-        batch = images[start:start + batch_size]
+    batches = [images[start:start + batch_size] for start in range(0, len(images), batch_size)] \
+        if isinstance(images, torch.Tensor) else list(images)  # batches bound the memory attention maps take
+    rollouts, sizes, distance_sum = [], [], 0.0
+    for batch in batches:
         with autocast(device, dtype):
             attn, grid = capture_attention(model, batch.to(device))
         attn = attn.float().cpu()
         stride = (batch.shape[-2] / grid[0], batch.shape[-1] / grid[1])  # pixels per token, hybrids too
-        rollouts.append(attention_rollout(attn, grid, head_fusion, discard_ratio, readout))
+        rollouts.extend(attention_rollout(attn, grid, head_fusion, discard_ratio, readout))
+        sizes.extend([list(batch.shape[-2:])] * len(batch))
         distance_sum = distance_sum + mean_attention_distance(attn, grid, stride) * len(batch)
-    rollout, distances = torch.cat(rollouts), distance_sum / len(images)
+    count = len(rollouts)
+    distances = distance_sum / count
+    one_size = all(size == sizes[0] for size in sizes)
 
     Path(out).mkdir(parents=True, exist_ok=True)
     analysis = Analysis(Path(out), {
-        "title": title, "model": config.to_dict(), "images": len(images), "image_size": list(images.shape[-2:]),
-        "grid": list(grid), "token_stride_px": list(stride), "prefix_tokens": prefix_tokens(config),
+        "title": title, "model": config.to_dict(), "images": count,
+        "image_size": sizes[0] if one_size else sizes, "grid": list(grid), "token_stride_px": list(stride),
+        "prefix_tokens": prefix_tokens(config),
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "readout": readout,
                     "output_token": READOUTS[readout]},
         "mean_attention_distance_px": [[round(v, 3) for v in row] for row in distances.tolist()],
         "position_similarity": [], "files": {}, "skipped": {},
     })
-    analysis.save_numbers("rollout", rollout)
+    if one_size:
+        analysis.save_numbers("rollout", torch.stack(rollouts))
+    else:  # each image's map on its own grid
+        for index, rollout in enumerate(rollouts):
+            analysis.save_numbers(f"rollout_{index:03d}", rollout)
+    rollout = rollouts
     for index in range(min(overlays, len(pictures))):
         analysis.save_figure(f"rollout_{index:03d}.png",
                              plots.rollout_overlay(pictures[index], rollout[index], f"image {index}",
@@ -86,7 +96,7 @@ def analyze(model: nn.Module, images: torch.Tensor, pictures: Sequence[np.ndarra
                              f"Attention rollout ({head_fusion} over heads) from {READOUTS[readout]} of image {index}.")
     analysis.save_numbers("mean_attention_distance", distances)
     analysis.save_figure("attention_distance.png", plots.distance_figure(distances, stride[0]),
-                         f"Mean attention distance per head and depth over {len(images)} images (figure 7 right).")
+                         f"Mean attention distance per head and depth over {count} images (figure 7 right).")
     position_figures(analysis, model, grid)
     filter_figure(analysis, model, filters)
     with atomic_file(analysis.out / "summary.json") as handle:
@@ -153,6 +163,15 @@ def describe_prefix(counts: dict[str, int]) -> str:
     return ", ".join(parts) or "no prefix tokens"
 
 
+def describe_sizes(summary: dict) -> str:
+    """"at 224x224 px, a 14x14 patch grid", or, for images each at its own aspect ratio, "at their own sizes"."""
+    size, grid = summary["image_size"], summary["grid"]
+    if isinstance(size[0], list):
+        return "each at its own aspect ratio (" + ", ".join(f"{h}x{w}" for h, w in size[:4]) + \
+            (" ..." if len(size) > 4 else "") + " px)"
+    return f"at {size[0]}x{size[1]} px, a {grid[0]}x{grid[1]} patch grid"
+
+
 def describe_positions(drawn: list[dict]) -> str:
     """Which position similarity the page shows: the learned or fixed table, the rotary phases, both or none."""
     words = {"table": "the position table", "rope": "the rotary phases (no table holds positions in a RoPE model)"}
@@ -186,8 +205,8 @@ td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 <h1>{html.escape(summary['title'] or name)}</h1>
 <p>{html.escape(name)}: {config['depth']} layers, D={config['dim']}, {config['num_heads']} heads, pooling
 '{html.escape(config['pool'])}', position embeddings '{html.escape(config['pos_embed'])}', rotary embeddings
-'{html.escape(config['rope'])}'. {summary['images']} images at {summary['image_size'][0]}x{summary['image_size'][1]}
-px, a {summary['grid'][0]}x{summary['grid'][1]} patch grid behind {describe_prefix(summary['prefix_tokens'])}.</p>
+'{html.escape(config['rope'])}'. {summary['images']} images {describe_sizes(summary)}, behind the patches
+{describe_prefix(summary['prefix_tokens'])}.</p>
 <p>Attention rollout from {html.escape(summary['rollout']['output_token'])}; prefix tokens are kept out of the
 patch grid and out of the attention distances. Position similarity drawn from:
 {html.escape(describe_positions(summary['position_similarity']))}.</p>

@@ -17,7 +17,7 @@ from ..data.transforms import Preset
 from ..errors import ConfigError
 from ..models.vit import VisionTransformer
 from ..runtime import autocast
-from .preprocessing import checkpoint_transform
+from .preprocessing import budget_transform, checkpoint_transform
 
 FEATURE_SUFFIXES = (".npz", ".safetensors")
 
@@ -43,11 +43,15 @@ def aspect_size(height: int, width: int, shorter: int, multiple: int) -> tuple[i
     return tuple(max(multiple, round(side * scale / multiple) * multiple) for side in (height, width))
 
 
-def image_transform(model: VisionTransformer, pixels: torch.Tensor, resize: str, keep_aspect: bool) -> Preset:
+def image_transform(model: VisionTransformer, pixels: torch.Tensor, resize: str, keep_aspect: bool,
+                    max_patches: int | None = None) -> Preset:
     """The evaluation transform of the checkpoint (``resize``: its geometry, see ``checkpoint_transform``), or,
     with ``keep_aspect``, a resize of this image to its own aspect ratio at the model's shorter side, rounded to
-    the patch (``aspect_size``), with the same normalisation."""
+    the patch (``aspect_size``), or with ``max_patches``, to its own aspect ratio within that many patches
+    (NaFlex); with the same normalisation."""
     config = model.config
+    if max_patches:
+        return budget_transform(config, max_patches)(pixels)
     if not keep_aspect:
         return checkpoint_transform(config, resize)
     size = aspect_size(*pixels.shape[-2:], min(config.image_size), config.effective_patch_size)
@@ -57,7 +61,7 @@ def image_transform(model: VisionTransformer, pixels: torch.Tensor, resize: str,
 @torch.no_grad()
 def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5, device: torch.device | str = "cpu",
             dtype: torch.dtype = torch.float32, resize: str = "crop", features: bool = False,
-            keep_aspect: bool = False) -> list[Prediction]:
+            keep_aspect: bool = False, max_patches: int | None = None) -> list[Prediction]:
     """Bring each image to the model's resolution (``resize``: the evaluation geometry, see
     ``checkpoint_transform``; ``keep_aspect``: each at its own aspect ratio, see ``image_transform``), normalise
     it as the model was trained, and return the ``top_k`` classes by softmax probability (none for a model
@@ -72,7 +76,7 @@ def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5, d
     results = []
     for path in paths:
         pixels = read_image(Path(path))
-        image = image_transform(model, pixels, resize, keep_aspect)(pixels)[None].to(device)
+        image = image_transform(model, pixels, resize, keep_aspect, max_patches)(pixels)[None].to(device)
         dense = embedding = None
         with autocast(device, dtype):
             if features:

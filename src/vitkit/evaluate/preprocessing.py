@@ -4,7 +4,7 @@ normalisation family and crop fraction) to the data layer's plain transform, tak
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -25,6 +25,17 @@ def checkpoint_transform(config: ViTConfig, resize: str = "crop", image_size: tu
     trained_mean, trained_std = config.input_statistics
     return evaluation_transform(image_size or config.image_size, config.in_chans, mean or trained_mean,
                                 std or trained_std, config.provenance.crop_pct, resize)
+
+
+def budget_transform(config: ViTConfig, max_patches: int, mean: Sequence[float] | None = None,
+                     std: Sequence[float] | None = None) -> Callable[[torch.Tensor], Preset]:
+    """For one (C, H, W) picture, the checkpoint's transform at that picture's own aspect ratio, resized to the
+    most patches within ``max_patches`` (NaFlex, one image at a time)."""
+    def transform(picture: torch.Tensor) -> Preset:
+        size = size_for_patch_budget(picture.shape[-2], picture.shape[-1], config.patch_size, max_patches)
+        return checkpoint_transform(config, "stretch", size, mean, std)
+
+    return transform
 
 
 class ResizeToPatchBudget(torch.nn.Module):
