@@ -58,6 +58,7 @@ def test_timm_hub_directories_give_timms_outputs(tmp_path, architecture):
     model = vitkit.load(tmp_path / "hub")
     for field, value in ARCHITECTURES[architecture].items():
         assert getattr(model.config, field) == value, field
+    assert model.config.image_size == (32, 32)  # from model_args, also where no position table shows it
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in theirs.parameters())
     assert_same(model, theirs, torch.randn(2, 3, 32, 32))
     if architecture in DYNAMIC:  # another, non-square grid: rotary tables and position tables follow

@@ -139,7 +139,7 @@ def infer_config(state: dict[str, torch.Tensor], overrides: dict[str, Any], sour
         config["image_size"] = _native_size(tokens, config, overrides, source)
     else:
         config["pos_embed"] = "none"
-        config["image_size"] = overrides.get("image_size", 224)
+        config["image_size"] = overrides.get("image_size", config.get("image_size", 224))  # the format's, if told
     try:
         return ViTConfig(**{**config, **kept_overrides(overrides)}), state
     except (TypeError, ValueError) as error:

@@ -211,8 +211,10 @@ def _packed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def read_timm_family(state: dict[str, torch.Tensor], family: str, args: dict[str, Any], overrides: dict[str, Any],
-                     source: str, told_heads: int | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    """A timm state dict of ``family`` with the arguments ``args`` of its definition."""
+                     source: str, told_heads: int | None = None, told_size: Any = None
+                     ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """A timm state dict of ``family`` with the arguments ``args`` of its definition; ``told_size``, the image
+    size a hub directory names, is the native size of a model without a position table."""
     if family == "NaFlexViT":
         return read_timm_naflex(state, args, overrides, source, told_heads)
     gated = sorted(key for key in state if ".attn.gate." in key)
@@ -232,6 +234,8 @@ def read_timm_family(state: dict[str, torch.Tensor], family: str, args: dict[str
                   mlp_norm="blocks.0.mlp.norm.weight" in state, attn_norm=f"{first}norm.weight" in state,
                   patch_norm="patch_embed.norm.weight" in state)
     numerics = dict(gelu="exact", pos_interp="bicubic", pos_interp_antialias=True)
+    if told_size is not None:
+        numerics["image_size"] = told_size
     provenance = Provenance(format="timm", source=source)
     config, state = infer_config(state, overrides, source, **numerics, **fields, provenance=provenance)
     if args.get("ref_feat_shape") == "native" and "rope_ref_grid" not in overrides:  # PE: the grid it was trained at
@@ -249,7 +253,10 @@ def read_timm_hub_family(state: dict[str, torch.Tensor], hub: dict[str, Any], fa
     args = {**args, **{k: v for k, v in model_args.items() if k in EVA_DEFAULTS}}
     if "global_pool" in hub:
         args["global_pool"] = hub["global_pool"]
-    return read_timm_family(state, family, args, overrides, str(path), model_args.get("num_heads"))
+    input_size = hub.get("pretrained_cfg", {}).get("input_size")
+    size = model_args.get("img_size", input_size[1:] if isinstance(input_size, list) and len(input_size) == 3 else None)
+    return read_timm_family(state, family, args, overrides, str(path), model_args.get("num_heads"),
+                            tuple(size) if isinstance(size, list) else size)
 
 
 def naflex_fields(args: dict[str, Any], source: Any) -> dict[str, Any]:

@@ -202,7 +202,11 @@ class VisionTransformer(nn.Module):
 
     def forward_intermediates(self, images: torch.Tensor, attention: bool = False) -> Intermediates:
         """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
-        computed from the same weights as the fused forward pass."""
+        computed from the same weights as the fused forward pass; of image tensors (a NaFlex batch's images one
+        at a time, each at its size)."""
+        if isinstance(images, PatchBatch):
+            raise InputError("forward_intermediates takes (B, C, H, W) images; run a NaFlex batch's images one at a "
+                             "time, each at its own size")
         z, grid = self.embed(images)
         outputs, attentions = [], []
         for block, rope in zip(self.blocks, self.rope_tables(grid, z.device)):
