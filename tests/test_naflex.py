@@ -88,6 +88,8 @@ def test_bad_batches_are_refused_in_one_line():
     wrong = PatchBatch(batch.patches[..., :-1], batch.coords, batch.mask, batch.grids)
     with pytest.raises(vitkit.InputError, match=r"expected floating-point \(batch, patches, 192\)"):
         model(wrong)
+    with pytest.raises(vitkit.InputError, match="forward_intermediates takes"):
+        model.forward_intermediates(batch)
 
 
 @pytest.mark.parametrize("architecture", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_map",
