@@ -140,3 +140,34 @@ def test_the_model_is_traced_once_for_every_onnx_and_openvino_row(tmp_path, monk
     for runtime in ("onnxruntime", "openvino"):
         torch.testing.assert_close(rows[runtime, "fp32"](), expected, atol=1e-4, rtol=0)
     assert rows["onnxruntime", "int8"]().shape == expected.shape
+
+
+def test_rope_families_run_against_the_timm_model_given_compiled_against_compiled(tmp_path, monkeypatch):
+    """A DINOv3 read from timm's hub directory is timed against that timm Eva (``twin``). With scripted times
+    (each repeat: the GEMM peak, then the inference steps of eager, compile, timm, timm-compile, then their
+    training steps; every other repeat in reverse), eager rows are measured against timm eager and compiled rows
+    against timm compiled."""
+    import timm
+    from timm.models._hub import save_for_hf
+
+    import vitkit
+    import vitkit.benchmark as benchmark
+
+    theirs = timm.create_model("vit_small_patch16_dinov3", img_size=32, patch_size=8, embed_dim=32, depth=1,
+                               num_heads=2, num_classes=3).eval()
+    save_for_hf(theirs, str(tmp_path / "hub"))
+    model = vitkit.load(tmp_path / "hub", image_size=32)
+    with pytest.raises(ValueError, match="timm's plain ViT mirrors"):
+        timm_twin(model)
+    forward = [1.0, 2.0, 1.0, 4.0, 0.5, 6.0, 3.0, 12.0, 1.5]  # peak; eager, compile, timm, timm-compile x 2 phases
+    script = iter(forward + forward[:1] + forward[:0:-1] + forward)
+    monkeypatch.setattr(benchmark, "timed", lambda step, device: next(script))
+    monkeypatch.setattr(torch, "compile", lambda module: module)  # compiling is not what is tested here
+    rows, skipped = bench(model, batch_size=2, runtimes=("eager", "compile", "timm", "timm-compile"),
+                          precisions=["fp32"], repeats=3, warmup=1, peak_size=64, twin=theirs)
+    assert skipped == {}
+    speed = {(r.runtime, r.phase): r.speedup_vs_timm for r in rows}
+    assert speed == {("eager", "inference"): 2.0, ("eager", "train_step"): 2.0,  # 4 / 2, 12 / 6
+                     ("compile", "inference"): 0.5, ("compile", "train_step"): 0.5,  # 0.5 / 1, 1.5 / 3
+                     ("timm", "inference"): 1.0, ("timm", "train_step"): 1.0,
+                     ("timm-compile", "inference"): 8.0, ("timm-compile", "train_step"): 8.0}  # 4 / 0.5

@@ -6,8 +6,11 @@ natively (bf16, or fp16 on GPUs without bf16); inference and, for the torch mode
 AdamW). Beside images/s each row gives GFLOP/s (2 x multiply-adds, counted by torch; a training step
 counts as 3 forward passes), the GEMM peak of its dtype measured on square matrices in the same run, the
 fraction of that peak reached, and the peak GPU memory. Every candidate is timed once per repeat, in
-turn, so that load from other processes hits all alike; medians are reported, and speed against timm's
-fp32 row of the same phase is the median of the per-repeat ratios.
+turn (phase by phase, every other repeat backwards), so that load from other processes hits all alike; medians
+are reported, and speed against timm's fp32 row of the same phase is the median of the per-repeat ratios:
+against timm eager, or, for the compiled rows where timm's model was compiled too (runtime ``timm-compile``,
+asked for by name), compiled against compiled. Families timm's plain ViT cannot hold (rotary embeddings, SwiGLU,
+...) are compared with a timm model given as ``twin`` (e.g. the timm Eva a checkpoint was read from).
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from .runtime import DTYPES, autocast, native_bf16, peak_memory_mib, precision_n
 from .train.optim import step_kernel
 
 RUNTIMES = ("eager", "compile", "onnxruntime", "openvino", "timm")
+# Runtimes measured only when named (compiling timm's model too doubles the compile time of a run).
+EXTRA_RUNTIMES = ("timm-compile",)
+# The timm row each runtime's speed is measured against, where it ran (otherwise timm eager).
+REFERENCE = {"compile": "timm-compile"}
 PHASES = ("inference", "train_step")
 # The columns of a row as `vitkit bench` and benchmarks/bench_model.py print it (Row.cells).
 TABLE_HEADER = ("runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
@@ -136,8 +143,10 @@ def gemm_peak_step(dtype: str, device: torch.device, size: int) -> tuple[Callabl
 
 
 def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, runtimes: Sequence[str],
-               precisions: Sequence[str] | None, workdir: Path) -> tuple[list[Candidate], dict[str, str]]:
-    """What can run here, and why the rest cannot."""
+               precisions: Sequence[str] | None, workdir: Path, twin: nn.Module | None = None
+               ) -> tuple[list[Candidate], dict[str, str]]:
+    """What can run here, and why the rest cannot; ``twin`` is the timm model to compare with (by default
+    ``timm_twin(model)``)."""
     device = images.device
     dtypes = [torch.float32] + [d for d in [low_precision(device)] if d is not None]
     found, skipped = [], {}
@@ -156,11 +165,17 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
         add("eager", model)
     if "compile" in runtimes:
         add("compile", model, torch.compile)
-    if "timm" in runtimes:
+    peers = [runtime for runtime in ("timm", "timm-compile") if runtime in runtimes]
+    if peers:
         try:
-            add("timm", timm_twin(model))
+            peer = twin if twin is not None else timm_twin(model)
         except (ImportError, ValueError) as error:
-            skipped["timm"] = str(error)
+            skipped.update({runtime: str(error) for runtime in peers})
+        else:
+            if "timm" in peers:
+                add("timm", peer)
+            if "timm-compile" in peers:
+                add("timm-compile", peer, torch.compile)
     traced = None  # the checked fp32 ONNX export, traced once: quantised for int8, converted for OpenVINO
     if "onnxruntime" in runtimes:
         try:
@@ -195,12 +210,13 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
 
 def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | str = "cpu",
           runtimes: Sequence[str] = RUNTIMES, precisions: Sequence[str] | None = None, repeats: int = 5,
-          warmup: int = 2, peak_size: int = 2048) -> tuple[list[Row], dict[str, str]]:
+          warmup: int = 2, peak_size: int = 2048, twin: nn.Module | None = None) -> tuple[list[Row], dict[str, str]]:
     """Time ``model`` in each runtime and precision available; returns the rows and the runtimes skipped
-    (with the reason)."""
-    unknown = set(runtimes) - set(RUNTIMES)
+    (with the reason). ``twin``: the timm model holding ``model``'s weights, for families ``timm_twin`` cannot
+    rebuild."""
+    unknown = set(runtimes) - set(RUNTIMES + EXTRA_RUNTIMES)
     if unknown:
-        raise ValueError(f"unknown runtimes {sorted(unknown)}; expected some of {RUNTIMES}")
+        raise ValueError(f"unknown runtimes {sorted(unknown)}; expected some of {RUNTIMES + EXTRA_RUNTIMES}")
     device = torch.device(device)
     model = model.to(device)
     config = model.config
@@ -208,7 +224,8 @@ def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | 
     labels = torch.randint(0, max(config.num_classes, 1), (batch_size,), device=device)
     flops = forward_flops(config) * batch_size
     with tempfile.TemporaryDirectory(prefix="vitkit-bench-") as workdir:
-        found, skipped = candidates(model, images, labels, runtimes, precisions, Path(workdir))
+        found, skipped = candidates(model, images, labels, runtimes, precisions, Path(workdir),
+                                    None if twin is None else twin.to(device))
         peaks = {dtype: gemm_peak_step(dtype, device, peak_size) for dtype in sorted({c.peak_dtype for c in found})}
         for candidate in found:  # compilation, allocator, caches
             for _ in range(warmup):
@@ -216,20 +233,25 @@ def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | 
         seconds: dict[int, list[float]] = {index: [] for index in range(len(found))}
         memory: dict[int, float | None] = {}
         peak_seconds: dict[str, list[float]] = {dtype: [] for dtype in peaks}
-        for _ in range(repeats):
+        # One phase after the other, so that the rows compared run seconds apart, not a whole repeat; every other
+        # repeat backwards, so that neither side of a comparison always runs first.
+        order = sorted(range(len(found)), key=lambda index: PHASES.index(found[index].phase))
+        for repeat in range(repeats):
             for dtype, (step, _) in peaks.items():
                 peak_seconds[dtype].append(timed(step, device))
-            for index, candidate in enumerate(found):
+            for index in order if repeat % 2 == 0 else order[::-1]:
+                candidate = found[index]
                 reset_peak_memory(device)
                 seconds[index].append(timed(candidate.step, device))
                 memory[index] = peak_memory_mib(device)
     peak = {dtype: flop / statistics.median(peak_seconds[dtype]) / 1e9 for dtype, (_, flop) in peaks.items()}
-    rows = []
+    rows, measured = [], {c.runtime for c in found}
     for index, candidate in enumerate(found):
         median = statistics.median(seconds[index])
         work = flops * (TRAIN_STEP_PASSES if candidate.phase == "train_step" else 1) / 1e9
+        against = REFERENCE.get(candidate.runtime) if REFERENCE.get(candidate.runtime) in measured else "timm"
         reference = next((i for i, c in enumerate(found) if (c.runtime, c.precision, c.phase) ==
-                          ("timm", "fp32", candidate.phase)), None)
+                          (against, "fp32", candidate.phase)), None)
         speedup = None if reference is None else statistics.median(
             [theirs / ours for theirs, ours in zip(seconds[reference], seconds[index])])
         rows.append(Row(candidate.runtime, candidate.precision, candidate.phase, batch_size, batch_size / median,
