@@ -55,7 +55,8 @@ class _CachedByGrid(nn.Module):
         made on the CPU)."""
         grid = tuple(grid)
         needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if needs_grad:
+        # Under torch.compile a cache lookup would fail its guard and recompile the model on the next call.
+        if needs_grad or torch.compiler.is_compiling():
             return self._compute(grid).to(device)
         key = (grid, device) + self._version()
         table = self._cache.get(key)
