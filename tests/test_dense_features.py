@@ -111,7 +111,7 @@ def test_headless_models_give_features_and_bad_requests_one_line(tmp_path, capsy
     assert "the model has no classification head (num_classes=0): ask for its features instead" in \
         capsys.readouterr().err
     assert main(["predict", str(hub), str(tmp_path / "a.png"), "--features", str(tmp_path / "f.npz")]) == 0
-    assert capsys.readouterr().out.startswith(f"{tmp_path / 'a.png'}: features 64x28x28\n")
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'a.png'}: features 64x4x4\n")  # the 32 px the hub names
     assert main(["predict", str(hub), str(tmp_path / "a.png"), "--features", str(tmp_path / "f.pt")]) == 2
     assert f"{tmp_path / 'f.pt'}: dense features are written to a file ending in .npz or .safetensors" in \
         capsys.readouterr().err

@@ -21,6 +21,7 @@ ARCHITECTURES = {
                                      reg_tokens=4, k_bias=True, qkv_bias=False, ln_eps=1e-5, pool="gap"),
     "vit_small_patch16_dinov3_qkvb": dict(rope="axial", k_bias=False, qkv_bias=True),
     "vit_small_plus_patch16_dinov3": dict(mlp="swiglu"),
+    "vit_small_patch16_lingbot": dict(rope_grid="centered", reg_tokens=4, pool="token"),
     "eva02_tiny_patch14_224": dict(rope="axial", rope_ref_grid=16, rope_xy=False, k_bias=False, fc_norm=True),
     "eva02_base_patch14_224": dict(mlp_norm=True, mlp="swiglu"),
     "eva02_base_patch16_clip_224": dict(attn_norm=True, pool="token"),
@@ -70,23 +71,32 @@ def test_timm_hub_directories_give_timms_outputs(tmp_path, architecture):
                                           "vit_base_patch16_rope_reg1_gap_256", "aimv2_large_patch14_224",
                                           "eva02_base_patch16_clip_224"])
 def test_bare_state_dicts_are_read_by_the_family_their_keys_show(tmp_path, architecture):
+    """DINOv3's layout is pooled by the patches' mean (timm's vit_*_dinov3) or by [class] (LingBot): told."""
     theirs = peer(architecture, num_classes=3)
     save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, tmp_path / "w.safetensors")
-    model = vitkit.load(tmp_path / "w.safetensors", num_heads=4)
+    told = dict(pool="gap") if "dinov3" in architecture else {}
+    model = vitkit.load(tmp_path / "w.safetensors", num_heads=4, **told)
     assert_same(model, theirs, torch.randn(2, 3, 32, 32))
 
 
-def test_perception_encoder_is_read_exactly(tmp_path):
-    """A PE-core state dict holds no rotary buffers, so no key is missing: its 8-head pool, eps 1e-5 and the
-    rotary grid (offset 1, x first, the native grid as reference) must be known, not guessed as a ViT's."""
-    theirs = peer("vit_pe_core_base_patch16_224", img_size=224, patch_size=16, num_classes=7)
+def test_perception_encoder_is_never_read_as_a_plain_vit(tmp_path):
+    """A PE-core state dict holds no rotary buffers, so no key is missing, and its keys are those of a timm ViT
+    with a pre-norm and an attention pool: refused naming both, read exactly from its hub directory (8-head pool,
+    eps 1e-5, the rotary grid of offset 1, x first, the definition's reference grid), and as a plain ViT when told."""
+    from timm.models._hub import save_for_hf
+
+    theirs = peer("vit_pe_core_base_patch16_224", num_classes=7)
     save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, tmp_path / "pe.safetensors")
-    model = vitkit.load(tmp_path / "pe.safetensors", num_heads=4)
+    with pytest.raises(vitkit.CheckpointError, match=r"pe.safetensors: a timm state dict with a pre-norm and an "
+                                                     r"attention pool, as both timm's ViT .* and Perception Encoder"):
+        vitkit.load(tmp_path / "pe.safetensors", num_heads=4)
+    save_for_hf(theirs, str(tmp_path / "hub"))
+    model = vitkit.load(tmp_path / "hub")
     assert (model.config.pool_heads, model.config.ln_eps, model.config.rope_ref_grid) == (8, 1e-5, 14)
-    x = torch.randn(1, 3, 224, 224)
-    with torch.no_grad():
-        torch.testing.assert_close(model.forward_head(model.forward_features(x), pre_logits=True),
-                                   theirs.forward_head(theirs.forward_features(x), pre_logits=True), atol=1e-5, rtol=0)
+    assert_same(model, theirs, torch.randn(2, 3, 32, 32))
+    vit = randomised(timm.models.vision_transformer.VisionTransformer(**SMALL, pre_norm=True, global_pool="map"))
+    save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, tmp_path / "vit.safetensors")
+    assert_same(vitkit.load(tmp_path / "vit.safetensors", num_heads=4, rope="none"), vit, torch.randn(2, 3, 32, 32))
 
 
 @pytest.mark.parametrize("architecture,family", [
@@ -137,10 +147,10 @@ def test_timm_writer_gives_timm_a_hub_directory_it_loads(tmp_path, architecture)
     export(model, tmp_path / "out", "timm")
     theirs = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
     assert_same(model, theirs, torch.randn(2, 3, 32, 40))
-    # a bare PE state dict takes its rotary reference grid to be its table's: told here, as its config.json would
-    again = vitkit.load(export(model, tmp_path / "out.safetensors", "timm"), num_heads=4,
-                        rope_ref_grid=model.config.rope_ref_grid)
-    assert_same(again, theirs, torch.randn(1, 3, 32, 32))
+    if "pe_core" not in architecture:  # a bare PE state dict is refused: its layout is also a plain ViT's
+        told = dict(pool=model.config.pool) if "dinov3" in architecture else {}
+        again = vitkit.load(export(model, tmp_path / "out.safetensors", "timm"), num_heads=4, **told)
+        assert_same(again, theirs, torch.randn(1, 3, 32, 32))
 
 
 def test_timm_writer_refuses_what_eva_cannot_hold(tmp_path):
@@ -155,3 +165,12 @@ def test_timm_writer_refuses_what_eva_cannot_hold(tmp_path):
                              class_token=False, pool_heads=2)
     with pytest.raises(vitkit.CheckpointError, match="VisionTransformer state dict has no pool_heads or pool_mlp_dim"):
         export(vitkit.VisionTransformer(plain), tmp_path / "plain.safetensors", "timm")
+
+
+def test_a_bare_dinov3_layout_needs_its_pooling_told(tmp_path):
+    """timm's vit_*_dinov3 pool the patches' mean, DINOv3's own and LingBot the [class] token: same keys."""
+    save_file({k: v.contiguous() for k, v in peer("vit_small_patch16_lingbot").state_dict().items()},
+              tmp_path / "w.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match=r"w.safetensors: a DINOv3-layout state dict, .* pass "
+                                                     r"pool='gap' or pool='token'"):
+        vitkit.load(tmp_path / "w.safetensors", num_heads=4)

@@ -109,9 +109,8 @@ def test_timm_naflexvit_gives_timms_outputs_on_a_padded_batch(tmp_path, architec
         model = vitkit.load(tmp_path / "hub")
     else:  # a bare state dict does not say its pooling or activation: told as overrides
         save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, tmp_path / "w.safetensors")
-        told = dict(pool="gap", fc_norm=True) if architecture.endswith("gap") else {}
-        if architecture.endswith("siglip"):
-            told.update(gelu="tanh", pos_interp="bilinear")
+        # SigLIP 2's layout (no prefix, no LayerScale) tells its settings; the others' pooling is told
+        told = {"gap": dict(pool="gap", fc_norm=True), "map": dict(pool="map")}.get(architecture.split("_")[-1], {})
         model = vitkit.load(tmp_path / "w.safetensors", num_heads=4, **told)
     batch = naflex_batch([torch.randn(3, 37, 61), torch.randn(3, 50, 21)], patch_size=8, max_patches=20)
     with torch.no_grad():
@@ -190,3 +189,30 @@ def test_predict_and_analyze_with_max_patches_keep_each_aspect_ratio(tmp_path):
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     assert summary["image_size"] == [[32, 40], [48, 24]]
     assert [np.load(tmp_path / "analysis" / f"rollout_00{i}.npy").shape for i in (0, 1)] == [(4, 5), (6, 3)]
+
+
+def test_naflexvit_variants_vitkit_does_not_compute_are_refused(tmp_path):
+    """Sampling the table at each patch (grid_sample) and keeping the aspect ratio in the table are refused by name."""
+    timm = pytest.importorskip("timm")
+    from timm.models._hub import save_for_hf
+
+    theirs = timm.create_model("naflexvit_base_patch16_map", img_size=32, patch_size=8, embed_dim=64, depth=1,
+                               num_heads=4, pos_embed_use_grid_sample=True)
+    save_for_hf(theirs, str(tmp_path / "hub"), model_args=dict(pos_embed_use_grid_sample=True))
+    with pytest.raises(vitkit.CheckpointError, match="a NaFlexViT with pos_embed_use_grid_sample=True"):
+        vitkit.load(tmp_path / "hub")
+    save_for_hf(theirs, str(tmp_path / "par"))
+    import json
+    config = json.loads((tmp_path / "par" / "config.json").read_text())
+    (tmp_path / "par" / "config.json").write_text(json.dumps({**config, "architecture": "naflexvit_base_patch16_par_gap"}))
+    with pytest.raises(vitkit.CheckpointError, match="not aspect-preserving, factorised or RADIO tables"):
+        vitkit.load(tmp_path / "par")
+
+
+@pytest.mark.parametrize("pos_embed", ["sincos-2d", "learned"])
+def test_position_and_rotary_tables_follow_the_inputs_device(pos_embed):
+    """Tables made without parameters are moved to the patches' device (the meta device stands in for a GPU)."""
+    config = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3,
+                              pos_embed=pos_embed, rope="axial")
+    model = vitkit.VisionTransformer(config).to("meta")
+    assert model(torch.randn(2, 3, 48, 40, device="meta")).device.type == "meta"  # another grid: computed tables

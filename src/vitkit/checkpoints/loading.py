@@ -84,7 +84,8 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTCo
         return *read_npz(path, overrides), source
     state = read_weights(path)
     refuse_unsupported(state, source)
-    family = family_of_keys(state, source) if {"patch_embed.proj.weight", "embeds.proj.weight"} & state.keys() else None
+    timm_like = {"patch_embed.proj.weight", "embeds.proj.weight"} & state.keys()
+    family = family_of_keys(state, source, overrides) if timm_like else None
     if family is not None:  # timm's layout of a family whose rotary settings are not in the weights
         return *read_timm_family(state, *family, overrides, source), source
     for recognises, convert in ((is_timm, from_timm), (is_torchvision, from_torchvision),

@@ -152,7 +152,7 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
         ("pre-logits layer (representation_size)", config.representation_size),
         ("hybrid backbone (vitkit writes plain ViTs to timm)", config.backbone is not None),
         ("patch_norm or proj_bias=False (only with AIMv2's RMSNorm)", config.patch_norm or not config.proj_bias),
-        ("pool_heads or pool_mlp_dim", config.pool_heads or config.pool_mlp_dim),
+        ("pool_heads or pool_mlp_dim", config.pool_heads is not None or config.pool_mlp_dim is not None),
         ("pool_prefix (its pools take the patches)", config.pool_prefix and config.num_prefix_tokens),
     ] if bad]
     if unsupported:

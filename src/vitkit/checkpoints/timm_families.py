@@ -47,7 +47,9 @@ _ROPE_MIXED = dict(_ROPE_VIT, rope_type="mixed", rope_temperature=10.0)
 # family -> (architectures as timm names them with their arguments, head count by width where it is not the
 # paper's). The first pattern that matches an architecture wins.
 FAMILIES: dict[str, tuple[list[tuple[str, dict[str, Any]]], dict[int, int]]] = {
-    "DINOv3": ([(r"vit_\w+_patch16_dinov3(_qkvb)?", _DINOV3)], {192: 3, 384: 6, 1280: 20, 4096: 32}),
+    "DINOv3": ([(r"vit_\w+_patch16_dinov3(_qkvb)?", _DINOV3),
+                (r"vit_\w+_patch16_lingbot", dict(_DINOV3, global_pool="token"))],
+               {192: 3, 384: 6, 1280: 20, 4096: 32}),
     "EVA-02": ([(r"eva02_\w+_clip_\w+", dict(use_rot_pos_emb=True, ref_feat_shape=16, global_pool="token")),
                 (r"eva02_\w+_patch14_\d+", dict(use_rot_pos_emb=True, ref_feat_shape=16))], {}),
     "Perception Encoder": ([(r"vit_pe_core_(tiny|small)_patch16_384", dict(_PE, ref_feat_shape=24)),
@@ -124,24 +126,41 @@ def family_of_architecture(architecture: str) -> tuple[str, dict[str, Any]] | No
     return None
 
 
-def family_of_keys(state: dict[str, torch.Tensor], source: str) -> tuple[str, dict[str, Any]] | None:
+def family_of_keys(state: dict[str, torch.Tensor], source: str, overrides: dict[str, Any]
+                   ) -> tuple[str, dict[str, Any]] | None:
     """The family whose timm layout a bare state dict has, with that family's arguments; None for plain ViTs.
-    A layout that several of timm's definitions share with different settings is refused naming the family."""
+    A layout that several of timm's definitions share with different settings is refused naming them, unless
+    ``overrides`` tell the setting that differs."""
     keys = set(state)
     if "embeds.proj.weight" in keys:
-        return "NaFlexViT", {}
+        plain = not ({"reg_token", "cls_token", "embeds.reg_token", "embeds.cls_token"} & keys
+                     or any(key.endswith(".ls1.gamma") for key in keys))
+        if plain and "attn_pool.latent" in keys:  # only SigLIP 2's NaFlexViTs have no prefix and no LayerScale
+            return "NaFlexViT", NAFLEX_ARCHITECTURES[r"naflexvit_(base|so400m)_patch16_siglip"]
+        if "pool" in overrides:
+            return "NaFlexViT", {}
+        raise CheckpointError(f"{source}: a bare timm NaFlexViT state dict, whose pooling and table resampling "
+                              f"(some keep the aspect ratio) its keys do not show; load its timm hub directory, or "
+                              f"pass pool=... to read it as timm's naflexvit_base_patch16_gap or _map")
     eva_layout = any(re.search(r"\.gamma_1$|\.attn\.(q_bias|q_proj\.weight)$|\.mlp\.fc1_g\.", key) for key in keys)
     bias_free_norms = "norm.weight" in keys and "norm.bias" not in keys
     table, prefix = "pos_embed" in keys, ("cls_token" in keys, "reg_token" in keys)
     if "blocks.0.mlp.fc1_g.weight" in keys and bias_free_norms:
         return "AIMv2", FAMILIES["AIMv2"][0][0][1]
-    if "norm_pre.weight" in keys and "attn_pool.latent" in keys:
-        return "Perception Encoder", dict(_PE, ref_feat_shape="native", rope_grid_offset=1.0 if prefix[0] else 0.0)
+    if "norm_pre.weight" in keys and "attn_pool.latent" in keys and "rope" not in overrides:
+        raise CheckpointError(f"{source}: a timm state dict with a pre-norm and an attention pool, as both timm's "
+                              f"ViT (pre_norm, global_pool='map') and Perception Encoder (rotary embeddings, not saved "
+                              f"in the weights, an 8-head pool over every token) have; load PE from its timm hub "
+                              f"directory, or pass rope='none' to read a plain ViT")
     if "rope.freqs" in keys:  # the position table of the "ape" variants has no prefix rows
         return "RoPE-ViT", dict(_ROPE_MIXED, no_embed_class=table)
     if not eva_layout:
         return None
     if not table and prefix == (True, True):
+        if "pool" not in overrides:
+            raise CheckpointError(f"{source}: a DINOv3-layout state dict, which timm's definitions pool by the mean "
+                                  f"of the patches (vit_*_dinov3) or by [class] (DINOv3's own, LingBot); load its "
+                                  f"timm hub directory, or pass pool='gap' or pool='token'")
         return "DINOv3", _DINOV3
     if not table and prefix == (False, True):
         return "timm RoPE ViT", dict(use_rot_pos_emb=True, ref_feat_shape=16)
@@ -265,6 +284,7 @@ def naflex_fields(args: dict[str, Any], source: Any) -> dict[str, Any]:
     refused = [f"{name}={a[name]!r}" for name, bad in [
         ("pos_embed", a["pos_embed"] not in ("learned", "none")), ("pos_embed_ar_preserving", a["pos_embed_ar_preserving"]),
         ("rope_type", a["rope_type"] not in ("", "none")), ("attn_type", a["attn_type"] != "standard"),
+        ("pos_embed_use_grid_sample", a["pos_embed_use_grid_sample"]),
         ("num_kv_heads", a["num_kv_heads"] is not None), ("global_pool", a["global_pool"] not in ("avg", "map", "token")),
         ("act_layer", a["act_layer"] not in (None, "gelu", "gelu_tanh")), ("final_norm", not a["final_norm"]),
     ] if bad]

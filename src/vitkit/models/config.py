@@ -254,8 +254,6 @@ class ViTConfig:
         need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
         need(self.rope == "none" or self.head_dim % 4 == 0,
              f"rope={self.rope!r} needs a head width (dim / num_heads) divisible by 4, got {self.head_dim}")
-        need(self.rope == "none" or self.pos_embed in ("learned", "none"),
-             f"rope={self.rope!r} goes with pos_embed 'learned' or 'none', got {self.pos_embed!r}")
         need(self.pool_heads is None or self.dim % self.pool_heads == 0,
              f"dim={self.dim} is not divisible by pool_heads={self.pool_heads}")
         need(not self.dist_token or (self.class_token and self.pool == "token" and not self.fc_norm

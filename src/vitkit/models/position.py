@@ -82,8 +82,8 @@ class LearnedPositionEmbedding(_CachedByGrid):
         return resample_with_prefix(self.weight, self.prefix, self.grid, grid, self.mode, self.antialias,
                                     self.align_corners)
 
-    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
-        return self.weight if tuple(grid) == self.grid else super().forward(grid)
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        return self.weight if tuple(grid) == self.grid else super().forward(grid, device)
 
     @torch.no_grad()
     def resize(self, grid: tuple[int, int]) -> None:

@@ -132,7 +132,8 @@ class VisionTransformer(nn.Module):
 
     def embed_patches(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """The rest of eq. (1) on (B, N, D) patch embeddings (which masked patch prediction corrupts)."""
-        return self._add_prefix_and_positions(patches, None if self.pos_embed is None else self.pos_embed(grid))
+        position = None if self.pos_embed is None else self.pos_embed(grid, patches.device)
+        return self._add_prefix_and_positions(patches, position)
 
     def _add_prefix_and_positions(self, patches: torch.Tensor, position: torch.Tensor | None) -> torch.Tensor:
         """[class] (and other prefix tokens) before the (B, N, D) patches, plus a (1 or B, rows, D) position table."""
@@ -168,7 +169,7 @@ class VisionTransformer(nn.Module):
         rows = batch.coords[..., 0] * batch.grids[:, None, 1] + batch.coords[..., 1]  # (B, N) index in each grid
         position = None
         if self.pos_embed is not None:
-            tables = [self.pos_embed(grid)[0] for grid in grids]
+            tables = [self.pos_embed(grid, patches.device)[0] for grid in grids]
             keep = c.pos_prefix_tokens
             position = torch.stack([torch.cat([table[:keep], table[keep:][index]])
                                     for table, index in zip(tables, rows)])
