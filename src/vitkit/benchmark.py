@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .checkpoints.timm_families import is_timm_family, write_timm_family
+from .errors import CheckpointError
 from .models.stats import forward_flops
 from .models.vit import VisionTransformer
 from .runtime import DTYPES, autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory, timed
@@ -111,11 +113,21 @@ def _torch_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, d
 
 
 def timm_twin(model: VisionTransformer) -> nn.Module:
-    """timm's ``VisionTransformer`` holding ``model``'s weights (plain ViTs with timm's numerics); raises
-    ValueError for a model timm cannot mirror."""
+    """timm's ``VisionTransformer`` holding ``model``'s weights (plain ViTs with timm's numerics), or for the
+    rotary and RMSNorm families the ``Eva`` (or AIMv2) that vitkit's timm writer describes, built by timm from
+    that hub directory; raises ValueError for a model timm cannot mirror."""
+    import timm
     import timm.models.vision_transformer as timm_vit
 
     config = model.config
+    if is_timm_family(config):
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                write_timm_family(model, Path(folder) / "twin")
+            except CheckpointError as error:
+                raise ValueError(str(error)) from None
+            twin = timm.create_model(f"local-dir:{Path(folder) / 'twin'}", pretrained=True)
+        return twin.eval().to(next(model.parameters()).device)
     if config.backbone is not None or config.pos_embed != "learned" or config.gelu != "exact" or \
             config.representation_size:
         raise ValueError("timm's plain ViT mirrors learned 1-D position embeddings, exact GELU, no hybrid stem "

@@ -351,6 +351,9 @@ def timm_architecture(config: ViTConfig, path: Any) -> tuple[str, dict[str, Any]
         (f"gelu={c.gelu!r}", c.gelu != "exact" and c.mlp == "gelu"), ("dist_token", c.dist_token),
         ("representation_size", c.representation_size), ("a hybrid backbone", c.backbone is not None),
         (f"pos_embed={c.pos_embed!r}", c.pos_embed not in ("learned", "none")),
+        ("a position table resampled otherwise than bicubic with antialias (timm's way at other sizes)",
+         c.pos_embed == "learned" and (c.pos_interp, c.pos_interp_antialias, c.pos_interp_align_corners)
+         != ("bicubic", True, False)),
         ("pool_prefix differing from timm's (Eva pools every token by attention, the patches by mean)",
          not aimv2 and c.pool != "token" and c.pool_prefix != (c.pool == "map")),
         ("proj_bias=False or patch_norm without RMSNorm", not aimv2 and (not c.proj_bias or c.patch_norm)),
