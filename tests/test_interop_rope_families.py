@@ -175,3 +175,30 @@ def test_a_bare_dinov3_layout_needs_its_pooling_told(tmp_path):
     with pytest.raises(vitkit.CheckpointError, match=r"w.safetensors: a DINOv3-layout state dict, .* pass "
                                                      r"pool='gap' or pool='token'"):
         vitkit.load(tmp_path / "w.safetensors", num_heads=4)
+
+
+@pytest.mark.parametrize("architecture,model_args,expected", [
+    ("vit_small_patch16_dinov3", dict(rope_temperature="abc"), r"model_args.rope_temperature='abc'; expected a "
+                                                                r"positive number"),
+    ("vit_small_patch16_dinov3", dict(rope_grid_offset=None), r"model_args.rope_grid_offset=None; expected a "
+                                                               r"finite number"),
+    ("eva02_tiny_patch14_224", dict(ref_feat_shape=[16, 8]), r"ref_feat_shape=\[16, 8\]; vitkit's rotary grid is "
+                                                             r"square"),
+    ("vit_small_patch16_dinov3", dict(img_size="x"), r"image_size='x', expected an int or a \(height, width\)"),
+    ("vit_pe_core_base_patch16_224", dict(attn_pool_num_heads=0), r"model_args.attn_pool_num_heads=0; expected an "
+                                                                   r"integer >= 1"),
+])
+def test_bad_model_args_of_a_hub_directory_are_one_line_errors(tmp_path, capsys, architecture, model_args, expected):
+    from timm.models._hub import save_for_hf
+
+    from vitkit.cli import main
+
+    save_for_hf(peer(architecture), str(tmp_path / "hub"))
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    config["model_args"].update(model_args)
+    (tmp_path / "hub" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vitkit.CheckpointError, match=expected):
+        vitkit.load(tmp_path / "hub")
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "hub")]) == 1  # a checkpoint error: one line, no traceback
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

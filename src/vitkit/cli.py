@@ -28,7 +28,7 @@ from .data import CORRUPT, RESIZE_MODES
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
-from .evaluate.preprocessing import budget_transform, checkpoint_transform
+from .evaluate.preprocessing import checkpoint_transform, naflex_transform
 from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
@@ -184,7 +184,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.max_patches:
         if args.image_size:
             raise ConfigError("--image-size and --max-patches: the budget sizes each image at its own aspect ratio")
-        transform = budget_transform(config, args.max_patches, mean, std)
+        transform = naflex_transform(config, args.max_patches, mean, std)
     else:
         transform = checkpoint_transform(config, args.resize, size, mean, std)
     images, shown = inputs.prepare(pictures, transform)
@@ -223,6 +223,10 @@ _positive = _checked(int, at_least(1))
 _count = _checked(int, at_least(0))
 _fraction = _checked(float, fraction(open_top=True))
 _positive_number = _checked(float, ((lambda value: value > 0), "a positive number"))
+# Patches per image of a NaFlex batch: every image is padded to this many, so it bounds the batch's memory
+# (16384 patches of 16 px hold a 2048 x 2048 image; SigLIP 2 was trained with up to 1024).
+MAX_PATCHES_LIMIT = 16384
+_patch_budget = _checked(int, ((lambda value: 1 <= value <= MAX_PATCHES_LIMIT), f"an int in 1..{MAX_PATCHES_LIMIT}"))
 
 
 def _json_object(text: str) -> dict:
@@ -548,7 +552,7 @@ def _resize_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _max_patches_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-patches", type=_positive, metavar="N",
+    parser.add_argument("--max-patches", type=_patch_budget, metavar="N",
                         help="NaFlex: run each image at its own aspect ratio, resized to the most patches within N "
                              "(SigLIP 2's rule), instead of resizing to the model's square size")
 

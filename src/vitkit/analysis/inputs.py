@@ -3,7 +3,7 @@ their preparation for a model by the checkpoint's evaluation transform, as every
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,18 +50,16 @@ def dataset_sample(name: str, data_dir: str | Path | None, count: int, seed: int
     return [data[int(index)][0].permute(1, 2, 0).squeeze(-1).numpy() for index in np.sort(chosen)]
 
 
-def prepare(images: Sequence[np.ndarray], transform: Preset | Callable[[np.ndarray], Preset]
+def prepare(images: Sequence[np.ndarray], transform: Preset
             ) -> tuple[torch.Tensor | list[torch.Tensor], list[np.ndarray]]:
     """The model's input (B, C, H, W) made by ``transform`` (``vitkit.evaluate.preprocessing``), and the
-    pictures it saw before normalisation, as uint8 arrays (for overlays). A ``transform`` made for each picture
-    (a function of it) gives a list of (1, C, H, W) inputs, each at its own size."""
+    pictures it saw before normalisation, as uint8 arrays (for overlays). Where the transform keeps each image's
+    aspect ratio (NaFlex) and sizes differ, a list of (1, C, H, W) inputs, each at its own size."""
     if not len(images):
         raise DatasetError("no images to analyse")
     pictures = [torch.from_numpy(np.array(image)) for image in images]
-    pictures = [p.unsqueeze(0) if p.ndim == 2 else p.permute(2, 0, 1) for p in pictures]
-    transforms = [transform if isinstance(transform, Preset) else transform(p) for p in pictures]
-    seen = [each.per_image(p) for each, p in zip(transforms, pictures)]
+    seen = [transform.per_image(p.unsqueeze(0) if p.ndim == 2 else p.permute(2, 0, 1)) for p in pictures]
     shown = [picture.permute(1, 2, 0).squeeze(-1).numpy().copy() for picture in seen]
-    if isinstance(transform, Preset):
+    if all(picture.shape == seen[0].shape for picture in seen):
         return transform.per_batch(torch.stack(seen)), shown
-    return [each.per_batch(p[None]) for each, p in zip(transforms, seen)], shown
+    return [transform.per_batch(picture[None]) for picture in seen], shown

@@ -27,6 +27,7 @@ from safetensors.torch import save
 from ..atomic import atomic_directory, atomic_file
 from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
+from .files import check_fields
 from .inference import infer_config
 from .names import Names, rename
 
@@ -95,6 +96,9 @@ NAFLEX_ARCHITECTURES = {
     r"naflexvit_(base|so400m)_patch16_siglip": dict(act_layer="gelu_tanh", pos_embed_interp_mode="bilinear"),
 }
 NAFLEX_HEADS = {832: 13, 1152: 16}
+# What the numbers of a hub directory's model_args must be (kinds of files.FIELD_KINDS).
+MODEL_ARG_KINDS = dict(rope_temperature="positive", rope_grid_offset="number", attn_pool_num_heads="count",
+                       attn_pool_mlp_ratio="positive", num_reg_tokens="whole")
 NAFLEX_NAMES = Names([
     ("embeds.pos_embed", "pos_embed.weight"),
     ("embeds.cls_token", "cls_token"),
@@ -266,6 +270,7 @@ def read_timm_hub_family(state: dict[str, torch.Tensor], hub: dict[str, Any], fa
                          overrides: dict[str, Any], path: Path) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """A timm hub directory of ``family``: its definition's arguments, then ``model_args``, then ``global_pool``."""
     model_args = hub.get("model_args", {})
+    check_fields(model_args, MODEL_ARG_KINDS, path.parent / "config.json", within="model_args.")
     if family == "NaFlexViT":
         args = {**args, **{k: v for k, v in model_args.items() if k in NAFLEX_DEFAULTS or k == "in_chans"}}
         return read_timm_naflex(state, args, overrides, str(path), model_args.get("num_heads"))
@@ -305,16 +310,17 @@ def read_timm_naflex(state: dict[str, torch.Tensor], args: dict[str, Any], overr
     state = rename(state, NAFLEX_NAMES, source)
     proj, table = state["patch_embed.proj.weight"], state.get("pos_embed.weight")
     if proj.ndim == 2:
-        channels = state["patch_embed.proj.weight"].shape[1]
+        channels = proj.shape[1]
         in_chans = args.get("in_chans", 3)
         patch = round((channels // in_chans) ** 0.5)
         if patch * patch * in_chans != channels:
             raise CheckpointError(f"{source}: embeds.proj.weight of shape {tuple(proj.shape)} is no patch kernel of "
                                   f"{in_chans} channels")
-        layout = (-1, patch, patch, in_chans) if NAFLEX_DEFAULTS["patchify_channels_last"] and args.get(
-            "patchify_channels_last", True) else (-1, in_chans, patch, patch)
-        kernel = proj.reshape(layout)
-        state["patch_embed.proj.weight"] = kernel.permute(0, 3, 1, 2) if layout[-1] == in_chans else kernel
+        if {**NAFLEX_DEFAULTS, **args}["patchify_channels_last"]:  # each patch flattened (row, column, channel)
+            kernel = proj.reshape(-1, patch, patch, in_chans).permute(0, 3, 1, 2)
+        else:
+            kernel = proj.reshape(-1, in_chans, patch, patch)
+        state["patch_embed.proj.weight"] = kernel
     if table is not None:
         rows, cols = table.shape[1:3]
         state["pos_embed.weight"] = table.reshape(1, rows * cols, -1)

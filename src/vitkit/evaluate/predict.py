@@ -17,7 +17,7 @@ from ..data.transforms import Preset
 from ..errors import ConfigError
 from ..models.vit import VisionTransformer
 from ..runtime import autocast
-from .preprocessing import budget_transform, checkpoint_transform
+from .preprocessing import checkpoint_transform, naflex_transform
 
 FEATURE_SUFFIXES = (".npz", ".safetensors")
 
@@ -51,7 +51,7 @@ def image_transform(model: VisionTransformer, pixels: torch.Tensor, resize: str,
     (NaFlex); with the same normalisation."""
     config = model.config
     if max_patches:
-        return budget_transform(config, max_patches)(pixels)
+        return naflex_transform(config, max_patches)
     if not keep_aspect:
         return checkpoint_transform(config, resize)
     size = aspect_size(*pixels.shape[-2:], min(config.image_size), config.effective_patch_size)

@@ -4,7 +4,7 @@ normalisation family and crop fraction) to the data layer's plain transform, tak
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -27,17 +27,6 @@ def checkpoint_transform(config: ViTConfig, resize: str = "crop", image_size: tu
                                 std or trained_std, config.provenance.crop_pct, resize)
 
 
-def budget_transform(config: ViTConfig, max_patches: int, mean: Sequence[float] | None = None,
-                     std: Sequence[float] | None = None) -> Callable[[torch.Tensor], Preset]:
-    """For one (C, H, W) picture, the checkpoint's transform at that picture's own aspect ratio, resized to the
-    most patches within ``max_patches`` (NaFlex, one image at a time)."""
-    def transform(picture: torch.Tensor) -> Preset:
-        size = size_for_patch_budget(picture.shape[-2], picture.shape[-1], config.patch_size, max_patches)
-        return checkpoint_transform(config, "stretch", size, mean, std)
-
-    return transform
-
-
 class ResizeToPatchBudget(torch.nn.Module):
     """Resize an image, aspect ratio kept, to the most ``patch_size`` patches ``max_patches`` allows (NaFlex)."""
 
@@ -50,13 +39,20 @@ class ResizeToPatchBudget(torch.nn.Module):
         return TF.resize(image, list(size), antialias=True)
 
 
+def naflex_transform(config: ViTConfig, max_patches: int, mean: Sequence[float] | None = None,
+                     std: Sequence[float] | None = None) -> Preset:
+    """The checkpoint's test-time transform for NaFlex: each image at its own aspect ratio, resized to the most
+    patches within ``max_patches`` (so the images of one batch differ in size), normalised as it was trained."""
+    trained_mean, trained_std = config.input_statistics
+    return Preset(v2.Compose([ToChannels(config.in_chans), ResizeToPatchBudget(config.patch_size, max_patches)]),
+                  ToModelInput(mean or trained_mean, std or trained_std))
+
+
 def naflex_loader(dataset, config: ViTConfig, max_patches: int, batch_size: int, num_workers: int = 0,
                   corrupt: str = "fail", device: torch.device | None = None) -> DataLoader:
     """Every image of ``dataset`` once, each at its own aspect ratio within ``max_patches`` patches, in
     :class:`PatchBatch` es with their labels (``corrupt='skip'`` leaves unreadable images out)."""
-    mean, std = config.input_statistics
-    preset = Preset(v2.Compose([ToChannels(config.in_chans), ResizeToPatchBudget(config.patch_size, max_patches)]),
-                    ToModelInput(mean, std))
+    preset = naflex_transform(config, max_patches)
     collate = partial(_naflex_collate, preset, config.patch_size, max_patches)
     return DataLoader(Transformed(dataset, preset, corrupt=corrupt), batch_size=batch_size, shuffle=False,
                       collate_fn=collate, generator=torch.Generator(), **worker_options(num_workers, device))
