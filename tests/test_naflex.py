@@ -216,3 +216,18 @@ def test_position_and_rotary_tables_follow_the_inputs_device(pos_embed):
                               pos_embed=pos_embed, rope="axial")
     model = vitkit.VisionTransformer(config).to("meta")
     assert model(torch.randn(2, 3, 48, 40, device="meta")).device.type == "meta"  # another grid: computed tables
+
+
+def test_eval_with_max_patches_refuses_streamed_shards_in_one_line(tmp_path, capsys):
+    from data_helpers import numbered_shards
+
+    from vitkit.cli import main
+
+    numbered_shards(tmp_path / "shards", "test", [4])
+    numbered_shards(tmp_path / "shards", "train", [4])
+    model = tiny("dinov3")
+    model.reset_head(4)
+    model.save(tmp_path / "model")
+    assert main(["eval", str(tmp_path / "model"), "--dataset", f"webdataset:{tmp_path / 'shards'}",
+                 "--max-patches", "6", "--out", str(tmp_path / "eval")]) == 2
+    assert "--max-patches reads datasets with indexed images" in capsys.readouterr().err

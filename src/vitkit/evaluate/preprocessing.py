@@ -14,6 +14,7 @@ from torchvision.transforms import v2
 
 from ..data.loading import Item, Transformed, readable, worker_options
 from ..data.transforms import Preset, ToChannels, ToModelInput, evaluation_transform
+from ..errors import ConfigError
 from ..models.config import ViTConfig
 from ..models.naflex import PatchBatch, patch_batch, size_for_patch_budget
 
@@ -52,6 +53,9 @@ def naflex_loader(dataset, config: ViTConfig, max_patches: int, batch_size: int,
                   corrupt: str = "fail", device: torch.device | None = None) -> DataLoader:
     """Every image of ``dataset`` once, each at its own aspect ratio within ``max_patches`` patches, in
     :class:`PatchBatch` es with their labels (``corrupt='skip'`` leaves unreadable images out)."""
+    if not hasattr(dataset, "__getitem__"):
+        raise ConfigError(f"--max-patches reads datasets with indexed images (folders, npz, hf:); "
+                          f"{type(dataset).__name__} streams its shards")
     preset = naflex_transform(config, max_patches)
     collate = partial(_naflex_collate, preset, config.patch_size, max_patches)
     return DataLoader(Transformed(dataset, preset, corrupt=corrupt), batch_size=batch_size, shuffle=False,
