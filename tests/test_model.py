@@ -1,10 +1,13 @@
+import itertools
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import vitkit
-from vitkit.models.position import resample_grid, resample_with_prefix, sincos_2d
+from vitkit.models.config import POS_INTERPS
+from vitkit.models.position import grid_cells, resample_grid, resample_weights, resample_with_prefix, sincos_2d
 
 
 def tiny(**overrides):
@@ -127,7 +130,7 @@ def test_learned_2d_resize_and_sincos_formula():
     model.resize_image((48, 16))
     assert model.pos_embed.rows.shape == (6, 32) and model.pos_embed.cols.shape == (2, 32)
     torch.testing.assert_close(model(x), before)
-    table = sincos_2d((2, 3), 8)
+    table = sincos_2d(*grid_cells((2, 3)), 8)
     # row index 1*3+2 is y=1, x=2; quarter=2 frequencies 1 and 1/10000.
     expected = torch.tensor([2.0, 2e-4]).sin().tolist() + torch.tensor([2.0, 2e-4]).cos().tolist() + \
         torch.tensor([1.0, 1e-4]).sin().tolist() + torch.tensor([1.0, 1e-4]).cos().tolist()
@@ -220,3 +223,19 @@ def test_patch_projection_is_lecun_normal_truncated_at_two_sigma():
     lecun = math.sqrt(1 / 768)
     assert abs(weight.std().item() / lecun - 1) < 0.02
     assert weight.abs().max().item() <= 2 * lecun / 0.87962566103423978 + 1e-7
+
+
+@pytest.mark.parametrize("mode", POS_INTERPS)
+def test_resample_weights_are_torchs_interpolate(mode):
+    """The resize an exported graph and a NaFlex batch compute as weights is F.interpolate's, for every mode, with
+    and without antialias and corner alignment, shrinking and growing (one axis of a 2-D image, as tables are)."""
+    smooth = mode in ("bilinear", "bicubic")
+    switches = (False, True) if smooth else (False,)
+    for antialias, align in itertools.product(switches, switches):
+        for length, size in itertools.product((1, 3, 7, 16), (1, 2, 5, 16, 23)):
+            column = torch.randn(length)
+            image = column[None, None, :, None].expand(1, 1, length, 3)
+            options = dict(align_corners=align) if smooth else {}
+            expected = F.interpolate(image, size=(size, 3), mode=mode, antialias=antialias, **options)[0, 0, :, 1]
+            weights = resample_weights(torch.arange(size), size, length, mode, antialias, align)
+            torch.testing.assert_close(weights @ column, expected, atol=2e-5, rtol=0)

@@ -97,13 +97,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
     timm state dict, ONNX (checked by ONNX Runtime after writing) or OpenVINO IR (checked by OpenVINO)."""
     model = load_checkpoint(args)
-    written = export(model, args.dst, args.to, args.quantize, select_device(args.device))
+    written = export(model, args.dst, args.to, args.quantize, select_device(args.device), args.naflex)
     print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
     if args.to == "openvino":
         print(f"OpenVINO (fp32) vs PyTorch on a probe batch: max |difference| {written.max_difference:.2g}")
     if args.to == "onnx":
-        print(f"opset {written.opset}, dynamic batch; ONNX Runtime vs PyTorch on a probe batch: max |difference| "
+        inputs = "NaFlex batches of any size" if args.naflex else "images of any batch and size"
+        print(f"opset {written.opset}, takes {inputs}; ONNX Runtime vs PyTorch on probe batches: max |difference| "
               f"{written.max_difference:.2g}")
         if written.quantized_difference is not None:
             print(f"{args.quantize} weights: max |difference| {written.quantized_difference:.3g}, top-1 kept on "
@@ -361,10 +362,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
+    check_graph_inputs(model, args.checkpoint, args.max_patches)
     if args.max_patches:
         from .evaluate.preprocessing import naflex_loader
 
-        native_only(model, args.checkpoint)
         loader = naflex_loader(dataset, config, args.max_patches, args.batch_size, args.num_workers, args.corrupt,
                                device)
     else:
@@ -497,8 +498,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             raise ConfigError(f"--features: {args.checkpoint} is an exported graph that gives logits only; pass the "
                               "checkpoint it was exported from")
     model, device, dtype = inference_model(args)
+    check_graph_inputs(model, args.checkpoint, args.max_patches)
     if args.max_patches:
-        native_only(model, args.checkpoint)
         if args.keep_aspect:
             raise ConfigError("--keep-aspect and --max-patches: pick one way to keep each image's aspect ratio")
     predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
@@ -557,11 +558,14 @@ def _max_patches_flag(parser: argparse.ArgumentParser) -> None:
                              "(SigLIP 2's rule), instead of resizing to the model's square size")
 
 
-def native_only(model: object, checkpoint: str) -> None:
-    """Refuse NaFlex batches for an exported model, which runs on fixed image tensors."""
-    if not isinstance(model, VisionTransformer):
-        raise ConfigError(f"--max-patches: {checkpoint} is an exported model, which takes images of one size; use "
-                          f"the PyTorch checkpoint")
+def check_graph_inputs(model: object, checkpoint: str, max_patches: int | None) -> None:
+    """An exported graph takes image tensors or NaFlex batches, as it was exported; a PyTorch model takes both."""
+    if isinstance(model, VisionTransformer) or bool(max_patches) == model.naflex:
+        return
+    if max_patches:
+        raise ConfigError(f"--max-patches: {checkpoint} was exported for image tensors; export it again with "
+                          f"`vitkit convert ... --naflex`, or use the PyTorch checkpoint")
+    raise ConfigError(f"{checkpoint} was exported for NaFlex batches; pass --max-patches N (N patches an image)")
 
 
 def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> None:
@@ -594,6 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("dst", metavar="DST", help="the file or directory to write (its kind is given by --to)")
     conv.add_argument("--to", choices=FORMATS, default="native")
     conv.add_argument("--quantize", choices=QUANTIZATIONS, help="ONNX only: int8 weights (dynamic quantisation)")
+    conv.add_argument("--naflex", action="store_true",
+                      help="ONNX and OpenVINO: a graph taking NaFlex batches (patches, coords, mask, grids: images at "
+                           "their own aspect ratio, run with --max-patches) instead of image tensors")
     _runtime_flags(conv, precision=False)
     conv.set_defaults(run=cmd_convert)
     analyze = sub.add_parser("analyze", help="attention rollout, attention distance, embedding figures and a report")

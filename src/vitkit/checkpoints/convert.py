@@ -37,14 +37,18 @@ def hf_writer(config: ViTConfig) -> Callable[[VisionTransformer, Path], Path]:
 
 
 def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | None = None,
-           device: torch.device | str = "cpu") -> Path | OnnxExport | OpenVinoExport:
+           device: torch.device | str = "cpu", naflex: bool = False) -> Path | OnnxExport | OpenVinoExport:
     """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory, a timm state dict,
     ONNX (traced on ``device``, checked by ONNX Runtime, optionally with int8 weights) or OpenVINO IR (checked
-    by OpenVINO); for the last two their report is returned."""
+    by OpenVINO); for the last two their report is returned. Their graphs take images of any size, or with
+    ``naflex`` NaFlex batches of any number of patches."""
+    if naflex and to not in ("onnx", "openvino"):
+        raise CheckpointError(f"naflex applies to ONNX and OpenVINO export, not to {to!r}: the other formats hold "
+                              f"weights, which take NaFlex batches once loaded")
     if to == "onnx":
-        return write_onnx(model, path, quantize, device)
+        return write_onnx(model, path, quantize, device, naflex)
     if to == "openvino" and not quantize:
-        return write_openvino(model, path, device)
+        return write_openvino(model, path, device, naflex=naflex)
     if quantize:
         raise CheckpointError(f"quantize={quantize!r} applies to ONNX export only, not to {to!r}")
     if to not in WRITERS:

@@ -1,6 +1,10 @@
 """ONNX: one more format ``vitkit convert`` writes and ``vitkit eval`` / ``predict`` read, so it sits beside
-the other formats. Every export is checked by ONNX Runtime before it replaces anything: a probe batch
-of another size than the traced one (the batch axis is dynamic) must give PyTorch's logits.
+the other formats. The graph takes images of any batch, height and width (multiples of the patch): position
+tables are resampled and rotary tables computed in it for the input's grid. With ``naflex`` it takes a NaFlex
+batch instead (``patches``, ``coords``, ``mask``, ``grids`` as :class:`~vitkit.models.naflex.PatchBatch` holds
+them; any batch and number of patches). Every export is checked by ONNX Runtime before it replaces anything:
+probe batches of other sizes than the traced one (another batch, and another image size or patch count) must
+give PyTorch's logits.
 
 The model's ``ViTConfig`` (class names and input normalisation included) travels in the file's metadata
 (``vitkit.config``), with ``classes``, ``mean``, ``std`` and ``crop_pct`` also as plain entries for other
@@ -23,12 +27,14 @@ import torch
 from torch import nn
 
 from ..atomic import move_into_place, staging_beside
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InputError
 from ..models.config import ViTConfig
+from ..models.naflex import PatchBatch, naflex_batch
 from ..models.vit import VisionTransformer
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"
+NAFLEX_INPUTS = ("patches", "coords", "mask", "grids")  # a PatchBatch's fields, in its order
 CONFIG_KEY = "vitkit.config"
 TOLERANCE = 1e-4  # of the logits' scale: max |ONNX - PyTorch| / max(1, max |logit|)
 QUANTIZATIONS = ("int8",)
@@ -83,22 +89,41 @@ def _rms_norm(g, x, normalized_shape, weight, eps):
     return g.op("Mul", g.op("Div", x, g.op("Sqrt", g.op("Add", mean_square, eps))), weight)
 
 
-def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: bool = True) -> None:
-    """Export ``model`` to ``path``, written once: traced into memory, then saved with its metadata. The image size
-    is fixed at the config's (only the batch axis is dynamic); rotary tables are computed in the graph for it."""
+class _NaFlexInputs(nn.Module):
+    """``model`` on a NaFlex batch's four tensors, the inputs an exported NaFlex graph takes."""
+
+    def __init__(self, model: VisionTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, patches: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor, grids: torch.Tensor
+                ) -> torch.Tensor:
+        return self.model(PatchBatch(patches, coords, mask, grids))
+
+
+def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: bool = True,
+          naflex: bool = False) -> None:
+    """Export ``model`` to ``path``, written once: traced into memory, then saved with its metadata. The batch,
+    height and width are dynamic (with ``naflex``: the batch and the number of patches)."""
     onnx, _ = _require_runtime()
     torch.onnx.register_custom_op_symbolic("aten::rms_norm", _rms_norm, OPSET)  # AIMv2's norms
-    config = model.config
-    example = torch.randn(_TRACE_BATCH, config.in_chans, *config.image_size, device=device)
+    example = probe_inputs(model.config, naflex, _TRACE_BATCH)[0]
+    if naflex:
+        module, names = _NaFlexInputs(model), list(NAFLEX_INPUTS)
+        inputs = tuple(getattr(example.to(device), name) for name in NAFLEX_INPUTS)
+        axes = {name: {0: "batch", 1: "patches"} for name in names[:3]} | {names[3]: {0: "batch"}}
+    else:
+        module, names, inputs = model, [INPUT], (example.to(device),)
+        axes = {INPUT: {0: "batch", 2: "height", 3: "width"}}
     traced = io.BytesIO()
-    with warnings.catch_warnings():  # the tracer's notes on shape checks that are constant for a fixed size
+    with warnings.catch_warnings():  # the tracer's notes on shape checks, which hold at every size the graph takes
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (example,), traced, dynamo=False, opset_version=OPSET, input_names=[INPUT],
-                          output_names=[OUTPUT], dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}})
+        torch.onnx.export(module, inputs, traced, dynamo=False, opset_version=OPSET, input_names=names,
+                          output_names=[OUTPUT], dynamic_axes=axes | {OUTPUT: {0: "batch"}})
     graph = onnx.load_from_string(traced.getvalue())
     del traced  # the graph holds the weights now
     if metadata:
-        for key, value in _metadata(config).items():
+        for key, value in _metadata(model.config).items():
             graph.metadata_props.add(key=key, value=value)
     onnx.save(graph, str(path))
 
@@ -117,18 +142,64 @@ def quantize_onnx(source: Path, target: Path) -> Path:
     return target
 
 
-def _logits(graph: Path, images: torch.Tensor, device: torch.device) -> np.ndarray:
-    return session(graph, device).run([OUTPUT], {INPUT: images.cpu().numpy()})[0]
+def feeds(inputs: torch.Tensor | PatchBatch, names: list[str]) -> dict[str, np.ndarray]:
+    """The arrays of a graph's inputs ``names``, of images or a NaFlex batch (a graph whose result does not depend
+    on an input, such as the grids under rotary tables of patch indices, has no such input)."""
+    if isinstance(inputs, PatchBatch):
+        arrays = {name: getattr(inputs, name).detach().cpu() for name in names}
+        return {name: (array.float() if name == "patches" else array).numpy() for name, array in arrays.items()}
+    return {INPUT: inputs.detach().float().cpu().numpy()}
 
 
-def probe_batch(config: ViTConfig) -> torch.Tensor:
-    """The fixed random images an export is checked on (another batch size than the traced one)."""
-    return torch.randn(_PROBE_BATCH, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+def _logits(graph: Path, inputs: torch.Tensor | PatchBatch, device: torch.device) -> np.ndarray:
+    run = session(graph, device)
+    return run.run([OUTPUT], feeds(inputs, [i.name for i in run.get_inputs()]))[0]
+
+
+def probe_inputs(config: ViTConfig, naflex: bool = False, batch: int = _PROBE_BATCH
+                 ) -> list[torch.Tensor | PatchBatch]:
+    """Fixed random inputs an export is traced on (the first) or checked on, ``batch`` images each: at the
+    config's size and at a taller, wider one; or NaFlex batches of images of up to three aspect ratios at the
+    config's number of patches and at a few more."""
+    generator = torch.Generator().manual_seed(0)
+    height, width = config.image_size
+    if not naflex:
+        step = config.effective_patch_size
+        return [torch.randn(batch, config.in_chans, *size, generator=generator)
+                for size in ((height, width), (height + step, width + 2 * step))]
+    budget = config.grid_size[0] * config.grid_size[1]
+    shapes = [(height, width), (height, 2 * width), (2 * height, width)][:batch]
+    images = [torch.randn(config.in_chans, *shape, generator=generator) for shape in shapes]
+    return [naflex_batch(images, config.patch_size, patches) for patches in (budget, budget + 5)]
+
+
+def probe_logits(model: VisionTransformer, naflex: bool, device: torch.device
+                 ) -> list[tuple[torch.Tensor | PatchBatch, np.ndarray]]:
+    """The probe inputs an export is checked on, each with PyTorch's logits."""
+    with torch.no_grad():
+        return [(probe, model(probe.to(device)).float().cpu().numpy()) for probe in probe_inputs(model.config, naflex)]
+
+
+def checked_difference(run, probes: list[tuple[torch.Tensor | PatchBatch, np.ndarray]], path: Path,
+                       runtime: str) -> float:
+    """The largest |logit difference| of ``run`` (inputs -> logits array) from PyTorch's over the probes; one
+    beyond the tolerance is refused, naming the probe."""
+    largest = 0.0
+    for inputs, reference in probes:
+        difference = float(np.abs(run(inputs) - reference).max())
+        scale = max(1.0, float(np.abs(reference).max()))
+        if difference > TOLERANCE * scale:
+            shape = tuple((inputs.patches if isinstance(inputs, PatchBatch) else inputs).shape)
+            raise CheckpointError(f"{path}: {runtime}'s logits differ from PyTorch's by {difference:.3g} on a probe "
+                                  f"of shape {shape} (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
+        largest = max(largest, difference)
+    return largest
 
 
 def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
-               device: torch.device | str = "cpu") -> OnnxExport:
-    """Export ``model`` (traced on ``device``) to ``path``, check it with ONNX Runtime, then put it in place."""
+               device: torch.device | str = "cpu", naflex: bool = False) -> OnnxExport:
+    """Export ``model`` (traced on ``device``; with ``naflex`` taking NaFlex batches) to ``path``, check it with
+    ONNX Runtime, then put it in place."""
     if quantize not in (None, *QUANTIZATIONS):
         raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
     path, device = Path(path), torch.device(device)
@@ -138,22 +209,16 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
                               f"holds at most 2 GiB (protobuf's limit); export a smaller variant to ONNX, or "
                               f"keep this one in the native format")
     model = model.to(device).eval()
-    config = model.config
-    probe = probe_batch(config)
-    with torch.no_grad():
-        reference = model(probe.to(device)).float().cpu().numpy()
-    scale = max(1.0, float(np.abs(reference).max()))
+    probes = probe_logits(model, naflex, device)
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
         exported = tmp / "fp32.onnx"
-        trace(model, exported, device)
-        difference = float(np.abs(_logits(exported, probe, device) - reference).max())
-        if difference > TOLERANCE * scale:
-            raise CheckpointError(f"{path}: ONNX Runtime's logits differ from PyTorch's by {difference:.3g} on a probe "
-                                  f"batch of {_PROBE_BATCH} (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
-        report = OnnxExport(path, OPSET, difference)
+        trace(model, exported, device, naflex=naflex)
+        report = OnnxExport(path, OPSET, checked_difference(lambda x: _logits(exported, x, device), probes, path,
+                                                            "ONNX Runtime"))
         if quantize:
             quantized = tmp / "int8.onnx"
             quantize_onnx(exported, quantized)
+            probe, reference = probes[0]
             logits = _logits(quantized, probe, device)
             report.quantized_difference = float(np.abs(logits - reference).max())
             report.quantized_agreement = float((logits.argmax(-1) == reference.argmax(-1)).mean())
@@ -162,9 +227,34 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     return report
 
 
-class OnnxModel(nn.Module):
-    """An exported model run by ONNX Runtime behind a module's face: ``model(images)`` gives logits and
-    ``model.config`` the exported ``ViTConfig``, so evaluation and prediction take either."""
+class ExportedModel(nn.Module):
+    """An exported graph behind a module's face: ``model(images)`` (or, for a graph exported with ``naflex``,
+    ``model(patch_batch)``) gives logits and ``model.config`` the exported ``ViTConfig``, so evaluation and
+    prediction take either. Subclasses set ``path``, ``config`` and ``inputs`` (the graph's input names) and run
+    the graph on arrays."""
+
+    path: Path
+    inputs: list[str]
+
+    @property
+    def naflex(self) -> bool:
+        """Whether the graph takes NaFlex batches (exported with ``naflex``) rather than images."""
+        return NAFLEX_INPUTS[0] in self.inputs
+
+    def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor | PatchBatch) -> torch.Tensor:
+        """Logits of (B, C, H, W) images, or of a NaFlex batch for a graph exported with ``naflex``."""
+        if self.naflex != isinstance(inputs, PatchBatch):
+            wanted = "NaFlex batches (eval/predict --max-patches N)" if self.naflex else "image tensors"
+            raise InputError(f"{self.path} takes {wanted}; got {type(inputs).__name__}")
+        logits = np.ascontiguousarray(self.run(feeds(inputs, self.inputs)))
+        return torch.from_numpy(logits).to(inputs.patches.device if self.naflex else inputs.device)
+
+
+class OnnxModel(ExportedModel):
+    """An exported model run by ONNX Runtime (see :class:`ExportedModel`)."""
 
     def __init__(self, path: str | Path, device: torch.device | str = "cpu"):
         super().__init__()
@@ -175,6 +265,7 @@ class OnnxModel(nn.Module):
             self.session = session(self.path, self.device)
         except Exception as error:
             raise CheckpointError(f"{self.path}: not a model ONNX Runtime can read ({error})") from error
+        self.inputs = [i.name for i in self.session.get_inputs()]
         metadata = self.session.get_modelmeta().custom_metadata_map
         if CONFIG_KEY not in metadata:
             raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the ONNX metadata; only files written by "
@@ -184,6 +275,5 @@ class OnnxModel(nn.Module):
         except ValueError as error:  # not JSON, or not a valid config
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' metadata ({error})") from error
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self.session.run([OUTPUT], {INPUT: images.detach().float().cpu().numpy()})[0]
-        return torch.from_numpy(logits).to(images.device)
+    def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run([OUTPUT], arrays)[0]

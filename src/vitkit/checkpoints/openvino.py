@@ -12,19 +12,19 @@ step, and a graph must never run another export's weights.
 from __future__ import annotations
 
 import hashlib
+from xml.etree import ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from ..runtime import precision_name
-from .onnx import CONFIG_KEY, TOLERANCE, probe_batch, trace
+from .onnx import CONFIG_KEY, INPUT, NAFLEX_INPUTS, ExportedModel, checked_difference, feeds, probe_logits, trace
 
 WEIGHTS_KEY = "vitkit.weights_sha256"  # runtime info: the digest of the .bin the graph was exported with
 _DIGEST_PENDING = "pending-" + "0" * 56  # a digest's length, filled in once the weights are written
@@ -55,9 +55,10 @@ def _compiled(openvino, graph, precision: str):
 
 
 def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu",
-                   traced: Path | None = None) -> OpenVinoExport:
-    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it), checked by OpenVINO in fp32;
-    ``traced`` is an ONNX export of this very model to convert instead of tracing again.
+                   traced: Path | None = None, naflex: bool = False) -> OpenVinoExport:
+    """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it; with ``naflex`` taking NaFlex
+    batches), checked by OpenVINO in fp32; ``traced`` is an ONNX export of this very model to convert instead of
+    tracing again.
 
     The two files are replaced one after the other, the weights first; the graph records the SHA-256 of its
     weights, so that a pair cut apart by a kill between the two renames is refused when read, never run."""
@@ -66,13 +67,11 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     if path.suffix != ".xml":
         raise CheckpointError(f"{path}: an OpenVINO model is written as NAME.xml (its weights go to NAME.bin)")
     model = model.to(device).eval()
-    probe = probe_batch(model.config)
-    with torch.no_grad():
-        reference = model(probe.to(device)).float().cpu().numpy()
+    probes = probe_logits(model, naflex, device)
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
         onnx_path, ir_path, bin_path = traced or tmp / "model.onnx", tmp / "model.xml", tmp / "model.bin"
         if traced is None:
-            trace(model, onnx_path, device, metadata=False)  # checked once, below, as OpenVINO runs it
+            trace(model, onnx_path, device, metadata=False, naflex=naflex)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
         graph.set_rt_info(_DIGEST_PENDING, WEIGHTS_KEY)
@@ -83,14 +82,27 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
             raise CheckpointError(f"{path}: OpenVINO wrote the runtime info in a form vitkit does not know; "
                                   f"nothing was written")
         ir_path.write_text(graph_text.replace(_DIGEST_PENDING, weights_digest(bin_path)), encoding="utf-8")
-        logits = _compiled(openvino, openvino.Core().read_model(ir_path), "fp32")(probe.numpy())[0]
-        difference = float(np.abs(logits - reference).max())
-        scale = max(1.0, float(np.abs(reference).max()))
-        if difference > TOLERANCE * scale:
-            raise CheckpointError(f"{path}: OpenVINO's logits differ from PyTorch's by {difference:.3g} on a probe "
-                                  f"batch (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
+        compiled = _compiled(openvino, openvino.Core().read_model(ir_path), "fp32")
+        names = input_names(compiled)
+        difference = checked_difference(lambda inputs: compiled(feeds(inputs, names))[0], probes, path, "OpenVINO")
         move_into_place((bin_path, path.with_suffix(".bin")), (ir_path, path))  # the weights, then their graph
     return OpenVinoExport(path, difference)
+
+
+def input_names(compiled) -> list[str]:
+    """The exported names of a compiled graph's inputs (OpenVINO may give a port more names than the one vitkit
+    gave it)."""
+    known = (INPUT, *NAFLEX_INPUTS)
+    return [next((name for name in known if name in port.get_names()), port.get_any_name()) for port in compiled.inputs]
+
+
+def recorded_digest(graph: Path) -> str | None:
+    """The weights digest an IR's top-level runtime info records (``vitkit.weights_sha256``), read from its XML."""
+    try:
+        entry = ElementTree.parse(graph).getroot().find(f"rt_info/{WEIGHTS_KEY}")
+    except ElementTree.ParseError as error:
+        raise CheckpointError(f"{graph}: not a model OpenVINO can read (XML: {error})") from None
+    return None if entry is None else entry.get("value")
 
 
 def weights_digest(path: Path) -> str:
@@ -99,9 +111,9 @@ def weights_digest(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-class OpenVinoModel(nn.Module):
-    """An OpenVINO IR run on the CPU plugin behind a module's face, in ``dtype`` (fp32, or bf16 where the
-    CPU has it): ``model(images)`` gives logits and ``model.config`` the exported ``ViTConfig``."""
+class OpenVinoModel(ExportedModel):
+    """An OpenVINO IR run on the CPU plugin in ``dtype`` (fp32, or bf16 where the CPU has it; see
+    :class:`~vitkit.checkpoints.onnx.ExportedModel`)."""
 
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -110,6 +122,12 @@ class OpenVinoModel(nn.Module):
         for needed in (self.path, self.path.with_suffix(".bin")):
             if not needed.is_file():
                 raise FileNotFoundError(f"no OpenVINO {needed.suffix[1:]} file at {needed}")
+        weights = self.path.with_suffix(".bin")
+        recorded = recorded_digest(self.path)  # before OpenVINO reads the weights: another export's may not parse
+        if recorded is not None and recorded != weights_digest(weights):
+            raise CheckpointError(f"{self.path}: {weights} is not the weights file this graph was exported with "
+                                  f"(its SHA-256 differs from the one the graph records: an export interrupted "
+                                  f"between writing the two, or files of two exports); convert the model again")
         try:  # OpenVINO raises its own RuntimeError subclasses for unreadable graphs
             graph = openvino.Core().read_model(self.path)
         except RuntimeError as error:
@@ -123,13 +141,8 @@ class OpenVinoModel(nn.Module):
             self.config = ViTConfig.from_json(graph.get_rt_info(CONFIG_KEY).astype(str), str(self.path))
         except ValueError as error:
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' runtime info ({error})") from error
-        weights = self.path.with_suffix(".bin")
-        if graph.has_rt_info(WEIGHTS_KEY) and graph.get_rt_info(WEIGHTS_KEY).astype(str) != weights_digest(weights):
-            raise CheckpointError(f"{self.path}: {weights} is not the weights file this graph was exported with "
-                                  f"(its SHA-256 differs from the one the graph records: an export interrupted "
-                                  f"between writing the two, or files of two exports); convert the model again")
         self.compiled = _compiled(openvino, graph, precision_name(dtype))
+        self.inputs = input_names(self.compiled)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self.compiled(images.detach().float().cpu().numpy())[0]
-        return torch.from_numpy(np.ascontiguousarray(logits)).to(images.device)
+    def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        return self.compiled(arrays)[0]

@@ -15,6 +15,7 @@ from ..atomic import atomic_file
 from ..data.datasets import read_image
 from ..data.transforms import Preset
 from ..errors import ConfigError
+from ..models.naflex import patch_batch
 from ..models.vit import VisionTransformer
 from ..runtime import autocast
 from .preprocessing import checkpoint_transform, naflex_transform
@@ -84,6 +85,8 @@ def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5, d
                 dense = grid_features(tokens, grid, model.config.num_prefix_tokens)[0].float().cpu()
                 embedding = model.forward_head(tokens, pre_logits=True)[0].float().cpu()
                 logits = model.forward_head(tokens) if names else None
+            elif max_patches:  # one image as a NaFlex batch: what an exported NaFlex graph takes
+                logits = model(patch_batch([image[0]], model.config.patch_size, max_patches))
             else:
                 logits = model(image)
         labels, probabilities = top_classes(logits, names, top_k)

@@ -20,6 +20,11 @@ def resample_grid(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tupl
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if table.ndim != 3 or table.shape[1] != old_grid[0] * old_grid[1]:
         raise ValueError(f"position table of shape {tuple(table.shape)} does not hold a {old_grid} grid")
+    if torch.jit.is_tracing():  # an ONNX graph for any image size: the resize as weights computed in it, per axis
+        down, across = (resample_weights(torch.arange(new), new, old, mode, antialias, align_corners)
+                        for new, old in zip(new_grid, old_grid))
+        image = torch.einsum("rh,hwd->rwd", down, table.reshape(*old_grid, table.shape[-1]).float())
+        return torch.einsum("cw,rwd->rcd", across, image).reshape(1, -1, table.shape[-1]).to(table.dtype)
     if old_grid == new_grid:
         return table
     dim = table.shape[-1]
@@ -37,6 +42,75 @@ def resample_with_prefix(table: torch.Tensor, prefix: int, old_grid: tuple[int, 
     return torch.cat([table[:, :prefix], patches], dim=1)
 
 
+def _cubic(x: torch.Tensor, a: float) -> torch.Tensor:
+    """Keys' cubic convolution kernel with parameter ``a`` (-0.75 as torch resizes, -0.5 as its antialiased resize)."""
+    x = x.abs()
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return torch.where(x <= 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
+
+
+def resample_weights(index: torch.Tensor, size: torch.Tensor | int, length: int, mode: str, antialias: bool = False,
+                     align_corners: bool = False) -> torch.Tensor:
+    """Cell ``index`` of an axis of ``length`` cells resized to ``size`` as ``F.interpolate`` makes it: a weighted sum
+    of the input cells, returned as the (..., length) weights (``index`` and ``size`` broadcast together).
+
+    A resize is linear, so this is the same resize written as arithmetic on tensors: an ONNX graph computes it for
+    sizes known only when it runs (opset 17 has no antialiased Resize), and a NaFlex batch for each image's own grid
+    at once. The kernels are torch's: linear (clamped source), cubic with a = -0.75 and edge cells repeated, nearest,
+    nearest-exact, area (adaptive average pooling); antialiased linear and cubic (a = -0.5) widen the kernel by the
+    scale when shrinking and normalise the weights."""
+    cells = torch.arange(length, device=index.device, dtype=torch.float32)
+    index = index.to(torch.float32).unsqueeze(-1)
+    size = torch.as_tensor(size, device=index.device).to(torch.float32).unsqueeze(-1)
+    if mode in ("nearest", "nearest-exact", "area") or not align_corners:
+        scale = length / size
+    else:
+        scale = torch.where(size > 1, (length - 1) / (size - 1).clamp(min=1), torch.zeros_like(size))
+    if mode in ("nearest", "nearest-exact"):
+        source = torch.floor((index + (0.5 if mode == "nearest-exact" else 0.0)) * scale).clamp(max=length - 1)
+        return (cells == source).to(torch.float32)
+    if mode == "area":
+        start = torch.floor(index * length / size)
+        end = torch.ceil((index + 1) * length / size)
+        inside = ((cells >= start) & (cells < end)).to(torch.float32)
+        return inside / (end - start)
+    if mode not in ("bilinear", "bicubic"):
+        raise ValueError(f"resample mode {mode!r}; expected one of nearest, nearest-exact, area, bilinear, bicubic")
+    if antialias:
+        support = (1.0 if mode == "bilinear" else 2.0) * scale.clamp(min=1)
+        center = scale * (index + 0.5)
+        first = torch.floor(center - support + 0.5).clamp(min=0)  # torch truncates: the same once clamped at 0
+        last = torch.floor(center + support + 0.5).clamp(max=length)
+        offset = (cells - center + 0.5) / scale.clamp(min=1)
+        kernel = (1 - offset.abs()).clamp(min=0) if mode == "bilinear" else _cubic(offset, -0.5)
+        weights = kernel * ((cells >= first) & (cells < last))
+        total = weights.sum(dim=-1, keepdim=True)
+        return weights / torch.where(total == 0, torch.ones_like(total), total)
+    source = index * scale if align_corners else (index + 0.5) * scale - 0.5
+    if mode == "bilinear":
+        source = source.clamp(min=0, max=length - 1)
+        return (1 - (cells - source).abs()).clamp(min=0)
+    floor = torch.floor(source)
+    weights = torch.zeros_like(cells * source)
+    for tap in (-1, 0, 1, 2):  # four cells around the source, clamped to the edges
+        cell = (floor + tap).clamp(0, length - 1)
+        weights = weights + (cells == cell) * _cubic(source - floor - tap, -0.75)
+    return weights
+
+
+def table_at(table: torch.Tensor, grid: tuple[int, int], rows: torch.Tensor, cols: torch.Tensor,
+             grid_rows: torch.Tensor | int, grid_cols: torch.Tensor | int, mode: str, antialias: bool = False,
+             align_corners: bool = False) -> torch.Tensor:
+    """The rows of a (1, rows*cols, D) patch table on ``grid`` resampled to other grids, at the patches (``rows``,
+    ``cols``) of grids (``grid_rows``, ``grid_cols``), all broadcast together: (..., D)."""
+    image = table.reshape(*grid, table.shape[-1]).float()
+    down = resample_weights(rows, grid_rows, grid[0], mode, antialias, align_corners)
+    across = resample_weights(cols, grid_cols, grid[1], mode, antialias, align_corners)
+    down, across = torch.broadcast_tensors(down[..., :, None], across[..., None, :])
+    return torch.einsum("...hw,hwd->...d", down * across, image).to(table.dtype)
+
+
 class _CachedByGrid(nn.Module):
     """Caches tables for grids other than the native one, while no gradient flows through them."""
 
@@ -47,6 +121,11 @@ class _CachedByGrid(nn.Module):
     def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
         raise NotImplementedError
 
+    def at(self, rows: torch.Tensor, cols: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        """The (B, prefix + N, D) table rows of B images' N patches at (``rows``, ``cols``) (each (B, N)) of their
+        own grids (``grids``: (B, 2) rows, columns), as ``forward(grid)`` gives them for each image's grid."""
+        raise NotImplementedError
+
     def _version(self) -> tuple:
         return tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters())
 
@@ -55,8 +134,9 @@ class _CachedByGrid(nn.Module):
         made on the CPU)."""
         grid = tuple(grid)
         needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        # Under torch.compile a cache lookup would fail its guard and recompile the model on the next call.
-        if needs_grad or torch.compiler.is_compiling():
+        # Under torch.compile a cache lookup would fail its guard and recompile the model on the next call; under
+        # ONNX tracing a cached table would be a constant where the graph must compute it for the input's size.
+        if needs_grad or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return self._compute(grid).to(device)
         key = (grid, device) + self._version()
         table = self._cache.get(key)
@@ -83,7 +163,15 @@ class LearnedPositionEmbedding(_CachedByGrid):
                                     self.align_corners)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        return self.weight if tuple(grid) == self.grid else super().forward(grid, device)
+        native = tuple(grid) == self.grid and not torch.jit.is_tracing()
+        return self.weight if native else super().forward(grid, device)
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        patches = table_at(self.weight[:, self.prefix:], self.grid, rows, cols, grids[:, None, 0], grids[:, None, 1],
+                           self.mode, self.antialias, self.align_corners)
+        if not self.prefix:  # no empty concatenation: OpenVINO's converter mis-reads an empty slice's shape
+            return patches
+        return torch.cat([self.weight[:, :self.prefix].expand(grids.shape[0], -1, -1), patches], dim=1)
 
     @torch.no_grad()
     def resize(self, grid: tuple[int, int]) -> None:
@@ -106,10 +194,25 @@ class Learned2dPositionEmbedding(_CachedByGrid):
 
     @staticmethod
     def _resample_axis(table: torch.Tensor, length: int) -> torch.Tensor:
+        if torch.jit.is_tracing():  # an ONNX graph for any image size
+            return Learned2dPositionEmbedding._axis_at(table, torch.arange(length), length)
         if table.shape[0] == length:
             return table
         line = table.t().unsqueeze(0).float()
         return F.interpolate(line, size=length, mode="linear", align_corners=False)[0].t().to(table.dtype)
+
+    @staticmethod
+    def _axis_at(table: torch.Tensor, index: torch.Tensor, length: torch.Tensor | int) -> torch.Tensor:
+        """Rows ``index`` of an axis table (cells, D/2) resized linearly to ``length`` cells: (..., D/2)."""
+        weights = resample_weights(index, length, table.shape[0], "bilinear")
+        return (weights @ table.float()).to(table.dtype)
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        table = torch.cat([self._axis_at(self.rows, rows, grids[:, None, 0]),
+                           self._axis_at(self.cols, cols, grids[:, None, 1])], dim=-1)
+        if self.prefix_embed is not None:
+            table = torch.cat([self.prefix_embed.expand(grids.shape[0], -1, -1), table], dim=1)
+        return table
 
     def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
         rows = self._resample_axis(self.rows, grid[0])
@@ -128,15 +231,20 @@ class Learned2dPositionEmbedding(_CachedByGrid):
         self._cache.clear()
 
 
-def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2-D sine-cosine table (rows*cols, D): [sin x, cos x, sin y, cos y], D/4 frequencies each."""
+def sincos_2d(rows: torch.Tensor, cols: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sine-cosine rows (..., D) of patches at (``rows``, ``cols``): [sin x, cos x, sin y, cos y], D/4
+    frequencies each (x the column)."""
     quarter = dim // 4
     omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1))
-    y, x = torch.meshgrid(torch.arange(grid[0], dtype=torch.float64),
-                          torch.arange(grid[1], dtype=torch.float64), indexing="ij")
-    x = x.reshape(-1, 1) * omega
-    y = y.reshape(-1, 1) * omega
-    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()
+    x = cols.to(torch.float64)[..., None] * omega.to(cols.device)
+    y = rows.to(torch.float64)[..., None] * omega.to(rows.device)
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=-1).float()
+
+
+def grid_cells(grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, column) indices of a grid's cells in row-major order, two (rows*cols,) tensors."""
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    return rows.reshape(-1), cols.reshape(-1)
 
 
 class SinCos2dPositionEmbedding(_CachedByGrid):
@@ -150,8 +258,10 @@ class SinCos2dPositionEmbedding(_CachedByGrid):
         return ()
 
     def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
-        table = sincos_2d(grid, self.dim)
-        return F.pad(table, (0, 0, self.prefix, 0)).unsqueeze(0)
+        return F.pad(sincos_2d(*grid_cells(grid), self.dim), (0, 0, self.prefix, 0)).unsqueeze(0)
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        return F.pad(sincos_2d(rows, cols, self.dim), (0, 0, self.prefix, 0))
 
     def resize(self, grid: tuple[int, int]) -> None:
         self.grid = tuple(grid)
@@ -178,23 +288,26 @@ class RelativePositionLogits(nn.Module):
         return per_offset.gather(-1, offsets.expand(*q.shape[:2], tokens, tokens))
 
 
-def rope_coordinates(grid: tuple[int, int], kind: str, offset: float = 0.0, ref_grid: int | None = None,
+def rope_coordinates(rows: torch.Tensor, cols: torch.Tensor, grid_rows: torch.Tensor | int,
+                     grid_cols: torch.Tensor | int, kind: str, offset: float = 0.0, ref_grid: int | None = None,
                      xy: bool = False) -> torch.Tensor:
-    """(rows*cols, 2) float32 coordinates of the patches in row-major order: the row and the column, or (``xy``)
-    the column and the row. ``index``: the patch's indices plus ``offset``, rescaled so that each axis spans
-    ``ref_grid`` cells when one is given; ``centered``: the patch centres (k + 0.5 + offset) / n mapped to [-1, 1]."""
+    """(..., 2) float32 coordinates of patches (``rows``, ``cols``) of grids (``grid_rows``, ``grid_cols``), all
+    broadcast together: the row and the column, or (``xy``) the column and the row. ``index``: the patch's indices
+    plus ``offset``, rescaled so that each axis spans ``ref_grid`` cells when one is given; ``centered``: the patch
+    centres (k + 0.5 + offset) / n mapped to [-1, 1]."""
     axes = []
-    for cells in grid:
+    for index, cells in ((rows, grid_rows), (cols, grid_cols)):
+        index = index.to(torch.float32)
+        cells = torch.as_tensor(cells, device=index.device).to(torch.float32)
         if kind == "centered":
-            axis = (torch.arange(0.5, cells, dtype=torch.float32) + offset) / cells
+            axis = 2.0 * ((index + 0.5 + offset) / cells) - 1.0
         else:
-            axis = torch.arange(cells, dtype=torch.float32) + offset
+            axis = index + offset
             if ref_grid is not None:
                 axis = axis / cells * ref_grid
         axes.append(axis)
-    rows, cols = torch.meshgrid(axes[0], axes[1], indexing="ij")
-    coords = torch.stack([cols, rows] if xy else [rows, cols], dim=-1).reshape(-1, 2)
-    return 2.0 * coords - 1.0 if kind == "centered" else coords
+    rows, cols = torch.broadcast_tensors(*axes)
+    return torch.stack([cols, rows] if xy else [rows, cols], dim=-1)
 
 
 class RotaryEmbedding(_CachedByGrid):
@@ -226,19 +339,21 @@ class RotaryEmbedding(_CachedByGrid):
             self.exponents = torch.arange(quarter, dtype=torch.float32, device="cpu") / quarter
 
     def _angles(self, coords: torch.Tensor) -> torch.Tensor:
-        """(N, 2) coordinates -> (..., N, d/2) angles, one per pair."""
+        """(..., N, 2) coordinates -> (..., N, d/2) angles, one per pair; with learned mixed frequencies
+        (..., depth, heads, N, d/2)."""
         if self.freqs is not None:
-            coords = coords.to(self.freqs.device)
+            coords = coords.to(self.freqs.device)[..., None, None, :, :]
             freqs = self.freqs.float()
-            return coords[:, 0, None] * freqs[0].unsqueeze(-2) + coords[:, 1, None] * freqs[1].unsqueeze(-2)
+            return coords[..., 0, None] * freqs[0].unsqueeze(-2) + coords[..., 1, None] * freqs[1].unsqueeze(-2)
         if self.grid_kind == "centered":
-            angles = 2 * torch.pi * coords[:, :, None] / self.theta ** self.exponents
+            angles = 2 * torch.pi * coords[..., None] / self.theta ** self.exponents.to(coords.device)
         else:
-            angles = coords[:, :, None] * (1.0 / self.theta ** self.exponents)
-        return angles.flatten(1)
+            angles = coords[..., None] * (1.0 / self.theta ** self.exponents.to(coords.device))
+        return angles.flatten(-2)
 
-    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
-        coords = rope_coordinates(grid, self.grid_kind, self.offset, self.ref_grid, self.xy)
+    def _table(self, coords: torch.Tensor) -> torch.Tensor:
+        """The (2, ..., prefix + N, d) cosines and sines for patches at (..., N, 2) ``coords``, the prefix tokens'
+        rows first (cos 1, sin 0)."""
         angles = self._angles(coords)
         # Each angle over its pair, stacked: torch's ONNX exporter mis-exports repeat_interleave (it corrupts
         # constants that other nodes of the graph share).
@@ -247,6 +362,16 @@ class RotaryEmbedding(_CachedByGrid):
         identity = torch.zeros_like(table[..., :1, :]).expand(*table.shape[:-2], self.prefix, -1).clone()
         identity[0] = 1.0
         return torch.cat([identity, table], dim=-2)
+
+    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
+        return self._table(rope_coordinates(*grid_cells(grid), *grid, self.grid_kind, self.offset, self.ref_grid,
+                                            self.xy))
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        """(2, B, prefix + N, d) tables of B images' patches, each on its own grid ((2, B, depth, heads, prefix + N,
+        d) with learned mixed frequencies)."""
+        return self._table(rope_coordinates(rows, cols, grids[:, None, 0], grids[:, None, 1], self.grid_kind,
+                                            self.offset, self.ref_grid, self.xy))
 
     def resize(self, grid: tuple[int, int]) -> None:
         """Nothing to resample: the table is computed for any grid."""

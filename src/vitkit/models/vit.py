@@ -156,33 +156,26 @@ class VisionTransformer(nn.Module):
         return list(table.unbind(1)) if self.config.rope == "mixed" else [table] * len(self.blocks)
 
     def embed_batch(self, batch: PatchBatch) -> tuple[torch.Tensor, list[torch.Tensor | None], torch.Tensor]:
-        """Eq. (1) for a NaFlex batch: the patches projected by the patch kernel, each image's position table
-        resampled to its own grid and its patches' rows taken by their coordinates. Returns the tokens, each
-        block's rotary table ((2, B, 1 or heads, T, d), per image likewise) and the (B, 1, 1, T) key mask."""
+        """Eq. (1) for a NaFlex batch: the patches projected by the patch kernel, plus each patch's row of the
+        position table resampled to its image's grid (computed at its coordinates, for every image at once).
+        Returns the tokens, each block's rotary table ((2, B, 1 or heads, T, d), per image likewise) and the
+        (B, 1, 1, T) key mask."""
         c = self.config
         if c.backbone is not None or c.pos_embed == "relative":
             raise InputError("NaFlex batches need a plain patch projection and no relative position logits; "
                              f"this model has {'a hybrid backbone' if c.backbone is not None else 'relative ones'}")
-        check_patch_batch(batch, c.patch_size, c.in_chans)
+        if not torch.jit.is_tracing():  # an exported graph's inputs are the runtime's to check
+            check_patch_batch(batch, c.patch_size, c.in_chans)
         patches = self.patch_embed.project_patches(batch.patches)
-        grids = [tuple(grid) for grid in batch.grids.tolist()]
-        rows = batch.coords[..., 0] * batch.grids[:, None, 1] + batch.coords[..., 1]  # (B, N) index in each grid
-        position = None
-        if self.pos_embed is not None:
-            tables = [self.pos_embed(grid, patches.device)[0] for grid in grids]
-            keep = c.pos_prefix_tokens
-            position = torch.stack([torch.cat([table[:keep], table[keep:][index]])
-                                    for table, index in zip(tables, rows)])
+        rows, cols = batch.coords.unbind(-1)
+        position = None if self.pos_embed is None else self.pos_embed.at(rows, cols, batch.grids)
         ropes: list[torch.Tensor | None] = [None] * len(self.blocks)
         if self.rope is not None:
-            prefix = torch.arange(c.num_prefix_tokens, device=rows.device)
-            tables = [self.rope(grid, patches.device).index_select(-2, torch.cat([prefix, index + prefix.numel()]))
-                      for grid, index in zip(grids, rows)]
-            if c.rope == "mixed":  # (2, depth, heads, T, d) per image -> per block (2, B, heads, T, d)
-                ropes = list(torch.stack(tables, dim=2).unbind(1))
-            else:
-                ropes = [torch.stack(tables, dim=1).unsqueeze(2)] * len(self.blocks)
-        keys = torch.cat([batch.mask.new_ones(len(batch), c.num_prefix_tokens), batch.mask], dim=1)
+            tables = self.rope.at(rows, cols, batch.grids)  # (2, B, T, d), or (2, B, depth, heads, T, d) if mixed
+            ropes = list(tables.unbind(2)) if c.rope == "mixed" else [tables.unsqueeze(2)] * len(self.blocks)
+        keys = batch.mask  # the prefix tokens are always attended to (concatenated only if there are any)
+        if c.num_prefix_tokens:
+            keys = torch.cat([keys.new_ones(keys.shape[0], c.num_prefix_tokens), keys], dim=1)
         return self._add_prefix_and_positions(patches, position), ropes, keys[:, None, None, :]
 
     def encode(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
@@ -229,8 +222,8 @@ class VisionTransformer(nn.Module):
             return self.fc_norm(features[:, :2].mean(dim=1) if distilled else features[:, 0])
         skipped = 0 if self.config.pool_prefix else self.num_prefix_tokens
         tokens = features[:, skipped:]
-        if mask is not None:
-            mask = torch.cat([mask.new_ones(len(mask), self.num_prefix_tokens - skipped), mask], dim=1)
+        if mask is not None and self.num_prefix_tokens > skipped:
+            mask = torch.cat([mask.new_ones(mask.shape[0], self.num_prefix_tokens - skipped), mask], dim=1)
         if self.config.pool == "gap":
             weights = None if mask is None else mask.to(tokens.dtype).unsqueeze(-1)
             pooled = tokens.mean(dim=1) if mask is None else (tokens * weights).sum(dim=1) / weights.sum(dim=1)
