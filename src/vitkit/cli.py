@@ -24,6 +24,7 @@ from .checkpoints import export, load
 from .checkpoints.convert import FORMATS
 from .checkpoints.hub import is_remote
 from .checkpoints.onnx import QUANTIZATIONS
+from .classnames import escape_name
 from .data import CORRUPT, RESIZE_MODES
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
@@ -38,7 +39,9 @@ from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    """``rows`` under ``header`` in aligned columns; each cell one printable line (class names may hold anything:
+    see ``classnames``)."""
+    cells = [[escape_name(str(c)) for c in header]] + [[escape_name(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for index, row in enumerate(cells):
         print("  ".join(c.rjust(w) if index and c[:1].isdigit() else c.ljust(w) for c, w in zip(row, widths)))
@@ -504,7 +507,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
                           args.keep_aspect, args.max_patches)
     for prediction in predictions:
-        ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
+        ranked = ", ".join(f"{escape_name(label)} {100 * p:.1f}%"
+                           for label, p in zip(prediction.labels, prediction.probabilities))
         if prediction.features is not None:
             ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
         print(f"{prediction.path}: {ranked}")

@@ -41,6 +41,7 @@ from webdataset.filters import _shuffle
 from webdataset.handlers import ignore_and_stop
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
+from ..classnames import parse_class_list
 from ..errors import DatasetError
 from .datasets import SPLITS, read_image
 from .index_cache import ShardIndex, shard_indexes
@@ -308,12 +309,13 @@ def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSpl
 
 
 def read_class_names(path: Path) -> list[str] | None:
-    """The class names of ``classes.txt`` (one a line, UTF-8), or None when there is no such file."""
+    """The class names of ``classes.txt`` (one a line, UTF-8, escaped as ``classnames`` says; bytes that are not
+    UTF-8 kept as surrogate escapes), or None when there is no such file."""
     if not os.path.lexists(path):
         return None
     try:
-        names = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
+        names = parse_class_list(path.read_bytes().decode("utf-8", "surrogateescape"))
+    except OSError as error:
         raise DatasetError(f"{path}: not a readable class list ({error}); expected UTF-8 text, one class name "
                            f"a line") from None
     if not names:
