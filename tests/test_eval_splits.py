@@ -38,11 +38,11 @@ def test_eval_on_a_flat_folder_counts_every_image_and_says_so(tmp_path, checkpoi
     assert main(["eval", str(checkpoint), "--dataset", f"imagefolder:{folder}", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert json.loads((tmp_path / "o" / "eval-all.json").read_text())["images"] == 20
-    assert f"imagefolder:{folder} has no split folders: every one of its 20 images is evaluated" in out
+    assert f"imagefolder:{folder} names no test or validation split: every one of its 20 images is evaluated" in out
     assert main(["eval", str(checkpoint), "--dataset", f"imagefolder:{folder}", "--split", "test",
                  "--out", str(tmp_path / "o")]) == 0  # the split a training run holds out, as asked
     assert json.loads((tmp_path / "o" / "eval-test.json").read_text())["images"] == 2
-    assert "no split folders" not in capsys.readouterr().out
+    assert "names no test" not in capsys.readouterr().out
 
 
 def test_a_folder_with_split_folders_is_evaluated_on_its_test_or_val_folder(tmp_path):
@@ -74,7 +74,7 @@ def test_fewshot_on_a_flat_folder_draws_support_and_query(tmp_path, checkpoint, 
     assert main(["fewshot", str(checkpoint), "--dataset", f"imagefolder:{folder}", "--shots", "2", "--seeds", "2",
                  "--linear-probe", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert ("has no split folders: support drawn from 12 images of each class (seed 0: 2 shots and 10 to choose "
+    assert ("[all]: support drawn from 12 images of each class (seed 0: 2 shots and 10 to choose "
             "the regulariser), query: the other 16 images") in out
     report = json.loads((tmp_path / "o" / "fewshot.json").read_text())
     assert report["split"] == "all" and set(report["fewshot"]) == {"2"}
