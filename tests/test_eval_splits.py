@@ -67,6 +67,12 @@ def test_a_corrupt_image_of_a_small_folder_is_named(tmp_path, checkpoint, capsys
     assert "bad.png: not a readable image" in capsys.readouterr().err
     assert main(["data", "verify", f"imagefolder:{folder}"]) == 1
     assert "bad.png" in capsys.readouterr().out
+    train = ["train", "--model-args", json.dumps({k: v for k, v in TINY.items() if k != "image_size"}), "--image-size", "8", "--steps", "1", "--batch-size", "2",
+             "--threads", "1", "--dataset", f"imagefolder:{folder}", "--run-dir"]
+    assert main([*train, str(tmp_path / "run"), "--val-fraction", "0"]) == 1  # nothing held out: trained on both
+    assert "bad.png: not a readable image" in capsys.readouterr().err
+    assert main([*train, str(tmp_path / "run2"), "--val-fraction", "0.1"]) == 1
+    assert "flat[train][val]: holding out 0.1 of the 2 image(s)" in capsys.readouterr().err
 
 
 def test_fewshot_on_a_flat_folder_draws_support_and_query(tmp_path, checkpoint, capsys):

@@ -262,9 +262,8 @@ def _part(dataset, fraction: float, seed: int, held: bool, name: str):
     kept, held_rows = held_out(len(dataset), fraction, seed)
     rows = held_rows if held else kept
     if not len(rows):
-        raise DatasetError(f"{name}: no image is {'held out' if held else 'left'} when {fraction:g} of the "
-                           f"{len(dataset)} image(s) of {dataset.name} is held out (--val-fraction); evaluate "
-                           f"every image with --split all")
+        raise DatasetError(f"{name}: holding out {fraction:g} of the {len(dataset)} image(s) of {dataset.name} "
+                           f"(--val-fraction) leaves {'none held out' if held else 'none to keep'}")
     return dataset.subset(rows, name)
 
 
