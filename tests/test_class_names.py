@@ -48,6 +48,7 @@ def test_names_round_trip_through_classes_txt_and_a_checkpoint(tmp_path):
     assert list(vitkit.load(tmp_path / "model").config.provenance.classes) == listed
 
 
+@pytest.mark.filterwarnings("ignore:Glyph .* missing from font")  # CJK: drawn as boxes, not a failure
 def test_names_are_drawn_escaped_in_a_confusion_plot(tmp_path, monkeypatch):
     drawn = []
     original = matplotlib.axes.Axes.set_xticks
