@@ -198,3 +198,15 @@ def test_a_hub_dataset_is_resolved_once_per_run(tmp_path, monkeypatch):
     hub_folder.cache_clear()
     with pytest.raises(DatasetError, match="hf:someone/absent: not a local folder, and the hub did not give it"):
         load_dataset("hf:someone/absent", "train")
+
+
+def test_a_parquet_file_under_another_split_s_folder_is_refused_and_all_reads_every_split(tmp_path):
+    """``train/validation-*.parquet`` says two splits: read as train, its validation rows would be trained on."""
+    (tmp_path / "ok" / "data").mkdir(parents=True)
+    numbered(0, 6).to_parquet(str(tmp_path / "ok" / "data" / "train-00000-of-00001.parquet"))
+    numbered(100, 3).to_parquet(str(tmp_path / "ok" / "data" / "validation-00000-of-00001.parquet"))
+    assert sorted(n for n, _ in read_back(load_dataset(f"hf:{tmp_path / 'ok'}", "all"))) == [*range(6), 100, 101, 102]
+    (tmp_path / "mixed" / "train").mkdir(parents=True)
+    numbered(0, 3).to_parquet(str(tmp_path / "mixed" / "train" / "validation-00000-of-00001.parquet"))
+    with pytest.raises(DatasetError, match="validation-00000-of-00001.parquet: names two splits"):
+        load_dataset(f"hf:{tmp_path / 'mixed'}", "train")

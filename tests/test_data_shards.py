@@ -194,7 +194,6 @@ def test_workers_finish_cpu_batches_in_slots_and_send_uint8_for_an_accelerator(t
 
 
 @pytest.mark.parametrize("content, expected", [
-    (b"ant\n\xff\xfe\n", "not a readable class list .*utf-8.* expected UTF-8 text"),
     ("folder", "not a readable class list .*Is a directory"),
     (b"", "names no class"),
 ])
@@ -206,6 +205,14 @@ def test_a_class_list_that_is_not_one_is_named(tmp_path, content, expected):
         (tmp_path / "classes.txt").write_bytes(content)
     with pytest.raises(DatasetError, match=rf"classes.txt: {expected}"):
         load_dataset(f"webdataset:{tmp_path}", "train")
+
+
+def test_a_class_list_another_tool_wrote_keeps_its_bytes_and_backslashes(tmp_path):
+    """Bytes that are not UTF-8 become surrogate escapes (as a folder of that name lists), a CRLF ends a line,
+    a backslash that starts no escape stays."""
+    numbered_shards(tmp_path, "train", [3])
+    (tmp_path / "classes.txt").write_bytes(b"ant\xff\xfe\r\nC:\\data\\q\nbee\\x\n")
+    assert load_dataset(f"webdataset:{tmp_path}", "train").classes == ["ant\udcff\udcfe", "C:\\data\\q", "bee\\x"]
 
 
 def test_labels_no_class_count_can_hold_are_refused_not_allocated(tmp_path):

@@ -24,7 +24,8 @@ from .checkpoints import export, load
 from .checkpoints.convert import FORMATS
 from .checkpoints.hub import is_remote
 from .checkpoints.onnx import QUANTIZATIONS
-from .data import CORRUPT, RESIZE_MODES
+from .classnames import escape_name
+from .data import ALL, CORRUPT, RESIZE_MODES, SPLITS
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
@@ -38,7 +39,9 @@ from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    """``rows`` under ``header`` in aligned columns; each cell one printable line (class names may hold anything:
+    see ``classnames``)."""
+    cells = [[escape_name(str(c)) for c in header]] + [[escape_name(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for index, row in enumerate(cells):
         print("  ".join(c.rjust(w) if index and c[:1].isdigit() else c.ljust(w) for c, w in zip(row, widths)))
@@ -351,14 +354,24 @@ def inference_model(args: argparse.Namespace):
     return load_checkpoint(args).to(device), device, resolve_precision(args.precision, device)
 
 
+def say_whole(args: argparse.Namespace, split: str, images: int) -> None:
+    """One line saying that the dataset, which names no split, is evaluated whole, where it is and no ``--split``
+    asked for that."""
+    if split == ALL and args.split is None:
+        print(f"{args.dataset} names no test or validation split: every one of its {images} images is evaluated "
+              f"(--split test evaluates the part a training run holds out)")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
-    from .data import SplitSpec, evaluation_loader, load_dataset
+    from .data import SplitSpec, default_split, evaluation_loader, load_dataset
     from .evaluate.metrics import evaluate, write_report
 
     model, device, dtype = inference_model(args)
     config = model.config
-    dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
+    split = args.split or default_split(args.dataset)
+    dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
+    say_whole(args, split, len(dataset))
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
@@ -373,10 +386,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt,
                                    device=device)
     report = write_report(evaluate(model, loader, config.num_classes, device, dtype), dataset.classes, args.out,
-                          args.split)
+                          split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
                                         for name, acc in report["per_class"].items()])
-    print(f"{args.dataset} [{args.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
+    print(f"{args.dataset} [{split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
           f"({report['images']} images); report and confusion matrix in {args.out}")
     return 0
 
@@ -397,37 +410,44 @@ def write_json(folder: str, name: str, data: object) -> Path:
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol), with ``--linear-probe`` the full probe, and with
     ``--knn`` k-NN classification (DINO's protocol) from the same frozen representations."""
-    from .data import SplitSpec, evaluation_loader, load_splits
-    from .evaluate.fewshot import extract_features, fewshot_evaluate, linear_probe
+    from .data import SplitSpec, default_split, evaluation_loader, load_splits
+    from .evaluate.fewshot import VALIDATION_PER_CLASS, extract_features, fewshot_evaluate, linear_probe
     from .evaluate.knn import check_knn, knn_evaluate
 
     device = select_device(args.device)
     model = load_checkpoint(args).to(device)
     config = model.config
     transform = checkpoint_transform(config, args.resize)
-    splits = load_splits(args.dataset, ("train", "test"), args.data_dir, SplitSpec(0.0))
+    split = args.split or default_split(args.dataset)
+    drawn = split in (ALL, "train")  # support and query are drawn from the same images
+    splits = load_splits(args.dataset, (split,) if drawn else ("train", split), args.data_dir, SplitSpec(0.0))
     if args.knn:  # before the features are computed: a bank too small for k is known from the split's size
-        train = splits["train"]
+        train = next(iter(splits.values()))
         check_knn(args.knn, min(args.shots) * len(train.classes) if args.shots else len(train), args.knn_temperature)
     features = {}
-    for split, dataset in splits.items():
+    for name, dataset in splits.items():
         loader = evaluation_loader(dataset, transform, args.batch_size, device=device)
         with autocast(device, resolve_precision(args.precision, device)):
-            features[split] = extract_features(model, loader, device)
-    results = fewshot_evaluate(*features["train"], *features["test"], shots=args.shots or DEFAULT_SHOTS,
-                               seeds=range(args.seeds), l2_regs=args.l2)
+            features[name] = extract_features(model, loader, device)
+    if drawn:
+        support, query, shots, validation = _drawn_support(args, split, *features[split])
+    else:
+        support, query, shots, validation = features["train"], features[split], args.shots or DEFAULT_SHOTS, \
+            VALIDATION_PER_CLASS
+    results = fewshot_evaluate(*support, *query, shots=shots, seeds=range(args.seeds), l2_regs=args.l2,
+                               validation_per_class=validation)
     rows = [[r.shots, f"{100 * r.mean:.2f}%", f"{100 * r.std:.2f}", f"{r.selected_l2:g}"] for r in results]
-    report: dict = {"checkpoint": args.checkpoint, "dataset": args.dataset,
+    report: dict = {"checkpoint": args.checkpoint, "dataset": args.dataset, "split": split,
                     "fewshot": {r.shots: {"mean": r.mean, "std": r.std, "l2": r.selected_l2, "per_seed": r.selected}
                                 for r in results}}
     if args.linear_probe:
-        accuracy, l2 = linear_probe(*features["train"], *features["test"], l2_regs=args.l2)
+        accuracy, l2 = linear_probe(*support, *query, l2_regs=args.l2)
         rows.append(["all", f"{100 * accuracy:.2f}%", "-", f"{l2:g}"])
         report["linear_probe"] = {"accuracy": accuracy, "l2": l2}
     print(f"{args.dataset}: linear classifier on frozen representations, {args.seeds} seeds")
     print_table(["shots", "test accuracy", "std", "l2"], rows)
     if args.knn:
-        found = knn_evaluate(*features["train"], *features["test"], args.knn, args.knn_temperature, args.shots,
+        found = knn_evaluate(*support, *query, args.knn, args.knn_temperature, args.shots,
                              range(args.seeds))
         report["knn"] = {"temperature": args.knn_temperature, "results": [dataclasses.asdict(r) for r in found]}
         print(f"\n{args.dataset}: k-NN on frozen representations (cosine, votes weighted by exp(similarity / "
@@ -439,6 +459,19 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     if args.out:
         print(f"numbers in {write_json(args.out, FEWSHOT_FILE, report)}")
     return 0
+
+
+def _drawn_support(args: argparse.Namespace, split: str, features, labels) -> tuple[tuple, tuple, list[int], int]:
+    """Support and query (features, labels) drawn from the one set of images of ``split`` (seed 0), said in one
+    line; with the shot counts measured and the examples of each class that choose the regulariser."""
+    from .evaluate.fewshot import split_support_query
+
+    drawn = split_support_query(labels, args.shots, seed=0)
+    print(f"{args.dataset} [{split}]: support drawn from {drawn.per_class} images of each class (seed 0: "
+          f"{' '.join(map(str, drawn.shots))} shots and {drawn.validation_per_class} to choose the regulariser), "
+          f"query: the other {len(drawn.query)} images")
+    return ((features[drawn.support], labels[drawn.support]), (features[drawn.query], labels[drawn.query]),
+            drawn.shots, drawn.validation_per_class)
 
 
 def _data_splits(args: argparse.Namespace, corrupt: str) -> dict:
@@ -465,11 +498,11 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 
 
 def cmd_data_verify(args: argparse.Namespace) -> int:
-    """Decode every image of every split in parallel; list the unreadable ones (exit 1 if any)."""
+    """Decode every image of the dataset in parallel; list the unreadable ones (exit 1 if any)."""
+    from .data import load_dataset
     from .data.survey import unreadable_images
 
-    bad = [name for dataset in _data_splits(args, "skip").values()
-           for name in unreadable_images(dataset, args.num_workers)]
+    bad = unreadable_images(load_dataset(args.dataset, ALL, args.data_dir, corrupt="skip"), args.num_workers)
     for name in bad:
         print(name)
     print(f"{args.dataset}: {len(bad)} unreadable image(s)", file=sys.stderr)
@@ -505,7 +538,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
                           args.keep_aspect, args.max_patches)
     for prediction in predictions:
-        ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
+        ranked = ", ".join(f"{escape_name(label)} {100 * p:.1f}%"
+                           for label, p in zip(prediction.labels, prediction.probabilities))
         if prediction.features is not None:
             ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
         print(f"{prediction.path}: {ranked}")
@@ -544,6 +578,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for runtime, reason in skipped.items():
         print(f"skipped {runtime}: {reason}")
     return 0
+
+
+SPLIT_CHOICES = (*SPLITS, ALL)
+SPLIT_HELP = ("the images measured: a split, or all of them (default: the dataset's test split, else its validation "
+              "split, else all of a dataset that names neither, such as a folder of class folders; a split the "
+              "dataset lacks is held out of its training images as a training run holds it out)")
 
 
 def _resize_flag(parser: argparse.ArgumentParser) -> None:
@@ -654,7 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")
     evaluate_.add_argument("--dataset", default="digits")
     evaluate_.add_argument("--data-dir")
-    evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
+    evaluate_.add_argument("--split", choices=SPLIT_CHOICES, help=SPLIT_HELP)
     evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
     evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
     evaluate_.add_argument("--batch-size", "-b", type=_positive, default=256)
@@ -670,6 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(fewshot)
     fewshot.add_argument("--dataset", default="digits")
     fewshot.add_argument("--data-dir")
+    fewshot.add_argument("--split", choices=SPLIT_CHOICES, help=SPLIT_HELP + "; the support images come from the "
+                         "train split, or are drawn from the images measured when that is train or all")
     fewshot.add_argument("--shots", type=_positive, nargs="+",
                          help=f"training images per class (default: {' '.join(map(str, DEFAULT_SHOTS))}); with "
                               f"--knn, also the k-NN memory banks, which are otherwise every training image")

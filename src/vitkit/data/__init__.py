@@ -1,13 +1,15 @@
 """Datasets (in memory, listed image folders, sharded streams), transform presets and the loaders of a
 run, whose batches are fixed by (seed, step)."""
 
-from .datasets import STREAMED, DatasetError, SplitSpec, load_dataset, load_splits, read_image, scan_folder, split_names
+from .datasets import (STREAMED, DatasetError, SplitSpec, default_split, load_dataset, load_splits, read_image,
+                       scan_folder, split_names)
 from .loading import CORRUPT, StepSampler, Transformed, eval_loader, step_loader
 from .pipelines import default_num_workers, evaluation_loader, training_loader
 from .shards import ShardedSplit
+from .splits import ALL, SPLITS
 from .transforms import AUGREG_LEVELS, RESIZE_MODES, augreg_level, build_transform, evaluation_transform
 
-__all__ = ["AUGREG_LEVELS", "CORRUPT", "RESIZE_MODES", "STREAMED", "DatasetError", "ShardedSplit", "SplitSpec",
-           "StepSampler", "Transformed", "augreg_level", "build_transform", "default_num_workers", "eval_loader",
-           "evaluation_loader", "evaluation_transform", "load_dataset", "load_splits", "read_image", "scan_folder",
-           "split_names", "step_loader", "training_loader"]
+__all__ = ["ALL", "AUGREG_LEVELS", "CORRUPT", "RESIZE_MODES", "SPLITS", "STREAMED", "DatasetError", "ShardedSplit",
+           "SplitSpec", "StepSampler", "Transformed", "augreg_level", "build_transform", "default_num_workers",
+           "default_split", "eval_loader", "evaluation_loader", "evaluation_transform", "load_dataset", "load_splits",
+           "read_image", "scan_folder", "split_names", "step_loader", "training_loader"]

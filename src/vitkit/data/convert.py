@@ -21,6 +21,7 @@ from PIL import Image
 from webdataset import ShardWriter
 
 from ..atomic import atomic_directory, sweep
+from ..classnames import format_class_list
 from ..errors import ConfigError, DatasetError
 from ..progress import track
 from .datasets import read_image
@@ -91,5 +92,5 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
                 for count, (extension, data, label) in enumerate(samples, start=1):
                     sink.write({"__key__": f"{split}{count - 1:09d}", extension: data, "cls": str(label)})
             written[split] = count
-        (staging / "classes.txt").write_text("".join(f"{name}\n" for name in classes))
+        (staging / "classes.txt").write_text(format_class_list(classes), encoding="utf-8")
     return written

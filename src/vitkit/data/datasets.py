@@ -5,7 +5,8 @@
 Every dataset yields ``(image, label)`` with the image a uint8 ``(C, H, W)`` tensor and keeps its
 class names in ``.classes``. Splits are ``train``, ``val`` and ``test``; a dataset without a
 validation (or test) split gets one held out of its training images, the same for every seed-equal
-call, so a run's validation images never leak into its training images.
+call, so a run's validation images never leak into its training images. ``all`` is every image of the
+dataset, whatever its split: what a folder of images that names no split holds.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DatasetError
 from .folders import class_folders, folder_listing
-from .splits import held_out
+from .splits import ALL, SPLITS, held_out, split_of
 
-SPLITS = ("train", "val", "test")
 # The folders listed so far inside one load_splits call: a flat image folder gives every split from one listing.
 _LISTINGS: ContextVar[dict | None] = ContextVar("vitkit_folder_listings", default=None)
 TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
@@ -62,6 +62,12 @@ class ArrayDataset(Dataset):
     def subset(self, indices: np.ndarray, name: str) -> "ArrayDataset":
         rows = torch.from_numpy(np.array(indices, dtype=np.int64))  # a copy: ``held_out`` may give mapped ones
         return ArrayDataset(self.images[rows], self.labels[rows], self.classes, name)
+
+    @staticmethod
+    def joined(parts: list["ArrayDataset"], name: str) -> "ArrayDataset":
+        """The images of ``parts`` (which share their class list), one after the other."""
+        return ArrayDataset(torch.cat([part.images for part in parts]), torch.cat([part.labels for part in parts]),
+                            parts[0].classes, name)
 
 
 class FileDataset(Dataset):
@@ -107,6 +113,14 @@ class FileDataset(Dataset):
         indices = np.asarray(indices)
         return FileDataset(self.listing, self.class_ends, self.class_labels, self.classes, name,
                            indices if self.rows is None else self.rows[indices])
+
+    @staticmethod
+    def joined(parts: list["FileDataset"], name: str) -> "FileDataset":
+        """The files of whole folder listings ``parts`` (labelled by one class list), one after the other."""
+        starts = np.cumsum([0, *(len(part.listing) for part in parts[:-1])])
+        return FileDataset(np.concatenate([part.listing for part in parts]),
+                           np.concatenate([part.class_ends + start for part, start in zip(parts, starts)]),
+                           np.concatenate([part.class_labels for part in parts]), parts[0].classes, name)
 
 
 # Larger images are refused before they are decoded (Pillow's own limit: a 3-byte-per-pixel image of
@@ -173,8 +187,8 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     (``webdataset:``, ``hf:``) a ``shards.ShardedSplit``, whose index pass applies ``corrupt`` to the
     unusable samples it finds."""
     spec = spec or SplitSpec()
-    if split not in SPLITS:
-        raise DatasetError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if split not in (*SPLITS, ALL):
+        raise DatasetError(f"unknown split {split!r}; expected one of {(*SPLITS, ALL)}")
     if name == "digits":
         train, test = _digits()
     elif name in TORCHVISION:
@@ -195,6 +209,24 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     return _with_val(train, test, split, spec)
 
 
+def own_splits(name: str) -> tuple[str, ...]:
+    """The splits dataset ``name``'s files or folders name (none held out): none for a folder of class
+    folders."""
+    if name.startswith(STREAMED):
+        return split_names(name)
+    if name.startswith("imagefolder:"):
+        return tuple(split_folders(Path(name[len("imagefolder:"):])))
+    return ("train", "test")
+
+
+def default_split(name: str) -> str:
+    """The split an evaluation of dataset ``name`` measures when none is asked for: its own test split, else
+    its own validation split (ImageNet's ``train/`` + ``val/``), else all of it: a folder of images that names
+    no split is the user's to measure whole, not a part held out of it."""
+    own = own_splits(name)
+    return next((split for split in ("test", "val") if split in own), ALL)
+
+
 def split_names(name: str) -> tuple[str, ...]:
     """The splits dataset ``name`` can give: every one, held out where need be, except for shards, which
     have the splits their files name."""
@@ -205,22 +237,34 @@ def split_names(name: str) -> tuple[str, ...]:
         from .hf import hf_root, split_files
         return tuple(split_files(hf_root(name[len("hf:"):])))
     if name.startswith("imagefolder:"):
-        root = Path(name[len("imagefolder:"):])
-        if (root / "train").is_dir() and not (root / "test").is_dir():  # ImageNet's layout: train/ and val/
+        folders = split_folders(Path(name[len("imagefolder:"):]))
+        if folders and "test" not in folders:  # ImageNet's layout: train/ and val/
             return ("train", "val")
     return SPLITS
 
 
 def _with_val(train, test, split: str, spec: SplitSpec):
-    """Carve the validation split out of ``train`` (which then loses those images)."""
+    """Carve the validation split out of ``train`` (which then loses those images); ``all`` is both."""
     if split == "test":
         return test
+    if split == ALL:
+        return train if test is None else type(train).joined([train, test], train.name.removesuffix("[train]"))
     if spec.val_fraction <= 0:
         if split == "val":
             raise DatasetError(f"{train.name}: no validation split (val_fraction is 0)")
         return train
-    kept, val = held_out(len(train), spec.val_fraction, spec.seed)
-    return train.subset(kept if split == "train" else val, f"{train.name}[{split}]")
+    return _part(train, spec.val_fraction, spec.seed, split == "val", f"{train.name}[{split}]")
+
+
+def _part(dataset, fraction: float, seed: int, held: bool, name: str):
+    """The part of ``dataset`` held out (``held``) or kept when a ``fraction`` of it, drawn from ``seed``, is
+    held out; a part with no image is refused saying why (a few images hold out none)."""
+    kept, held_rows = held_out(len(dataset), fraction, seed)
+    rows = held_rows if held else kept
+    if not len(rows):
+        raise DatasetError(f"{name}: holding out {fraction:g} of the {len(dataset)} image(s) of {dataset.name} "
+                           f"(--val-fraction) leaves {'none held out' if held else 'none to keep'}")
+    return dataset.subset(rows, name)
 
 
 def _digits() -> tuple[ArrayDataset, ArrayDataset]:
@@ -280,9 +324,24 @@ def _npz_split(path: Path, split: str, spec: SplitSpec) -> ArrayDataset:
 
     if split == "test":
         return part("test")
+    if split == ALL:
+        return ArrayDataset.joined([part(key) for key in SPLITS if f"x_{key}" in arrays], path.name)
     if "x_val" in arrays:
         return part(split)
     return _with_val(part("train"), None, split, spec)
+
+
+def split_folders(root: Path) -> dict[str, Path]:
+    """The split folders of ``root`` (``train/``, ``val/`` or ``validation/``, ``test/``), by split, when it has
+    a training folder; none when it is a folder of class folders."""
+    found: dict[str, Path] = {}
+    for name in class_folders(root) if root.is_dir() else []:
+        split = split_of(name)
+        if split in found:  # val/ and validation/: neither is read as the other's
+            raise DatasetError(f"{root}: both {found[split].name}/ and {name}/ name the {split} split; keep one")
+        if split is not None:
+            found[split] = root / name
+    return {split: found[split] for split in SPLITS if split in found} if "train" in found else {}
 
 
 def _folder_split(root: Path, split: str, spec: SplitSpec) -> FileDataset:
@@ -291,18 +350,22 @@ def _folder_split(root: Path, split: str, spec: SplitSpec) -> FileDataset:
     class list, the union of their class folders, so that a label means the same class in each."""
     if not root.is_dir():
         raise DatasetError(f"{root}: no such image folder")
-    if not (root / "train").is_dir():
+    folders = split_folders(root)
+    if not folders:
         whole = scan_folder(root)
-        kept, test = held_out(len(whole), spec.val_fraction, spec.seed + 1)
+        if split == ALL:
+            return whole
         if split == "test":
-            return whole.subset(test, f"{root}[test]")
-        return _with_val(whole.subset(kept, f"{root}[train]"), None, split, spec)
-    classes = sorted({name for part in SPLITS if (root / part).is_dir() for name in class_folders(root / part)})
-    if (root / split).is_dir() and (split != "train" or (root / "val").is_dir()):  # else val is held out of train
-        return scan_folder(root / split, classes)
+            return _part(whole, spec.val_fraction, spec.seed + 1, True, f"{root}[test]")
+        return _with_val(_part(whole, spec.val_fraction, spec.seed + 1, False, f"{root}[train]"), None, split, spec)
+    classes = sorted({name for folder in folders.values() for name in class_folders(folder)})
+    if split == ALL:
+        return FileDataset.joined([scan_folder(folder, classes) for folder in folders.values()], str(root))
+    if split in folders and (split != "train" or "val" in folders):  # else val is held out of train
+        return scan_folder(folders[split], classes)
     if split == "test":
         raise DatasetError(f"{root}: has train/ but no test/ folder")
-    return _with_val(scan_folder(root / "train", classes), None, split, spec)
+    return _with_val(scan_folder(folders["train"], classes), None, split, spec)
 
 
 def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None = None,

@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
-from .datasets import SPLITS, read_image
+from .datasets import read_image
 from .index_cache import ShardIndex
 from .shards import Shard, ShardedSplit, indexed_split, label_problem
+from .splits import ALL, SPLITS, named_split
 
 COLUMNS = ("image", "label")
 ROWS_PER_READ = 256
@@ -54,18 +55,12 @@ def hub_folder(name: str) -> Path:
         raise DatasetError(f"hf:{name}: not a local folder, and the hub did not give it ({error})") from error
 
 
-def split_of(name: str) -> str | None:
-    """vitkit's name for an HF split (``validation`` is ``val``), or None for one vitkit has no use for."""
-    name = "val" if name == "validation" else name
-    return name if name in SPLITS else None
-
-
 def split_files(root: Path) -> dict[str, list[Path]]:
     """The arrow or parquet files of each split under ``root``."""
     if (root / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict
         try:
             names = json.loads((root / "dataset_dict.json").read_text())["splits"]
-            found = {split_of(name): sorted((root / name).glob("*.arrow")) for name in names}
+            found = {named_split([name], root / name): sorted((root / name).glob("*.arrow")) for name in names}
         except (ValueError, KeyError, TypeError) as error:
             raise DatasetError(f"{root / 'dataset_dict.json'}: expected {{\"splits\": [names]}} ({error!r})") from None
         return {split: files for split, files in found.items() if split is not None}
@@ -73,8 +68,7 @@ def split_files(root: Path) -> dict[str, list[Path]]:
         return {"train": sorted(root.glob("*.arrow"))}
     found: dict[str, list[Path]] = {split: [] for split in SPLITS}
     for path in sorted(root.rglob("*.parquet")):
-        words = {path.parent.name, path.stem.split("-")[0]}
-        split = next((s for s in SPLITS if s in {split_of(word) for word in words}), None)
+        split = named_split([path.parent.name, path.stem.split("-")[0]], path)
         if split is not None:
             found[split].append(path)
     return {split: files for split, files in found.items() if files}
@@ -200,9 +194,10 @@ def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     """The ``split`` of ``hf:PATH`` or ``hf:ORG/NAME`` (see module doc); its index pass reads the label
     column only."""
     root = hf_root(spec)
-    files = split_files(root).get(split)
+    found = split_files(root)
+    files = sum(found.values(), []) if split == ALL else found.get(split)
     if not files:
-        raise DatasetError(f"hf:{spec}: no {split} split (found {sorted(split_files(root)) or 'none'})")
+        raise DatasetError(f"hf:{spec}: no {split} split (found {sorted(found) or 'none'})")
     with named_errors(files[0]):
         names = class_names(files[0], schema_of(open_table(files[0])))
     return indexed_split(f"hf:{spec}[{split}]", [str(path) for path in files], "hf-labels", label_index, names,

@@ -41,12 +41,14 @@ from webdataset.filters import _shuffle
 from webdataset.handlers import ignore_and_stop
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
+from ..classnames import parse_class_list
 from ..errors import DatasetError
-from .datasets import SPLITS, read_image
+from .datasets import read_image
 from .index_cache import ShardIndex, shard_indexes
 from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
                       seeded_transform)
 from .slots import BatchSlots, SlotBatch
+from .splits import ALL, SPLITS, named_split
 from .transforms import Preset
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -198,10 +200,15 @@ class EvaluationStream(IterableDataset):
 
 # ---------------------------------------------------------------------------------------- WebDataset tar
 def shard_files(spec: str) -> dict[str, list[str]]:
-    """``ROOT`` (``train-*.tar``, ``val-*.tar``, ``test-*.tar``) or a brace pattern / single file; a file
-    belongs to the split named by a ``-``/``_``/``.`` separated word of its name, else to train."""
+    """``ROOT`` (``train-*.tar``, ``val-*.tar`` or ``validation-*.tar``, ``test-*.tar``: the shards whose names
+    say a split) or a brace pattern / single file; a file belongs to the split named by a ``-``/``_``/``.``
+    separated word of its name (see ``splits.named_split``), a file of a pattern that names none to train."""
     if os.path.isdir(spec):
-        found = {split: sorted(str(p) for p in Path(spec).glob(f"{split}-*.tar")) for split in SPLITS}
+        found = {split: [] for split in SPLITS}
+        for file in sorted(str(p) for p in Path(spec).glob("*.tar")):
+            split = named_split(re.split(r"[-_.]", os.path.basename(file)), file)
+            if split is not None:
+                found[split].append(file)
         if not any(found.values()):
             raise DatasetError(f"{spec}: no shards (expected {spec}/train-000000.tar, val-..., test-...)")
         return found
@@ -211,8 +218,7 @@ def shard_files(spec: str) -> dict[str, list[str]]:
         raise DatasetError(f"{spec}: {len(missing)} of {len(files)} shard(s) not found, e.g. {missing[0]}")
     found = {split: [] for split in SPLITS}
     for file in sorted(files):
-        words = set(re.split(r"[-_.]", os.path.basename(file)))
-        found[next((split for split in SPLITS if split in words), "train")].append(file)
+        found[named_split(re.split(r"[-_.]", os.path.basename(file)), file) or "train"].append(file)
     return found
 
 
@@ -299,7 +305,8 @@ def read_tar(shard: Shard) -> Iterator[tuple[str, dict]]:
 
 def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     """The ``split`` of ``webdataset:ROOT`` or ``webdataset:PATTERN`` (see ``shard_files``)."""
-    files = shard_files(spec)[split]
+    found = shard_files(spec)
+    files = sum(found.values(), []) if split == ALL else found[split]
     if not files:
         raise DatasetError(f"{spec}: no {split} shards ({split}-NNNNNN.tar)")
     root = spec if os.path.isdir(spec) else os.path.dirname(files[0])
@@ -308,12 +315,13 @@ def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSpl
 
 
 def read_class_names(path: Path) -> list[str] | None:
-    """The class names of ``classes.txt`` (one a line, UTF-8), or None when there is no such file."""
+    """The class names of ``classes.txt`` (one a line, UTF-8, escaped as ``classnames`` says; bytes that are not
+    UTF-8 kept as surrogate escapes), or None when there is no such file."""
     if not os.path.lexists(path):
         return None
     try:
-        names = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
+        names = parse_class_list(path.read_bytes().decode("utf-8", "surrogateescape"))
+    except OSError as error:
         raise DatasetError(f"{path}: not a readable class list ({error}); expected UTF-8 text, one class name "
                            f"a line") from None
     if not names:

@@ -1,4 +1,8 @@
-"""Seeded random orders and partitions of ``range(size)``: the held-out splits and the epochs' orders.
+"""The splits a dataset's files and folders name, and seeded random orders and partitions of ``range(size)``:
+the held-out splits and the epochs' orders.
+
+A file or folder belongs to the split a word of its name says, as users name them: ``train``, ``val`` or
+``validation`` (also ``valid``), ``test``; a name that says two splits is refused, never read into either.
 
 Both follow ``torch.randperm`` of the seed (as earlier versions drew them, so a run resumed across versions
 sees the same images). A partition of a large dataset is also kept in the cache as one ``.npy`` file, mapped
@@ -11,15 +15,35 @@ checked for its shape and type when read; a cache that cannot be read or written
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..atomic import atomic_file
 from ..cache import cache_entry, sweep_cache
+from ..errors import DatasetError
 
+SPLITS = ("train", "val", "test")
+ALL = "all"  # every image of a dataset, whatever split it is in
+SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 FORMAT = "kept-then-held-1"  # an entry's layout: kept rows, then held-out rows, each sorted
 CACHED_FROM_SIZE = 100_000  # smaller partitions are drawn in under half a millisecond: not worth an entry
+
+
+def split_of(word: str) -> str | None:
+    """The split a word names (``validation`` is ``val``), or None when it names none."""
+    return SPLIT_WORDS.get(word.lower())
+
+
+def named_split(words: Iterable[str], where: str | Path) -> str | None:
+    """The one split that ``words`` (of the name of ``where``) say, None when they say none; a DatasetError
+    when they say two, which would put one split's images in the other."""
+    named = sorted({split for split in map(split_of, words) if split is not None}, key=SPLITS.index)
+    if len(named) > 1:
+        raise DatasetError(f"{where}: names two splits ({' and '.join(named)}); rename it for the one it holds")
+    return named[0] if named else None
 
 
 def seeded_permutation(size: int, seed: int) -> torch.Tensor:

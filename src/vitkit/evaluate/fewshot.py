@@ -20,6 +20,7 @@ from ..progress import track
 
 DEFAULT_L2_REGS = tuple(2.0 ** k for k in range(-10, 11, 2))
 DEFAULT_SHOTS = (1, 5, 10, 25)
+VALIDATION_PER_CLASS = 10  # held-out training examples of each class that choose the regulariser
 
 
 def ridge_solutions(features: np.ndarray, labels: np.ndarray, num_classes: int,
@@ -91,7 +92,8 @@ class FewShotResult:
 def fewshot_evaluate(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,
                      test_labels: np.ndarray, shots: Sequence[int] = DEFAULT_SHOTS,
                      seeds: Sequence[int] = (0, 1, 2), l2_regs: Sequence[float] = DEFAULT_L2_REGS,
-                     num_classes: int | None = None, validation_per_class: int = 10) -> list[FewShotResult]:
+                     num_classes: int | None = None, validation_per_class: int = VALIDATION_PER_CLASS
+                     ) -> list[FewShotResult]:
     """For each shot count and seed: sample the shots, solve every regulariser in closed form, score on
     held-out training examples (to choose the regulariser) and on the test split."""
     train_labels, test_labels = np.asarray(train_labels), np.asarray(test_labels)
@@ -112,6 +114,54 @@ def fewshot_evaluate(train_features: np.ndarray, train_labels: np.ndarray, test_
         best = int(val_acc.mean(axis=1).argmax())
         results.append(FewShotResult(shot, list(l2_regs), test_acc, float(l2_regs[best]), test_acc[best].tolist()))
     return results
+
+
+def draw_support(labels: np.ndarray, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``per_class`` random examples of each class (the support images, drawn from ``seed``), and the
+    rows of the others (the query images), each sorted: the two parts of one set of images with no split."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    support = []
+    for label in np.unique(labels):
+        pool = np.flatnonzero(labels == label)
+        if pool.size <= per_class:
+            raise ConfigError(f"class {label} has {pool.size} images: {per_class} support images leave none to query")
+        support.append(rng.choice(pool, size=per_class, replace=False))
+    chosen = np.zeros(len(labels), dtype=bool)
+    chosen[np.concatenate(support)] = True
+    return np.flatnonzero(chosen), np.flatnonzero(~chosen)
+
+
+@dataclass
+class SupportQuery:
+    """One set of images split for few-shot evaluation: the shot counts measured, the examples of each class
+    that choose the regulariser, and the rows of the support and query images."""
+
+    shots: list[int]
+    validation_per_class: int
+    support: np.ndarray
+    query: np.ndarray
+
+    @property
+    def per_class(self) -> int:
+        return max(self.shots) + self.validation_per_class
+
+
+def split_support_query(labels: np.ndarray, shots: Sequence[int] | None, seed: int) -> SupportQuery:
+    """Support and query images drawn from one set (``labels``, one per image) with ``seed``: of each class the
+    largest shot count and ``VALIDATION_PER_CLASS`` to choose the regulariser, the rest to query. A small set
+    keeps at least one image of each class to query: fewer choose the regulariser, and without ``shots`` the
+    default shot counts that fit are measured."""
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    smallest = int(counts.min())
+    shots = list(shots or [shot for shot in DEFAULT_SHOTS if shot + 2 <= smallest])
+    if not shots or max(shots) + 2 > smallest:
+        needed = max(shots, default=1) + 2
+        raise ConfigError(f"class {classes[counts.argmin()]} has {smallest} images; {needed} are needed (the shots, "
+                          f"one to choose the regulariser and one to query)")
+    validation = min(VALIDATION_PER_CLASS, smallest - max(shots) - 1)
+    return SupportQuery(shots, validation, *draw_support(labels, max(shots) + validation, seed))
 
 
 def linear_probe(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..classnames import escape_name
 from ..progress import track
 from ..runtime import autocast
 
@@ -81,8 +82,9 @@ def confusion_figure(confusion: torch.Tensor, classes: list[str], path: str | Pa
     figure, axes = plt.subplots(figsize=(size + 1, size))
     shown = axes.imshow(rates, cmap="Blues", vmin=0, vmax=1)
     figure.colorbar(shown, ax=axes, fraction=0.046, label="fraction of the true class")
-    axes.set_xticks(range(len(classes)), classes, rotation=90 if len(classes) > 10 else 0)
-    axes.set_yticks(range(len(classes)), classes)
+    names = [escape_name(name) for name in classes]  # one line each, and drawable: no surrogate, no control
+    axes.set_xticks(range(len(classes)), names, rotation=90 if len(classes) > 10 else 0)
+    axes.set_yticks(range(len(classes)), names)
     axes.set_xlabel("predicted")
     axes.set_ylabel("true")
     if len(classes) <= 20:

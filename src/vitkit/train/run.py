@@ -19,8 +19,8 @@ import torch
 
 from ..atomic import atomic_file
 from ..checkpoints import load
-from ..data import (STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, evaluation_loader,
-                    load_splits, split_names, training_loader)
+from ..data import (ALL, STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, default_split,
+                    evaluation_loader, load_splits, split_names, training_loader)
 from ..data.splits import seeded_permutation
 from ..data.transforms import augreg_level
 from ..errors import ConfigError
@@ -71,9 +71,12 @@ def total_steps(recipe: Recipe, train_size: int) -> int:
 def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
     """The splits a run measures, the final one last: validation when the dataset has or can hold out one, then
     after classification the test split, or val where the dataset has none (ImageNet's ``train/`` + ``val/``:
-    the split timm and big_vision report their final numbers on)."""
+    the split timm and big_vision report their final numbers on). A dataset that names no split, with nothing
+    held out of it (``val_fraction`` 0), is measured on all of its images: its training images."""
     if pretraining:
         return ()
+    if recipe.val_fraction == 0 and default_split(recipe.dataset) == ALL:
+        return (ALL,)
     available = split_names(recipe.dataset)
     validation = ("val",) if recipe.val_fraction > 0 and "val" in available else ()
     return tuple(dict.fromkeys((*validation, "test" if "test" in available else "val")))
