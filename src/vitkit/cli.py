@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from .checkpoints.convert import FORMATS
 from .checkpoints.hub import is_remote
 from .checkpoints.onnx import QUANTIZATIONS
 from .data import CORRUPT, RESIZE_MODES
+from .data.datasets import DATASET_FORMS
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
@@ -501,16 +503,32 @@ def cmd_predict(args: argparse.Namespace) -> int:
         native_only(model, args.checkpoint)
         if args.keep_aspect:
             raise ConfigError("--keep-aspect and --max-patches: pick one way to keep each image's aspect ratio")
-    predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
-                          args.keep_aspect, args.max_patches)
-    for prediction in predictions:
-        ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels, prediction.probabilities))
-        if prediction.features is not None:
-            ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
-        print(f"{prediction.path}: {ranked}")
+    predictions = predict(model, inputs.image_files(args.images), args.top_k, device, dtype, args.resize,
+                          bool(args.features), args.keep_aspect, args.max_patches)
+    if args.json:
+        print(json.dumps([prediction_record(prediction) for prediction in predictions], indent=1))
+    else:
+        for prediction in predictions:
+            ranked = ", ".join(f"{label} {100 * p:.1f}%" for label, p in zip(prediction.labels,
+                                                                            prediction.probabilities))
+            if prediction.features is not None:
+                ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
+            print(f"{prediction.path}: {ranked}")
     if args.features:
-        print(f"dense features and embeddings in {save_features(predictions, args.features)}")
+        print(f"dense features and embeddings in {save_features(predictions, args.features)}",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def prediction_record(prediction) -> dict:
+    """One image's line of ``predict --json``: its file, the top classes with their probabilities, and the shape
+    of its dense features where they were asked for."""
+    record = {"image": str(prediction.path),
+              "top_k": [{"label": label, "probability": round(p, 6)}
+                        for label, p in zip(prediction.labels, prediction.probabilities)]}
+    if prediction.features is not None:
+        record["features_shape"] = list(prediction.features.shape)
+    return record
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -571,8 +589,47 @@ def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> N
                             help="compute precision (autocast); auto: bf16 where the hardware runs it natively")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that refuses an unknown option with the usage of the (sub)command it was given to and
+    that command's closest options (``vitkit train --learning-rate 1e-3``: did you mean --lr?)."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command_parser(parsed)
+            command.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(extras, command)}")
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The innermost subcommand's parser that ``parsed`` went through (``vitkit data info``: info's)."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            chosen = next((action.choices.get(getattr(parsed, action.dest, None)) for action in parser._actions
+                           if isinstance(action, argparse._SubParsersAction)), None)
+            if chosen is None:
+                return parser
+            parser = chosen
+
+
+def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """``; did you mean --lr?`` for each unknown option among ``extras`` that is close to one of ``parser``'s:
+    the same words with ``_`` for ``-``, their initials (learning-rate: lr), or a near spelling."""
+    options = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    hints = []
+    for word in extras:
+        if not word.startswith("--"):
+            continue
+        name = word[2:].split("=", 1)[0].replace("_", "-").lower()
+        initials = "".join(part[0] for part in name.split("-") if part)
+        close = [option for option in options if option[2:] in (name, initials)] or \
+            difflib.get_close_matches(f"--{name}", options, n=3, cutoff=0.6)
+        if close:
+            hints.append(f"{word.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
+    return "".join(f"; {hint}" for hint in hints)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
+    parser = _Parser(prog="vitkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"vitkit {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -601,8 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     source = analyze.add_mutually_exclusive_group()
     source.add_argument("--images", nargs="+", metavar="PATH",
                          help="image files or directories (default: scikit-learn's two sample photos)")
-    source.add_argument("--dataset", help="analyse a random sample of this dataset's test split instead "
-                         "(digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH)")
+    source.add_argument("--dataset", help=f"analyse a random sample of this dataset's test split instead "
+                                          f"({DATASET_FORMS})")
     analyze.add_argument("--data-dir", help="where --dataset lies (torchvision layout)")
     analyze.add_argument("--num-images", type=_positive, default=64, help="size of the --dataset sample")
     analyze.add_argument("--seed", type=int, default=0)
@@ -645,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
     _checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")
-    evaluate_.add_argument("--dataset", default="digits")
+    evaluate_.add_argument("--dataset", default="digits", help=f"{DATASET_FORMS} (default: digits)")
     evaluate_.add_argument("--data-dir")
     evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
     evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
@@ -661,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fewshot = sub.add_parser("fewshot", help="few-shot linear evaluation of frozen representations")
     _checkpoint_flags(fewshot)
-    fewshot.add_argument("--dataset", default="digits")
+    fewshot.add_argument("--dataset", default="digits", help=f"{DATASET_FORMS} (default: digits)")
     fewshot.add_argument("--data-dir")
     fewshot.add_argument("--shots", type=_positive, nargs="+",
                          help=f"training images per class (default: {' '.join(map(str, DEFAULT_SHOTS))}); with "
@@ -705,8 +762,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     predict_ = sub.add_parser("predict", help="top-k labels of image files")
     _checkpoint_flags(predict_, help="anything vitkit.load reads, or an .onnx file")
-    predict_.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    predict_.add_argument("--top-k", type=_positive, default=5)
+    predict_.add_argument("images", nargs="+", metavar="IMAGE",
+                          help="image files, folders (every image below them) or quoted glob patterns ('img/*.jpg')")
+    predict_.add_argument("--json", action="store_true", help="the predictions as a JSON list on stdout")
+    predict_.add_argument("--top-k", type=_positive, default=5, metavar="K",
+                          help="how many of the most probable classes to list for each image (default: 5)")
     predict_.add_argument("--features", metavar="OUT", help="also write each image's dense patch features (D, H/P, "
                           "W/P) and pooled embedding to OUT (.npz or .safetensors)")
     predict_.add_argument("--keep-aspect", action="store_true",

@@ -3,6 +3,7 @@ their preparation for a model by the checkpoint's evaluation transform, as every
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,20 +27,32 @@ def sample_photos() -> list[np.ndarray]:
     return list(load_sample_images().images)
 
 
-def read_images(paths: Sequence[str | Path]) -> list[np.ndarray]:
-    """Image files, and every image file below the given directories (sorted), as uint8 arrays (H, W)
-    or (H, W, C), decoded as datasets decode them (``vitkit.data.read_image``)."""
+def image_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The image files ``paths`` name: files as given, every image file below a directory (sorted), and the
+    matches of a glob pattern (``'photos/*.jpg'``, ``'data/**/*.png'``; sorted) that the shell left unexpanded."""
     files: list[Path] = []
-    for path in map(Path, paths):
+    for text in map(str, paths):
+        path = Path(text)
         if path.is_dir():
             files += sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         elif path.exists():
             files.append(path)
+        elif glob.has_magic(text):
+            matches = sorted(Path(match) for match in glob.glob(text, recursive=True) if Path(match).is_file())
+            if not matches:
+                raise FileNotFoundError(f"no file matches {text}")
+            files += matches
         else:
             raise FileNotFoundError(f"no image file or directory at {path}")
     if not files:
         raise FileNotFoundError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(str, paths))}")
-    return [read_image(file).permute(1, 2, 0).squeeze(-1).numpy() for file in files]
+    return files
+
+
+def read_images(paths: Sequence[str | Path]) -> list[np.ndarray]:
+    """The images of ``image_files(paths)``, as uint8 arrays (H, W) or (H, W, C), decoded as datasets decode
+    them (``vitkit.data.read_image``)."""
+    return [read_image(file).permute(1, 2, 0).squeeze(-1).numpy() for file in image_files(paths)]
 
 
 def dataset_sample(name: str, data_dir: str | Path | None, count: int, seed: int = 0) -> list[np.ndarray]:

@@ -10,6 +10,7 @@ call, so a run's validation images never leak into its training images.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 from contextvars import ContextVar
@@ -173,6 +174,7 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     (``webdataset:``, ``hf:``) a ``shards.ShardedSplit``, whose index pass applies ``corrupt`` to the
     unusable samples it finds."""
     spec = spec or SplitSpec()
+    name = dataset_name(name)
     if split not in SPLITS:
         raise DatasetError(f"unknown split {split!r}; expected one of {SPLITS}")
     if name == "digits":
@@ -186,13 +188,43 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     elif name.startswith("webdataset:"):
         from .shards import webdataset_split  # shards builds on this module
         return webdataset_split(name[len("webdataset:"):], split, corrupt)
-    elif name.startswith("hf:"):
+    else:  # hf:PATH, the last form dataset_name lets through
         from .hf import hf_split
         return hf_split(name[len("hf:"):], split, corrupt)
-    else:
-        raise DatasetError(f"unknown dataset {name!r}; expected digits, {', '.join(TORCHVISION)}, "
-                           f"npz:PATH, imagefolder:PATH, webdataset:ROOT or hf:PATH")
     return _with_val(train, test, split, spec)
+
+
+PREFIXES = ("npz:", "imagefolder:", "webdataset:", "hf:")
+DATASET_FORMS = f"digits, {', '.join(TORCHVISION)}, npz:PATH, imagefolder:PATH, webdataset:ROOT or hf:PATH"
+
+
+def dataset_name(name: str) -> str:
+    """``name`` as ``load_dataset`` knows it: a named dataset in any spelling (``cifar-10``, ``CIFAR_10``:
+    ``cifar10``; ``fashion_mnist``, ``fashionmnist``: ``fashion-mnist``) or ``KIND:PATH``; anything else is
+    refused with what was probably meant (``data.npz``: ``npz:data.npz``)."""
+    if name.startswith(PREFIXES):
+        return name
+    squashed = {known.replace("-", ""): known for known in ("digits", *TORCHVISION)}
+    known = squashed.get(name.lower().replace("-", "").replace("_", ""))
+    if known:
+        return known
+    guess = _prefixed(Path(name)) or next(iter(difflib.get_close_matches(name.lower(), list(squashed.values()))), None)
+    hint = f"; did you mean {guess}?" if guess else ""
+    raise DatasetError(f"unknown dataset {name!r}: expected {DATASET_FORMS}{hint}")
+
+
+def _prefixed(path: Path) -> str | None:
+    """The ``KIND:PATH`` a bare path most likely meant: an .npz file, a folder of .tar shards or of parquet
+    files, or another folder (of class folders)."""
+    if path.suffix.lower() == ".npz":
+        return f"npz:{path}"
+    if not path.is_dir():
+        return None
+    if next(path.glob("*.tar"), None):
+        return f"webdataset:{path}"
+    if next(path.rglob("*.parquet"), None):
+        return f"hf:{path}"
+    return f"imagefolder:{path}"
 
 
 def split_names(name: str) -> tuple[str, ...]:
