@@ -173,13 +173,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
     device = select_device(args.device)
     model = load_checkpoint(args).to(device)
-    if args.dataset:
-        pictures = inputs.dataset_sample(args.dataset, args.data_dir, args.num_images, args.seed)
-    elif args.images:
-        pictures = inputs.read_images(args.images)
-    else:
-        pictures = inputs.sample_photos()
     config = model.config
+    pictures, about = inputs.gather(args.images, args.dataset, args.data_dir, args.num_images, args.seed,
+                                    config.provenance.classes)
     size = args.image_size or config.image_size
     mean = _per_channel(args.mean, config.in_chans) if args.mean else None
     std = _per_channel(args.std, config.in_chans) if args.std else None
@@ -192,7 +188,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     images, shown = inputs.prepare(pictures, transform)
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout)
+                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout,
+                     about=about)
     sizes = "each at its own aspect ratio" if args.max_patches else f"at {size[0]}x{size[1]}"
     print(f"analysed {len(images)} images {sizes}: {len(result.figures)} figures, report {result.out / REPORT_FILE}")
     return 0
@@ -657,7 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(analyze)
     source = analyze.add_mutually_exclusive_group()
     source.add_argument("--images", nargs="+", metavar="PATH",
-                         help="image files or directories (default: scikit-learn's two sample photos)")
+                         help="image files, directories or quoted glob patterns; a file under a folder named like "
+                              "one of the model's classes is labelled with it (default: scikit-learn's two sample "
+                              "photos)")
     source.add_argument("--dataset", help=f"analyse a random sample of this dataset's test split instead "
                                           f"({DATASET_FORMS})")
     analyze.add_argument("--data-dir", help="where --dataset lies (torchvision layout)")
@@ -675,8 +674,10 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--discard-ratio", type=_fraction, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")
     analyze.add_argument("--readout", choices=list(READOUTS),
-                         help="the output token rolled out from: token, the [class] token; mean, the mean of the patch "
-                              "tokens (default: what the model's head reads, [class] under pool='token')")
+                         help="the output the rollout is read from: token, the [class] row; mean, the mean of the "
+                              "patch rows; probe, the attention pool's probe (default: where the model's head reads, "
+                              "as vitkit.analysis.rollout: token under pool='token', mean under 'gap', probe under "
+                              "'map'; prefix and register tokens are never on the image grid)")
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
     _resize_flag(analyze)
