@@ -1,6 +1,6 @@
 """Reports a person can read: one rollout readout rule, the model's pooling, in `vitkit analyze` and in the API;
-each analysed image named with its label and the model's prediction; confusion matrices whose labels do not
-run together at 10 or 100 classes."""
+each analysed image named with its label and the model's prediction; `predict` on folders and globs, and as
+JSON; confusion matrices whose labels do not run together at 10 or 100 classes."""
 
 import json
 
@@ -132,6 +132,31 @@ def test_analyze_names_each_image_with_its_label_and_prediction(labelled_tree):
             f"({100 * first['probability']:.0f}%).") in page
     assert f"<td class=name>{files[1]}</td><td class=name>-</td><td class=name>" in page  # no label: a dash
     assert "image 0/1" not in page and "of image 0." not in page
+
+
+def test_predict_takes_folders_and_globs(labelled_tree, capsys, monkeypatch):
+    monkeypatch.chdir(labelled_tree)
+    assert main(["predict", "ckpt", "photos", "--top-k", "1"]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "photos/cat/one.png", "photos/misc/three.png", "photos/owl/two.png"]
+    assert main(["predict", "ckpt", "photos/*/t*.png", "--top-k", "1"]) == 0  # a glob the shell left unexpanded
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "photos/misc/three.png", "photos/owl/two.png"]
+    assert main(["predict", "ckpt", "photos/*.gif"]) == 1
+    assert capsys.readouterr().err.strip() == "vitkit predict: error: no file matches photos/*.gif"
+
+
+def test_predict_json_gives_the_probabilities_the_model_computes(labelled_tree, capsys):
+    image = labelled_tree / "photos" / "cat" / "one.png"
+    assert main(["predict", str(labelled_tree / "ckpt"), str(image), "--json", "--top-k", "2"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    model = vitkit.load(labelled_tree / "ckpt").eval()
+    pixels = torch.from_numpy(np.array(Image.open(image))).permute(2, 0, 1)
+    with torch.no_grad():
+        top = model(checkpoint_transform(model.config)(pixels)[None]).softmax(-1)[0].topk(2)
+    assert records == [{"image": str(image), "top_k": [
+        {"label": CLASSES[i], "probability": pytest.approx(p, abs=1e-6)}
+        for i, p in zip(top.indices.tolist(), top.values.tolist())]}]
 
 
 CIFAR100 = ("apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly camel "

@@ -1,13 +1,10 @@
 """Messages that say what to do next: the closest flag, dataset name or field for a typo, a bare path's prefix,
 the fields a resume differs in, a format that can hold the model, the exit codes README documents; and the
-help and `vitkit info` lines a newcomer reads first."""
-
-import json
+help and `vitkit info` lines a newcomer reads first. (`predict` on folders and globs: test_analysis_readable.)"""
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitkit
 from vitkit.cli import build_parser, main
@@ -119,43 +116,3 @@ def test_info_names_a_timm_folder_by_its_architecture(tmp_path, capsys):
     save_for_hf(peer, str(tmp_path / "hub"), safe_serialization=True)
     assert main(["info", str(tmp_path / "hub")]) == 0
     assert "model        vit_small_patch16_224: 1 layers, D=384" in capsys.readouterr().out
-
-
-@pytest.fixture
-def image_tree(tmp_path):
-    """A checkpoint with named classes and images in folders: a/x.png, b/y.png, z.jpg."""
-    model = vitkit.create_model(vitkit.ViTConfig(**TINY, in_chans=3))
-    model.config = model.config.replace(provenance=model.config.provenance.replace(classes=("cat", "dog", "owl")))
-    model.save(tmp_path / "ckpt")
-    rng = np.random.default_rng(0)
-    for name in ("imgs/a/x.png", "imgs/b/y.png", "imgs/z.jpg"):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(tmp_path / name)
-    return tmp_path
-
-
-def test_predict_takes_folders_and_globs(image_tree, capsys, monkeypatch):
-    monkeypatch.chdir(image_tree)
-    assert main(["predict", "ckpt", "imgs", "--top-k", "1"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["imgs/a/x.png", "imgs/b/y.png", "imgs/z.jpg"]
-    assert main(["predict", "ckpt", "imgs/**/*.png", "--top-k", "1"]) == 0  # a glob the shell left unexpanded
-    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["imgs/a/x.png", "imgs/b/y.png"]
-    assert main(["predict", "ckpt", "imgs/*.gif"]) == 1
-    assert capsys.readouterr().err.strip() == "vitkit predict: error: no file matches imgs/*.gif"
-
-
-def test_predict_json_gives_the_probabilities_the_model_computes(image_tree, capsys):
-    from vitkit.evaluate.preprocessing import checkpoint_transform
-
-    assert main(["predict", str(image_tree / "ckpt"), str(image_tree / "imgs" / "z.jpg"), "--json", "--top-k",
-                 "2"]) == 0
-    records = json.loads(capsys.readouterr().out)
-    model = vitkit.load(image_tree / "ckpt").eval()
-    pixels = torch.from_numpy(np.array(Image.open(image_tree / "imgs" / "z.jpg"))).permute(2, 0, 1)
-    with torch.no_grad():
-        probabilities = model(checkpoint_transform(model.config)(pixels)[None]).softmax(-1)[0]
-    top = probabilities.topk(2)
-    assert records == [{"image": str(image_tree / "imgs" / "z.jpg"), "top_k": [
-        {"label": ["cat", "dog", "owl"][i], "probability": pytest.approx(p, abs=1e-6)}
-        for i, p in zip(top.indices.tolist(), top.values.tolist())]}]
