@@ -28,6 +28,10 @@ class DatasetError(VitkitError, ValueError):
     """A dataset is missing, empty, or holds files that are not what its format promises."""
 
 
+class DatasetNameError(ConfigError, DatasetError):
+    """A dataset named in no form vitkit reads (a choice to change, as a bad flag value is)."""
+
+
 class DeviceError(VitkitError, RuntimeError):
     """The requested device or precision is not available on this machine."""
 

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from ..errors import DatasetError
+from ..errors import DatasetError, DatasetNameError
 from .folders import class_folders, folder_listing
 from .splits import held_out
 
@@ -210,7 +210,7 @@ def dataset_name(name: str) -> str:
         return known
     guess = _prefixed(Path(name)) or next(iter(difflib.get_close_matches(name.lower(), list(squashed.values()))), None)
     hint = f"; did you mean {guess}?" if guess else ""
-    raise DatasetError(f"unknown dataset {name!r}: expected {DATASET_FORMS}{hint}")
+    raise DatasetNameError(f"unknown dataset {name!r}: expected {DATASET_FORMS}{hint}")
 
 
 def _prefixed(path: Path) -> str | None:
