@@ -221,10 +221,10 @@ def describe_positions(drawn: list[dict]) -> str:
 
 def image_row(entry: dict) -> str:
     """An image's row of the page's table: index, name, label, prediction and its probability."""
-    cells = [entry["name"], "-" if entry["label"] is None else entry["label"], entry.get("prediction", "-"),
-             f"{100 * entry['probability']:.1f}%" if "prediction" in entry else "-"]
-    return f"<tr><td>{entry['index']}</td>" + "".join(f"<td class=name>{html.escape(str(cell))}</td>"
-                                                      for cell in cells) + "</tr>"
+    names = [entry["name"], "-" if entry["label"] is None else entry["label"], entry.get("prediction", "-")]
+    probability = f"{100 * entry['probability']:.1f}%" if "prediction" in entry else "-"
+    return (f"<tr><td>{entry['index']}</td>" + "".join(f"<td class=name>{html.escape(str(name))}</td>" for name in names)
+            + f"<td>{probability}</td></tr>")
 
 
 def write_page(analysis: Analysis) -> Path:
