@@ -114,12 +114,14 @@ def test_read_images_from_files_and_directories(tmp_path):
 
 def test_dataset_samples_are_the_files_images(shared_data, tmp_path):
     subset = shared_data / "cifar10-subset" / "cifar10_subset.npz"
-    sample = dataset_sample(f"npz:{subset}", None, 5, seed=3)
+    sample, about = dataset_sample(f"npz:{subset}", None, 5, seed=3)
     with np.load(subset) as arrays:
-        pixels = arrays["x_test"]
+        pixels, labels = arrays["x_test"], arrays["y_test"]
     chosen = np.sort(np.random.default_rng(3).choice(len(pixels), 5, replace=False))
     assert all(np.array_equal(a, pixels[i]) for a, i in zip(sample, chosen))
-    assert [a.shape for a in dataset_sample("mnist", shared_data, 3)] == [(28, 28)] * 3
+    cifar = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    assert [(s.name, s.label) for s in about] == [(f"npz:{subset}[test] #{i}", cifar[labels[i]]) for i in chosen]
+    assert [a.shape for a in dataset_sample("mnist", shared_data, 3)[0]] == [(28, 28)] * 3
     with pytest.raises(DatasetError, match="cifar10"):
         dataset_sample("cifar10", tmp_path, 3)  # absent, and nothing can be downloaded here
 

@@ -5,6 +5,7 @@ bit for bit, every step once in metrics.jsonl, the same summary.json."""
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -154,6 +155,11 @@ def test_sigterm_and_sigint_save_then_stop(tmp_path):
     status, err = interrupt(run_dir, lambda d: len(records(d)) > step + 1, signal.SIGINT)
     assert status == 130, err[-2000:]
     assert "SIGINT: saved a checkpoint" in err and "interrupted" in err
+    # The hint is a command that can be pasted as it is: it names the run folder and finishes the run.
+    hint = shlex.split(err.split("continue with: ")[1].splitlines()[0])
+    assert hint == ["vitkit", "train", "--resume", "--run-dir", str(run_dir)]
+    resumed = subprocess.run([sys.executable, "-m", *hint], env=ENV, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0 and (run_dir / "summary.json").is_file(), resumed.stderr[-2000:]
 
 
 def test_a_run_started_ignoring_sigint_goes_on_ignoring_it(tmp_path):

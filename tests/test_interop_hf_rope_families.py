@@ -230,7 +230,8 @@ def test_writers_refuse_what_the_format_cannot_hold_naming_it(tmp_path, config, 
     model = vitkit.create_model(vitkit.ViTConfig(**{**ROPE_VIT, **config}))
     with pytest.raises(vitkit.CheckpointError) as error:
         export(model, tmp_path / "out", "hf")
-    assert f"cannot write {tmp_path / 'out'}: {expected}" == str(error.value)
+    assert str(error.value) == (f"cannot write {tmp_path / 'out'}: {expected}; write it as 'native' (vitkit's own "
+                                f"format holds every model) or, to run it elsewhere, as 'onnx'")
     assert not (tmp_path / "out").exists()
 
 

@@ -160,7 +160,8 @@ def test_timm_writer_refuses_what_eva_cannot_hold(tmp_path):
                               rope="axial", gelu="tanh", patch_norm=True)
     with pytest.raises(vitkit.CheckpointError, match=r"timm's eva02_base cannot hold gelu='tanh', a position table "
                                                      r"resampled otherwise than bicubic with antialias .*, "
-                                                     r"proj_bias=False or patch_norm without RMSNorm$"):
+                                                     r"proj_bias=False or patch_norm without RMSNorm; write it as "
+                                                     r"'native'"):
         export(vitkit.VisionTransformer(config), tmp_path / "out", "timm")
     plain = vitkit.ViTConfig(image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=128, pool="map",
                              class_token=False, pool_heads=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from .checkpoints.hub import is_remote
 from .checkpoints.onnx import QUANTIZATIONS
 from .classnames import escape_name
 from .data import ALL, CORRUPT, RESIZE_MODES, SPLITS
+from .data.datasets import DATASET_FORMS
 from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
@@ -175,13 +177,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
     device = select_device(args.device)
     model = load_checkpoint(args).to(device)
-    if args.dataset:
-        pictures = inputs.dataset_sample(args.dataset, args.data_dir, args.num_images, args.seed)
-    elif args.images:
-        pictures = inputs.read_images(args.images)
-    else:
-        pictures = inputs.sample_photos()
     config = model.config
+    pictures, about = inputs.gather(args.images, args.dataset, args.data_dir, args.num_images, args.seed,
+                                    config.provenance.classes)
     size = args.image_size or config.image_size
     mean = _per_channel(args.mean, config.in_chans) if args.mean else None
     std = _per_channel(args.std, config.in_chans) if args.std else None
@@ -194,7 +192,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     images, shown = inputs.prepare(pictures, transform)
     result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
                      discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout)
+                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout,
+                     about=about)
     sizes = "each at its own aspect ratio" if args.max_patches else f"at {size[0]}x{size[1]}"
     print(f"analysed {len(images)} images {sizes}: {len(result.figures)} figures, report {result.out / REPORT_FILE}")
     return 0
@@ -535,17 +534,32 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.max_patches:
         if args.keep_aspect:
             raise ConfigError("--keep-aspect and --max-patches: pick one way to keep each image's aspect ratio")
-    predictions = predict(model, args.images, args.top_k, device, dtype, args.resize, bool(args.features),
-                          args.keep_aspect, args.max_patches)
-    for prediction in predictions:
-        ranked = ", ".join(f"{escape_name(label)} {100 * p:.1f}%"
-                           for label, p in zip(prediction.labels, prediction.probabilities))
-        if prediction.features is not None:
-            ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
-        print(f"{prediction.path}: {ranked}")
+    predictions = predict(model, inputs.image_files(args.images), args.top_k, device, dtype, args.resize,
+                          bool(args.features), args.keep_aspect, args.max_patches)
+    if args.json:
+        print(json.dumps([prediction_record(prediction) for prediction in predictions], indent=1))
+    else:
+        for prediction in predictions:
+            ranked = ", ".join(f"{escape_name(label)} {100 * p:.1f}%"
+                               for label, p in zip(prediction.labels, prediction.probabilities))
+            if prediction.features is not None:
+                ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
+            print(f"{prediction.path}: {ranked}")
     if args.features:
-        print(f"dense features and embeddings in {save_features(predictions, args.features)}")
+        print(f"dense features and embeddings in {save_features(predictions, args.features)}",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def prediction_record(prediction) -> dict:
+    """One image's line of ``predict --json``: its file, the top classes with their probabilities, and the shape
+    of its dense features where they were asked for."""
+    record = {"image": str(prediction.path),
+              "top_k": [{"label": label, "probability": round(p, 6)}
+                        for label, p in zip(prediction.labels, prediction.probabilities)]}
+    if prediction.features is not None:
+        record["features_shape"] = list(prediction.features.shape)
+    return record
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -615,8 +629,47 @@ def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> N
                             help="compute precision (autocast); auto: bf16 where the hardware runs it natively")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that refuses an unknown option with the usage of the (sub)command it was given to and
+    that command's closest options (``vitkit train --learning-rate 1e-3``: did you mean --lr?)."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command_parser(parsed)
+            command.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(extras, command)}")
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The innermost subcommand's parser that ``parsed`` went through (``vitkit data info``: info's)."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            chosen = next((action.choices.get(getattr(parsed, action.dest, None)) for action in parser._actions
+                           if isinstance(action, argparse._SubParsersAction)), None)
+            if chosen is None:
+                return parser
+            parser = chosen
+
+
+def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """``; did you mean --lr?`` for each unknown option among ``extras`` that is close to one of ``parser``'s:
+    the same words with ``_`` for ``-``, their initials (learning-rate: lr), or a near spelling."""
+    options = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    hints = []
+    for word in extras:
+        if not word.startswith("--"):
+            continue
+        name = word[2:].split("=", 1)[0].replace("_", "-").lower()
+        initials = "".join(part[0] for part in name.split("-") if part)
+        close = [option for option in options if option[2:] in (name, initials)] or \
+            difflib.get_close_matches(f"--{name}", options, n=3, cutoff=0.6)
+        if close:
+            hints.append(f"{word.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
+    return "".join(f"; {hint}" for hint in hints)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
+    parser = _Parser(prog="vitkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"vitkit {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -647,9 +700,11 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(analyze)
     source = analyze.add_mutually_exclusive_group()
     source.add_argument("--images", nargs="+", metavar="PATH",
-                         help="image files or directories (default: scikit-learn's two sample photos)")
-    source.add_argument("--dataset", help="analyse a random sample of this dataset's test split instead "
-                         "(digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH)")
+                         help="image files, directories or quoted glob patterns; a file under a folder named like "
+                              "one of the model's classes is labelled with it (default: scikit-learn's two sample "
+                              "photos)")
+    source.add_argument("--dataset", help=f"analyse a random sample of this dataset's test split instead "
+                                          f"({DATASET_FORMS})")
     analyze.add_argument("--data-dir", help="where --dataset lies (torchvision layout)")
     analyze.add_argument("--num-images", type=_positive, default=64, help="size of the --dataset sample")
     analyze.add_argument("--seed", type=int, default=0)
@@ -665,8 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--discard-ratio", type=_fraction, default=0.0,
                          help="fraction of the weakest attention weights dropped before rollout")
     analyze.add_argument("--readout", choices=list(READOUTS),
-                         help="the output token rolled out from: token, the [class] token; mean, the mean of the patch "
-                              "tokens (default: what the model's head reads, [class] under pool='token')")
+                         help="the output the rollout is read from: token, the [class] row; mean, the mean of the "
+                              "patch rows; probe, the attention pool's probe (default: where the model's head reads, "
+                              "as vitkit.analysis.rollout: token under pool='token', mean under 'gap', probe under "
+                              "'map'; prefix and register tokens are never on the image grid)")
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
     _resize_flag(analyze)
@@ -692,7 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
     _checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")
-    evaluate_.add_argument("--dataset", default="digits")
+    evaluate_.add_argument("--dataset", default="digits", help=f"{DATASET_FORMS} (default: digits)")
     evaluate_.add_argument("--data-dir")
     evaluate_.add_argument("--split", choices=SPLIT_CHOICES, help=SPLIT_HELP)
     evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
@@ -708,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fewshot = sub.add_parser("fewshot", help="few-shot linear evaluation of frozen representations")
     _checkpoint_flags(fewshot)
-    fewshot.add_argument("--dataset", default="digits")
+    fewshot.add_argument("--dataset", default="digits", help=f"{DATASET_FORMS} (default: digits)")
     fewshot.add_argument("--data-dir")
     fewshot.add_argument("--split", choices=SPLIT_CHOICES, help=SPLIT_HELP + "; the support images come from the "
                          "train split, or are drawn from the images measured when that is train or all")
@@ -754,8 +811,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     predict_ = sub.add_parser("predict", help="top-k labels of image files")
     _checkpoint_flags(predict_, help="anything vitkit.load reads, or an .onnx file")
-    predict_.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    predict_.add_argument("--top-k", type=_positive, default=5)
+    predict_.add_argument("images", nargs="+", metavar="IMAGE",
+                          help="image files, folders (every image below them) or quoted glob patterns ('img/*.jpg')")
+    predict_.add_argument("--json", action="store_true", help="the predictions as a JSON list on stdout")
+    predict_.add_argument("--top-k", type=_positive, default=5, metavar="K",
+                          help="how many of the most probable classes to list for each image (default: 5)")
     predict_.add_argument("--features", metavar="OUT", help="also write each image's dense patch features (D, H/P, "
                           "W/P) and pooled embedding to OUT (.npz or .safetensors)")
     predict_.add_argument("--keep-aspect", action="store_true",

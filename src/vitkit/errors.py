@@ -20,8 +20,16 @@ class CheckpointError(VitkitError, ValueError):
     """A checkpoint is missing, corrupt, of an unsupported family, or does not fit the model it describes."""
 
 
+class FormatError(ConfigError, CheckpointError):
+    """The chosen file format cannot hold the model (a choice to change: another format can)."""
+
+
 class DatasetError(VitkitError, ValueError):
     """A dataset is missing, empty, or holds files that are not what its format promises."""
+
+
+class DatasetNameError(ConfigError, DatasetError):
+    """A dataset named in no form vitkit reads (a choice to change, as a bad flag value is)."""
 
 
 class DeviceError(VitkitError, RuntimeError):

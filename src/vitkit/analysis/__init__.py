@@ -3,10 +3,10 @@ distance, position-embedding (or rotary-phase) similarity, patch-filter principa
 report; and the dense patch features of any image size."""
 
 from .attention import (attention_maps, attention_rollout, capture_attention, mean_attention_distance,
-                        output_readout, patch_distances, rollout_matrix)
+                        output_readout, patch_distances, probe_attention, readout_weights, rollout, rollout_matrix)
 from .embeddings import filter_components, patch_filters, position_similarity, position_table, rope_phases
 from .features import feature_colours, patch_features
 
 __all__ = ["attention_maps", "attention_rollout", "capture_attention", "mean_attention_distance", "output_readout",
-           "patch_distances", "rollout_matrix", "filter_components", "patch_filters", "position_similarity",
-           "position_table", "rope_phases", "feature_colours", "patch_features"]
+           "patch_distances", "probe_attention", "readout_weights", "rollout", "rollout_matrix", "filter_components",
+           "patch_filters", "position_similarity", "position_table", "rope_phases", "feature_colours", "patch_features"]

@@ -17,8 +17,11 @@ from torch import nn
 from ..errors import ConfigError
 
 HEAD_FUSIONS = ("mean", "max", "min")
-# The output token whose row of the rolled-out attention is drawn, as the report names it.
-READOUTS = {"token": "the [class] token", "mean": "the mean of the patch tokens"}
+# The output whose row of the rolled-out attention is drawn, as the report names it: what the head reads under
+# pool='token', 'gap' and 'map' (the attention pool's probe weighs the last layer's tokens by its attention).
+READOUTS = {"token": "the [class] token", "mean": "the mean of the patch tokens",
+            "probe": "the attention pool's probe"}
+POOL_READOUTS = {"token": "token", "gap": "mean", "map": "probe"}
 
 
 def capture_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None
@@ -95,44 +98,108 @@ def rollout_matrix(attn: torch.Tensor | Sequence[torch.Tensor], head_fusion: str
 
 
 def output_readout(model: nn.Module, readout: str | None = None) -> str:
-    """The output token of ``model``'s rollout: ``readout`` if given (checked against the model), else what its
-    head reads: the [class] token (``"token"``) under pool='token', otherwise the mean of the patch tokens
-    (``"mean"``): what average pooling takes, what an attention pool weighs, and the only output of a model
-    without [class] (AIMv2, SigLIP, timm's reg1_gap ViTs, whose first token is a register)."""
+    """The output of ``model``'s rollout: ``readout`` if given (checked against the model), else what its head
+    reads (``POOL_READOUTS``): the [class] token (``"token"``) under pool='token', the mean of the patch tokens
+    (``"mean"``) under pool='gap', the attention pool's probe (``"probe"``) under pool='map'."""
     config = model.config
-    chosen = readout or ("token" if config.pool == "token" else "mean")
+    chosen = readout or POOL_READOUTS[config.pool]
     if chosen not in READOUTS:
         raise ConfigError(f"readout={chosen!r}, expected one of {list(READOUTS)}")
     if chosen == "token" and not config.class_token:
         raise ConfigError("readout='token' reads the [class] token, but the model has none "
-                         f"({config.num_prefix_tokens} prefix tokens, all registers); use readout='mean'")
+                          f"({config.num_prefix_tokens} prefix tokens, all registers); use readout='mean'")
+    if chosen == "probe" and config.pool != "map":
+        raise ConfigError(f"readout='probe' reads the attention pool's probe, but the model pools by "
+                          f"pool={config.pool!r}; use readout={POOL_READOUTS[config.pool]!r}")
     return chosen
+
+
+def probe_attention(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """The attention of the pool's probe (pool='map') over the tokens it pools, (B, heads, tokens): the
+    probabilities its fused attention uses, from the (B, T, D) final features (``forward_features``)."""
+    pool, config = model.attn_pool, model.config
+    tokens = features[:, 0 if config.pool_prefix else config.num_prefix_tokens:]
+    batch, count, dim = tokens.shape
+    width = dim // pool.num_heads
+    query = pool.q(pool.probe).reshape(pool.num_heads, width)
+    keys = pool.kv(tokens)[..., :dim].reshape(batch, count, pool.num_heads, width)
+    return (torch.einsum("hd,bthd->bht", query, keys) * width ** -0.5).softmax(dim=-1)
+
+
+def readout_weights(model: nn.Module, features: torch.Tensor, readout: str | None = None) -> torch.Tensor:
+    """The output of ``model`` as weights over its last layer's tokens, (B, T), from its (B, T, D) final
+    features: 1 on [class] (``"token"``), 1/N on each of the N patches (``"mean"``), or the probe's attention
+    averaged over the pool's heads (``"probe"``); ``readout`` as :func:`output_readout` decides it."""
+    chosen = output_readout(model, readout)
+    if chosen != "probe":
+        return _named_readout(chosen, features.shape[:2], model.config.num_prefix_tokens).to(features.device)
+    probabilities = probe_attention(model, features).float().mean(dim=1)
+    weights = features.new_zeros(features.shape[:2], dtype=torch.float32)
+    weights[:, features.shape[1] - probabilities.shape[1]:] = probabilities
+    return weights
+
+
+def _named_readout(readout: str, shape: torch.Size, prefix: int) -> torch.Tensor:
+    """(B, T) weights of a named output: 1 on [class] (``"token"``) or 1/N on each of the N patches (``"mean"``)."""
+    weights = torch.zeros(shape)
+    if readout == "token":
+        weights[:, 0] = 1.0
+    else:
+        weights[:, prefix:] = 1.0 / (shape[1] - prefix)
+    return weights
 
 
 def attention_rollout(attn: torch.Tensor | Sequence[torch.Tensor], grid: tuple[int, int] | None = None,
                       head_fusion: str = "mean", discard_ratio: float = 0.0,
-                      readout: str | nn.Module | None = None) -> torch.Tensor:
-    """Where the output looks in the image, (batch, rows, cols), each map scaled to a maximum of 1.
+                      readout: str | nn.Module | torch.Tensor | None = None) -> torch.Tensor:
+    """Where the output looks in the image, (batch, rows, cols), each map scaled to a maximum of 1; prefix
+    tokens ([class], distillation, registers) never appear on the grid.
 
-    ``readout`` names the output token, whose row of the rolled-out attention over the patches is drawn:
-    ``"token"``, the [class] token (row 0); ``"mean"``, the mean of the patch rows; or the model the attention
-    came from, which decides by its head as ``vitkit analyze`` does (:func:`output_readout`). Left out, it is
-    ``"token"`` behind prefix tokens and ``"mean"`` without; a model whose first token is a register, not
-    [class], must be passed (or ``"mean"`` named).
+    The readout rule, the same as ``vitkit analyze``'s: the output is read where the model's head reads it,
+    the [class] row of the rolled-out attention under pool='token', the mean of the patch rows under
+    pool='gap', the probe's attention over the last layer's tokens times the rolled-out attention under
+    pool='map'. ``readout`` says which: the model the attention came from (token and gap pooling; an attention
+    pool's probe depends on the images, so pass its weights), the (B, T) weights of
+    :func:`readout_weights` (any pooling), or a name, ``"token"`` or ``"mean"``. Attention alone cannot tell how a
+    model pools: left out, it is ``"token"`` behind prefix tokens and ``"mean"`` without; :func:`rollout` follows
+    the model's pooling from the images.
     """
     joint = rollout_matrix(attn, head_fusion, discard_ratio)
     prefix, (rows, cols) = _split_tokens(joint.shape[-1], grid)
-    if isinstance(readout, nn.Module):
-        readout = output_readout(readout)
-    readout = readout or ("token" if prefix else "mean")
-    if readout not in READOUTS:
-        raise ValueError(f"readout={readout!r}, expected one of {list(READOUTS)}")
-    if readout == "token" and not prefix:
-        raise ValueError("readout='token' needs a [class] token, but the attention has no prefix token")
-    patches = joint[:, 0, prefix:] if readout == "token" else joint[:, prefix:, prefix:].mean(1)
-    maps = patches.reshape(-1, rows, cols)
+    weights = _readout_row(readout, joint, prefix)
+    maps = (weights.to(joint)[:, None, :] @ joint)[:, 0, prefix:].reshape(-1, rows, cols)
     peak = maps.amax(dim=(1, 2), keepdim=True)
     return maps / torch.where(peak > 0, peak, torch.ones_like(peak))
+
+
+def _readout_row(readout: str | nn.Module | torch.Tensor | None, joint: torch.Tensor, prefix: int) -> torch.Tensor:
+    """(B, T) weights of the output over the last layer's tokens, for ``attention_rollout``."""
+    if isinstance(readout, torch.Tensor):
+        if readout.shape != joint.shape[:2]:
+            raise ValueError(f"readout weights of shape {tuple(readout.shape)}; expected (batch, tokens) = "
+                             f"{tuple(joint.shape[:2])}")
+        return readout
+    if isinstance(readout, nn.Module):
+        readout = output_readout(readout)
+        if readout == "probe":
+            raise ConfigError("the model pools by attention (pool='map'), whose probe weighs each image's tokens: "
+                              "pass readout=readout_weights(model, features), or use rollout(model, images)")
+    readout = readout or ("token" if prefix else "mean")
+    if readout not in ("token", "mean"):
+        raise ValueError(f"readout={readout!r}, expected 'token', 'mean', a model or (batch, tokens) weights")
+    if readout == "token" and not prefix:
+        raise ValueError("readout='token' needs a [class] token, but the attention has no prefix token")
+    return _named_readout(readout, joint.shape[:2], prefix)
+
+
+def rollout(model: nn.Module, images: torch.Tensor, head_fusion: str = "mean", discard_ratio: float = 0.0,
+            readout: str | None = None) -> torch.Tensor:
+    """The attention rollout of ``model`` on ``images``, (batch, rows, cols), read out where its head reads
+    (``attention_rollout``'s rule; ``readout`` names another output, see :func:`output_readout`)."""
+    with torch.no_grad():
+        seen = model.forward_intermediates(images, attention=True)
+        weights = readout_weights(model, seen.features, readout)
+    return attention_rollout(torch.stack(seen.attentions), tuple(seen.grid), head_fusion, discard_ratio, weights)
 
 
 def patch_distances(grid: tuple[int, int], patch_size: float | tuple[float, float]) -> torch.Tensor:

@@ -17,8 +17,9 @@ from torch import nn
 from ..atomic import atomic_file
 from ..runtime import autocast
 from . import plots
-from .attention import READOUTS, attention_rollout, capture_attention, mean_attention_distance, output_readout
+from .attention import READOUTS, attention_rollout, mean_attention_distance, output_readout, readout_weights
 from .embeddings import filter_components, patch_filters, position_similarity, position_table, rope_phases
+from .inputs import Sample
 
 REPORT_FILE = "index.html"
 
@@ -50,23 +51,28 @@ class Analysis:
 def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pictures: Sequence[np.ndarray],
             out: str | Path, *, batch_size: int = 8, head_fusion: str = "mean", discard_ratio: float = 0.0,
             overlays: int = 8, filters: int = 28, title: str = "", dtype: torch.dtype = torch.float32,
-            readout: str | None = None) -> Analysis:
+            readout: str | None = None, about: Sequence[Sample] | None = None) -> Analysis:
     """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W), or a list of (1, C, H, W) images of their
     own sizes, each at its aspect ratio) whose uint8 crops are ``pictures`` and write the results into ``out``;
-    the model runs where its weights are, computing in ``dtype``. The rollout is read from ``readout`` ("token",
-    "mean"; by default the output token of the model's head, see ``output_readout``)."""
+    the model runs where its weights are, computing in ``dtype``. The rollout is read out where the model's head
+    reads (``attention_rollout``'s rule) unless ``readout`` names another output (see ``output_readout``).
+    ``about`` names each image and its label, where known (default: its index); the figures and the page show
+    them beside the model's prediction."""
     device = next(model.parameters()).device
     config = model.config
     readout = output_readout(model, readout)
     batches = [images[start:start + batch_size] for start in range(0, len(images), batch_size)] \
         if isinstance(images, torch.Tensor) else list(images)  # batches bound the memory attention maps take
-    rollouts, sizes, distance_sum = [], [], 0.0
+    rollouts, sizes, logits, distance_sum = [], [], [], 0.0
     for batch in batches:
-        with autocast(device, dtype):
-            attn, grid = capture_attention(model, batch.to(device))
-        attn = attn.float().cpu()
+        with torch.no_grad(), autocast(device, dtype):
+            seen = model.forward_intermediates(batch.to(device), attention=True)
+            weights = readout_weights(model, seen.features, readout).cpu()
+            if config.num_classes:
+                logits.extend(model.forward_head(seen.features).float().cpu())
+        attn, grid = torch.stack(seen.attentions).float().cpu(), tuple(seen.grid)
         stride = (batch.shape[-2] / grid[0], batch.shape[-1] / grid[1])  # pixels per token, hybrids too
-        rollouts.extend(attention_rollout(attn, grid, head_fusion, discard_ratio, readout))
+        rollouts.extend(attention_rollout(attn, grid, head_fusion, discard_ratio, weights))
         sizes.extend([list(batch.shape[-2:])] * len(batch))
         distance_sum = distance_sum + mean_attention_distance(attn, grid, stride) * len(batch)
     count = len(rollouts)
@@ -80,6 +86,7 @@ def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pic
         "prefix_tokens": prefix_tokens(config),
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "readout": readout,
                     "output_token": READOUTS[readout]},
+        "inputs": described(about or [Sample(f"image {index}") for index in range(count)], logits, config),
         "mean_attention_distance_px": [[round(v, 3) for v in row] for row in distances.tolist()],
         "position_similarity": [], "files": {}, "skipped": {},
     })
@@ -88,12 +95,13 @@ def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pic
     else:  # each image's map on its own grid
         for index, rollout in enumerate(rollouts):
             analysis.save_numbers(f"rollout_{index:03d}", rollout)
-    rollout = rollouts
     for index in range(min(overlays, len(pictures))):
+        entry = analysis.summary["inputs"][index]
         analysis.save_figure(f"rollout_{index:03d}.png",
-                             plots.rollout_overlay(pictures[index], rollout[index], f"image {index}",
+                             plots.rollout_overlay(pictures[index], rollouts[index], figure_title(entry),
                                                    READOUTS[readout]),
-                             f"Attention rollout ({head_fusion} over heads) from {READOUTS[readout]} of image {index}.")
+                             f"Attention rollout ({head_fusion} over heads) from {READOUTS[readout]} of "
+                             f"{caption(entry)}.")
     analysis.save_numbers("mean_attention_distance", distances)
     analysis.save_figure("attention_distance.png", plots.distance_figure(distances, stride[0]),
                          f"Mean attention distance per head and depth over {count} images (figure 7 right).")
@@ -103,6 +111,39 @@ def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pic
         json.dump(analysis.summary, handle, indent=2)
     write_page(analysis)
     return analysis
+
+
+def described(about: Sequence[Sample], logits: Sequence[torch.Tensor], config) -> list[dict]:
+    """Each image's entry of the summary: its index, name and label, and the model's top class with its
+    probability (none for a model without a head)."""
+    classes = list(config.provenance.classes or map(str, range(config.num_classes)))
+    entries = []
+    for index, sample in enumerate(about):
+        entry = {"index": index, "name": sample.name, "label": sample.label}
+        if index < len(logits):
+            probability, top = logits[index].softmax(-1).max(-1)
+            entry.update(prediction=classes[int(top)], probability=round(float(probability), 4))
+        entries.append(entry)
+    return entries
+
+
+def caption(entry: dict) -> str:
+    """"image 3 (cat.png), label cat, predicted dog (87%)": an image as the page names it."""
+    words = f"image {entry['index']} ({entry['name']})"
+    if entry["label"] is not None:
+        words += f", label {entry['label']}"
+    if "prediction" in entry:
+        words += f", predicted {entry['prediction']} ({100 * entry['probability']:.0f}%)"
+    return words
+
+
+def figure_title(entry: dict, width: int = 36) -> str:
+    """An image's name (its last ``width`` characters) over its label and prediction: the overlay's title."""
+    name = entry["name"] if len(entry["name"]) <= width else "..." + entry["name"][-width:]
+    facts = [f"label {entry['label']}"] if entry["label"] is not None else []
+    if "prediction" in entry:
+        facts.append(f"predicted {entry['prediction']} ({100 * entry['probability']:.0f}%)")
+    return "\n".join([f"{entry['index']}: {name}", ", ".join(facts)] if facts else [f"{entry['index']}: {name}"])
 
 
 def prefix_tokens(config) -> dict[str, int]:
@@ -178,6 +219,14 @@ def describe_positions(drawn: list[dict]) -> str:
     return " and ".join(words[entry["kind"]] for entry in drawn) or "nothing (the model holds no positions)"
 
 
+def image_row(entry: dict) -> str:
+    """An image's row of the page's table: index, name, label, prediction and its probability."""
+    names = [entry["name"], "-" if entry["label"] is None else entry["label"], entry.get("prediction", "-")]
+    probability = f"{100 * entry['probability']:.1f}%" if "prediction" in entry else "-"
+    return (f"<tr><td>{entry['index']}</td>" + "".join(f"<td class=name>{html.escape(str(name))}</td>" for name in names)
+            + f"<td>{probability}</td></tr>")
+
+
 def write_page(analysis: Analysis) -> Path:
     """One HTML file with every figure inlined, so it can be mailed or archived as it is."""
     summary = analysis.summary
@@ -190,6 +239,7 @@ def write_page(analysis: Analysis) -> Path:
     rows = "".join(f"<tr><td>{layer + 1}</td><td>{min(row):.1f}</td><td>{sum(row) / len(row):.1f}</td>"
                    f"<td>{max(row):.1f}</td></tr>"
                    for layer, row in enumerate(summary["mean_attention_distance_px"]))
+    pictures = "".join(image_row(entry) for entry in summary["inputs"])
     skipped = "".join(f"<li>{html.escape(key)} skipped: {html.escape(reason)}</li>"
                       for key, reason in summary["skipped"].items())
     name = config["provenance"]["name"] or "ViT"
@@ -200,7 +250,7 @@ body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
 .figures {{ display: flex; flex-wrap: wrap; gap: 1.5em; }}
 figure {{ margin: 0; max-width: 520px; }} img {{ max-width: 100%; }}
 figcaption {{ font-size: 0.85em; color: #555; }} table {{ border-collapse: collapse; font-size: 0.85em; }}
-td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
+td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }} td.name {{ text-align: left; }}
 </style></head><body data-figures="{len(figures)}">
 <h1>{html.escape(summary['title'] or name)}</h1>
 <p>{html.escape(name)}: {config['depth']} layers, D={config['dim']}, {config['num_heads']} heads, pooling
@@ -211,6 +261,8 @@ td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 patch grid and out of the attention distances. Position similarity drawn from:
 {html.escape(describe_positions(summary['position_similarity']))}.</p>
 <div class="figures">{''.join(figures)}</div>
+<h2>Images</h2>
+<table><tr><th>#</th><th>image</th><th>label</th><th>prediction</th><th>probability</th></tr>{pictures}</table>
 <h2>Mean attention distance (pixels) over heads</h2>
 <table><tr><th>layer</th><th>min</th><th>mean</th><th>max</th></tr>{rows}</table>
 {f'<ul>{skipped}</ul>' if skipped else ''}

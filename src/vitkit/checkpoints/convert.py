@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FormatError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .google import write_npz
@@ -53,7 +53,13 @@ def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | 
         raise CheckpointError(f"quantize={quantize!r} applies to ONNX export only, not to {to!r}")
     if to not in WRITERS:
         raise CheckpointError(f"unknown export format {to!r}; expected one of {sorted(FORMATS)}")
-    return WRITERS[to](model, Path(path))
+    try:
+        return WRITERS[to](model, Path(path))
+    except FormatError as error:
+        if to == "native":
+            raise
+        raise FormatError(f"{error}; write it as 'native' (vitkit's own format holds every model) or, to run it "
+                          f"elsewhere, as 'onnx'") from error
 
 
 def convert(source: str | Path, destination: str | Path, to: str, quantize: str | None = None,

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_file
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .files import read_npz_arrays
@@ -171,7 +171,7 @@ def write_npz(model: VisionTransformer, path: str | Path) -> Path:
         ("a bias-free qkv", not config.qkv_bias),
     ] if bad] + options_in_use(config)
     if unsupported:
-        raise CheckpointError(f"cannot write {path}: Google's layout has no {', '.join(unsupported)}")
+        raise FormatError(f"cannot write {path}: Google's layout has no {', '.join(unsupported)}")
     _warn_of_numerics(config, path)
     arrays = {}
     config, state = with_prefix_positions(config, model.state_dict())

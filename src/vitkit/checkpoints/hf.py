@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
-from ..errors import CheckpointError, abridged
+from ..errors import CheckpointError, FormatError, abridged
 from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct, is_int
 from ..models.vit import VisionTransformer
 from .files import HUB_WEIGHT_FILES, check_fields, hub_weights_file, read_side_file, read_weights
@@ -168,7 +168,7 @@ def write_hf(model: VisionTransformer, directory: str | Path) -> Path:
         ("pre-logits layer together with a head", config.representation_size and config.num_classes),
     ] if bad] + options_in_use(config)
     if unsupported:
-        raise CheckpointError(f"cannot write {directory}: HF's ViT has no {', '.join(unsupported)}")
+        raise FormatError(f"cannot write {directory}: HF's ViT has no {', '.join(unsupported)}")
     classify = config.num_classes > 0
     height, width = config.image_size
     hf = {

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
@@ -219,7 +219,7 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
             ("a head bias (CLIP's projection has none)", family == "clip" and head is not None and head.any()),
         ] if bad]
     if unsupported:
-        raise CheckpointError(f"cannot write {directory}: HF's {family} model cannot hold {', '.join(unsupported)}")
+        raise FormatError(f"cannot write {directory}: HF's {family} model cannot hold {', '.join(unsupported)}")
     hf = dict(model_type=family, hidden_size=config.dim, num_hidden_layers=config.depth,
               num_attention_heads=config.num_heads, hidden_act=HF_ACTIVATIONS[config.gelu],
               layer_norm_eps=config.ln_eps, image_size=height, patch_size=config.patch_size,
@@ -237,7 +237,7 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
         if config.reg_tokens:
             hf.update(model_type="dinov2_with_registers", num_register_tokens=config.reg_tokens)
         if int(config.dim * hf["mlp_ratio"]) != config.mlp_dim:
-            raise CheckpointError(f"cannot write {directory}: HF's dinov2 model derives its MLP width from "
+            raise FormatError(f"cannot write {directory}: HF's dinov2 model derives its MLP width from "
                                   f"mlp_ratio; mlp_dim={config.mlp_dim} with dim={config.dim} does not follow")
         if config.layer_scale is None:  # HF's DINOv2 always scales: by ones it is the plain block
             state = {**state, **{f"blocks.{i}.ls{j}.gamma": torch.ones(config.dim)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
@@ -240,7 +240,7 @@ def write_hf_recent(model: VisionTransformer, directory: str | Path) -> Path:
     ] if bad]
     if unsupported:
         architecture = "DINOv3ViTModel" if family == "DINOv3" else "Aimv2VisionModel"
-        raise CheckpointError(f"cannot write {directory}: HF's {architecture} cannot hold {', '.join(unsupported)}")
+        raise FormatError(f"cannot write {directory}: HF's {architecture} cannot hold {', '.join(unsupported)}")
     height, width = config.image_size
     hf.update(hidden_size=config.dim, num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
               intermediate_size=config.mlp_dim, attention_dropout=config.attn_dropout, patch_size=config.patch_size,

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save
 
 from ..atomic import atomic_file
-from ..errors import CheckpointError, abridged
+from ..errors import CheckpointError, FormatError, abridged
 from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct
 from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
@@ -112,7 +112,8 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
     family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG,
                                  config.in_chans, ("pretrained_cfg.mean", "pretrained_cfg.std"))
     provenance = config.provenance.replace(source=str(directory), normalization=family,
-                                           crop_pct=hub_crop_pct(pretrained, directory / HUB_CONFIG))
+                                           crop_pct=hub_crop_pct(pretrained, directory / HUB_CONFIG),
+                                           name=config.provenance.name or str(hub["architecture"]))
     return config.replace(provenance=provenance), state
 
 
@@ -156,10 +157,10 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
         ("pool_prefix (its pools take the patches)", config.pool_prefix and config.num_prefix_tokens),
     ] if bad]
     if unsupported:
-        raise CheckpointError(f"cannot write {path}: timm's VisionTransformer state dict has no "
+        raise FormatError(f"cannot write {path}: timm's VisionTransformer state dict has no "
                               f"{', '.join(unsupported)}")
     if path.suffix != ".safetensors":
-        raise CheckpointError(f"cannot write {path}: timm state dicts are written as .safetensors")
+        raise FormatError(f"cannot write {path}: timm state dicts are written as .safetensors")
     state = {NAMES.to_theirs(name): tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     with atomic_file(path, "wb") as handle:
         handle.write(save(state, metadata={"format": "pt"}))

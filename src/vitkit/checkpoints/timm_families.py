@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save
 
 from ..atomic import atomic_directory, atomic_file
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
 from .files import check_fields
 from .inference import infer_config
@@ -368,7 +368,7 @@ def timm_architecture(config: ViTConfig, path: Any) -> tuple[str, dict[str, Any]
         ("a bias on q and v alone in AIMv2's layout", aimv2 and not c.k_bias),
     ] if bad]
     if refused:
-        raise CheckpointError(f"cannot write {path}: timm's {architecture.split('_patch')[0]} cannot hold "
+        raise FormatError(f"cannot write {path}: timm's {architecture.split('_patch')[0]} cannot hold "
                               f"{', '.join(refused)}")
     mlp_ratio = (c.mlp_dim + 0.5) / c.dim  # int(dim * ratio) is timm's width
     args: dict[str, Any] = dict(img_size=list(c.image_size), patch_size=c.patch_size, in_chans=c.in_chans,

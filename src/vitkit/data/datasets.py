@@ -11,6 +11,7 @@ dataset, whatever its split: what a folder of images that names no split holds.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 from contextvars import ContextVar
@@ -26,7 +27,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from ..errors import DatasetError
+from ..errors import DatasetError, DatasetNameError
 from .folders import class_folders, folder_listing
 from .splits import ALL, SPLITS, held_out, split_of
 
@@ -187,6 +188,7 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     (``webdataset:``, ``hf:``) a ``shards.ShardedSplit``, whose index pass applies ``corrupt`` to the
     unusable samples it finds."""
     spec = spec or SplitSpec()
+    name = dataset_name(name)
     if split not in (*SPLITS, ALL):
         raise DatasetError(f"unknown split {split!r}; expected one of {(*SPLITS, ALL)}")
     if name == "digits":
@@ -200,12 +202,9 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     elif name.startswith("webdataset:"):
         from .shards import webdataset_split  # shards builds on this module
         return webdataset_split(name[len("webdataset:"):], split, corrupt)
-    elif name.startswith("hf:"):
+    else:  # hf:PATH, the last form dataset_name lets through
         from .hf import hf_split
         return hf_split(name[len("hf:"):], split, corrupt)
-    else:
-        raise DatasetError(f"unknown dataset {name!r}; expected digits, {', '.join(TORCHVISION)}, "
-                           f"npz:PATH, imagefolder:PATH, webdataset:ROOT or hf:PATH")
     return _with_val(train, test, split, spec)
 
 
@@ -225,6 +224,39 @@ def default_split(name: str) -> str:
     no split is the user's to measure whole, not a part held out of it."""
     own = own_splits(name)
     return next((split for split in ("test", "val") if split in own), ALL)
+
+
+PREFIXES = ("npz:", "imagefolder:", "webdataset:", "hf:")
+DATASET_FORMS = f"digits, {', '.join(TORCHVISION)}, npz:PATH, imagefolder:PATH, webdataset:ROOT or hf:PATH"
+
+
+def dataset_name(name: str) -> str:
+    """``name`` as ``load_dataset`` knows it: a named dataset in any spelling (``cifar-10``, ``CIFAR_10``:
+    ``cifar10``; ``fashion_mnist``, ``fashionmnist``: ``fashion-mnist``) or ``KIND:PATH``; anything else is
+    refused with what was probably meant (``data.npz``: ``npz:data.npz``)."""
+    if name.startswith(PREFIXES):
+        return name
+    squashed = {known.replace("-", ""): known for known in ("digits", *TORCHVISION)}
+    known = squashed.get(name.lower().replace("-", "").replace("_", ""))
+    if known:
+        return known
+    guess = _prefixed(Path(name)) or next(iter(difflib.get_close_matches(name.lower(), list(squashed.values()))), None)
+    hint = f"; did you mean {guess}?" if guess else ""
+    raise DatasetNameError(f"unknown dataset {name!r}: expected {DATASET_FORMS}{hint}")
+
+
+def _prefixed(path: Path) -> str | None:
+    """The ``KIND:PATH`` a bare path most likely meant: an .npz file, a folder of .tar shards or of parquet
+    files, or another folder (of class folders)."""
+    if path.suffix.lower() == ".npz":
+        return f"npz:{path}"
+    if not path.is_dir():
+        return None
+    if next(path.glob("*.tar"), None):
+        return f"webdataset:{path}"
+    if next(path.rglob("*.parquet"), None):
+        return f"hf:{path}"
+    return f"imagefolder:{path}"
 
 
 def split_names(name: str) -> tuple[str, ...]:

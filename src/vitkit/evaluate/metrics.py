@@ -67,39 +67,56 @@ def evaluate(model: nn.Module, loader, num_classes: int, device: torch.device | 
     return Evaluation(confusion, top5, loss_sum)
 
 
+TICK_CHARACTERS = 24  # longer class names are shortened on the axes (the JSON report keeps them whole)
+
+
 def confusion_figure(confusion: torch.Tensor, classes: list[str], path: str | Path, title: str = "") -> Path:
-    """Draw the row-normalised confusion matrix with its counts and save it as a PNG (atomically)."""
+    """Draw the row-normalised confusion matrix (``confusion_plot``) and save it as a PNG (atomically), cropped
+    to everything drawn, so that no label is clipped."""
+    import matplotlib.pyplot as plt
+
+    from ..atomic import atomic_file
+
+    figure = confusion_plot(confusion, classes, title)
+    path = Path(path)
+    with atomic_file(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=120, bbox_inches="tight", pad_inches=0.1)
+    plt.close(figure)
+    return path
+
+
+def confusion_plot(confusion: torch.Tensor, classes: list[str], title: str = ""):
+    """The row-normalised confusion matrix with its counts (up to 20 classes) as a matplotlib figure. The cells
+    keep a size that stays legible from 2 to 100+ classes; the predicted classes' names stand upright and names
+    longer than ``TICK_CHARACTERS`` shortened, so that no two labels overlap."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..atomic import atomic_file
-
     counts = confusion.numpy()
     rates = counts / counts.sum(axis=1, keepdims=True).clip(min=1)
-    size = max(4.0, 0.45 * len(classes) + 2)
-    figure, axes = plt.subplots(figsize=(size + 1, size))
+    count, few = len(classes), len(classes) <= 20
+    side = max(3.0, (0.5 if few else 0.2) * count)  # inches: room for a count in each cell, or for a 6 pt name
+    fontsize = 8 if few else 6
+    figure, axes = plt.subplots(figsize=(side + 1.5, side))
     shown = axes.imshow(rates, cmap="Blues", vmin=0, vmax=1)
-    figure.colorbar(shown, ax=axes, fraction=0.046, label="fraction of the true class")
+    figure.colorbar(shown, ax=axes, fraction=min(0.046, 0.4 / side), pad=0.02, label="fraction of the true class")
     names = [escape_name(name) for name in classes]  # one line each, and drawable: no surrogate, no control
-    axes.set_xticks(range(len(classes)), names, rotation=90 if len(classes) > 10 else 0)
-    axes.set_yticks(range(len(classes)), names)
+    names = [name if len(name) <= TICK_CHARACTERS else name[:TICK_CHARACTERS - 1] + "\N{HORIZONTAL ELLIPSIS}"
+             for name in names]
+    axes.set_xticks(range(count), names, fontsize=fontsize, rotation=90)
+    axes.set_yticks(range(count), names, fontsize=fontsize)
     axes.set_xlabel("predicted")
     axes.set_ylabel("true")
-    if len(classes) <= 20:
-        for row in range(len(classes)):
-            for col in range(len(classes)):
+    if few:
+        for row in range(count):
+            for col in range(count):
                 if counts[row, col]:
                     axes.text(col, row, str(counts[row, col]), ha="center", va="center", fontsize=7,
                               color="white" if rates[row, col] > 0.5 else "black")
     axes.set_title(title)
-    figure.tight_layout()
-    path = Path(path)
-    with atomic_file(path, "wb") as handle:
-        figure.savefig(handle, format="png", dpi=120)
-    plt.close(figure)
-    return path
+    return figure
 
 
 def write_report(evaluation: Evaluation, classes: list[str], out_dir: str | Path, split: str) -> dict:

@@ -7,6 +7,7 @@ Behaviour comes from these fields, never from subclasses, so a checkpoint is ful
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import warnings
@@ -77,11 +78,14 @@ def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 
 
 def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
-    """Refuse keys that are not fields of dataclass ``cls``, naming them and the expected ones."""
+    """Refuse keys that are not fields of dataclass ``cls``, naming them, the fields close to each
+    (``dpeth``: depth) and the expected ones."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"unknown {what} keys {unknown}; expected a subset of {sorted(known)}")
+        close = {key: difflib.get_close_matches(key, known, n=2) for key in unknown}
+        hints = "".join(f"; {key}: did you mean {' or '.join(near)}?" for key, near in close.items() if near)
+        raise ConfigError(f"unknown {what} keys {unknown}{hints}; expected a subset of {sorted(known)}")
 
 
 @dataclass
@@ -309,6 +313,7 @@ class ViTConfig:
     def replace(self, **changes: Any) -> "ViTConfig":
         """A copy with ``changes``; a new ``num_classes`` is a new head, so the old head's class names go
         unless names for the new one come in the same call."""
+        check_keys(ViTConfig, changes, "ViTConfig")
         provenance = changes.get("provenance", self.provenance)
         if (changes.get("num_classes", self.num_classes) != self.num_classes and isinstance(provenance, Provenance)
                 and provenance.classes is not None and provenance.classes == self.provenance.classes):

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from ..errors import ConfigError
-from .config import Provenance, ViTConfig
+from .config import Provenance, ViTConfig, check_keys
 from .vit import VisionTransformer
 
 # size -> (layers, D, MLP, heads): paper table 1, plus Ti and S from DeiT/AugReg.
@@ -159,7 +159,8 @@ def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
 
 def model_config(name: str, **overrides: Any) -> ViTConfig:
     """The configuration of a named variant (224 px, 1000 classes unless overridden; a family's own
-    defaults, as timm defines them)."""
+    defaults, as timm defines them); an override that is no ViTConfig field is refused with the close ones."""
+    check_keys(ViTConfig, overrides, "ViTConfig")
     family = _FAMILY_NAME.match(name.strip())
     if family:
         return family_config(family, overrides)

@@ -39,12 +39,17 @@ WEIGHTS_FILE = "model.safetensors"
 
 @dataclass
 class Intermediates:
-    """What a forward pass saw: every block's output, optionally every block's attention probabilities."""
+    """What a forward pass saw: every block's output, optionally every block's attention probabilities.
 
-    blocks: list[torch.Tensor]  # (B, T, D) after each block, before the final norm
-    features: torch.Tensor  # (B, T, D) after the final norm
-    grid: tuple[int, int]
-    attentions: list[torch.Tensor] | None = None  # (B, heads, T, T) per block
+    Shapes: B images, D = ``config.dim``, T = P + rows * cols tokens, the P = ``num_prefix_tokens`` prefix tokens
+    ([class], distillation, registers, in that order) first, then the patches of the (rows, cols) ``grid`` in
+    row-major order. ``attentions[l][b, h, q, k]`` is how much query token q attends to key token k in head h of
+    block l (each row sums to 1)."""
+
+    blocks: list[torch.Tensor]  # depth tensors (B, T, D): each block's output, before the final norm
+    features: torch.Tensor  # (B, T, D) after the final norm: what forward_features returns
+    grid: tuple[int, int]  # (rows, cols) of the patch grid: H / P x W / P, or a hybrid's feature map
+    attentions: list[torch.Tensor] | None = None  # depth tensors (B, heads, T, T), when asked for
 
 
 class VisionTransformer(nn.Module):
@@ -233,14 +238,21 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None
                      ) -> torch.Tensor:
-        """Logits (or, with ``pre_logits``, the representation) of (B, T, D) features; ``mask`` as for ``pool``."""
+        """(B, num_classes) logits of (B, T, D) final features (``forward_features``): pooled as ``config.pool``
+        says (``pool``), through the pre-logits layer if any, then the head (with a distillation token, the mean
+        of the [class] head and the distillation head); with ``pre_logits``, the
+        (B, representation_size or D) representation before the head, what a linear probe or k-NN reads. A model
+        without a head (num_classes=0) returns the representation either way. ``mask`` as for ``pool``."""
         if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
             return (self.head(features[:, 0]) + self.head_dist(features[:, 1])) / 2
         representation = self.pre_logits(self.pool(features, mask))
         return representation if pre_logits else self.head(representation)
 
     def forward(self, images: torch.Tensor | PatchBatch) -> torch.Tensor:
-        """Logits of (B, C, H, W) images, or of a NaFlex :class:`PatchBatch` (each image at its own grid)."""
+        """(B, num_classes) logits of (B, C, H, W) images normalised as the weights were trained
+        (``config.input_statistics``), H and W multiples of the patch size, any size (the position table is
+        resampled to the grid); or of a NaFlex :class:`PatchBatch` (each image at its own grid). Equal to
+        ``forward_head(forward_features(images))``; ``forward_intermediates`` gives what the blocks saw."""
         mask = images.mask if isinstance(images, PatchBatch) else None
         return self.forward_head(self.forward_features(images), mask=mask)
 

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from ..atomic import atomic_directory, os_errors, retire, sweep
 from ..checkpoints.files import load_torch_file, read_safetensors
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError, abridged
 from ..checkpoints.loading import build, read_native
 from ..models.vit import VisionTransformer, save_native
 from .distributed import load_full_state
@@ -92,9 +92,10 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     """Load the weights and the optimiser state into ``model`` (same architecture, sharded or not) and
     ``optimizer``; return the rest of the training state."""
     config, weights = read_native(Path(path))
-    if config.to_dict() != vit_of(model).config.to_dict():
-        raise CheckpointError(f"{path}: checkpoint config differs from the model being trained; resume with "
-                         f"the same recipe")
+    differences = config_differences(config.to_dict(), vit_of(model).config.to_dict())
+    if differences:
+        raise ConfigError(f"{path}: the checkpoint's model differs from the one the recipe builds "
+                              f"({'; '.join(differences)}); resume with the recipe the run was started with")
     if vit_of(model) is not model:
         weights = {**{_ENCODER + k: t for k, t in weights.items()}, **read_safetensors(Path(path) / OBJECTIVE_FILE)}
     earlier = f"; delete {path} to resume from the checkpoint before it"
@@ -111,3 +112,16 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
 
 
 _STATE_KEYS = ["step", "optimizer", "best", "rng_cpu"]
+
+
+def config_differences(saved: dict[str, Any], built: dict[str, Any], within: str = "") -> list[str]:
+    """Each field (``provenance.classes`` for a nested one) where two config dicts differ, as
+    ``depth: 3 in the checkpoint, 4 in the recipe``."""
+    found = []
+    for key in sorted(set(saved) | set(built)):
+        old, new = saved.get(key), built.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            found += config_differences(old, new, f"{within}{key}.")
+        elif old != new:
+            found.append(f"{within}{key}: {abridged(old, 40)} in the checkpoint, {abridged(new, 40)} in the recipe")
+    return found

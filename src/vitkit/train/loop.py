@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import shlex
 import signal
 import sys
 import threading
@@ -133,6 +134,12 @@ class MetricsLog:
             for key, value in values.items():
                 self.board.add_scalar(key, value, step)
             self.board.flush()
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in ``run_dir``, ready to paste: ``vitkit train --resume`` resumes
+    a run of any recipe (pre-training and fine-tuning too), since it reads the run's own recipe.json."""
+    return shlex.join(["vitkit", "train", "--resume", "--run-dir", str(run_dir)])
 
 
 class StopRequest:
@@ -280,7 +287,7 @@ class Trainer:
         signum = stop.signum or signal.SIGTERM
         if self.env.is_main:
             logger.warning(f"{signal.Signals(signum).name}: saved a checkpoint at step {self.step} in "
-                           f"{self.run_dir}; continue with --resume")
+                           f"{self.run_dir}; continue with: {resume_command(self.run_dir)}")
         stop.act(signum)
 
     @contextlib.contextmanager
