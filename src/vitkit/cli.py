@@ -30,7 +30,7 @@ from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
 from .models import VisionTransformer, create_model, list_models, model_config
-from .models.config import pair
+from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
 from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least, field_types,
@@ -309,7 +309,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import run
     from .train.distributed import leave
 
-    summary = run(recipe_from_args(args), resume=args.resume, device=args.device and str(select_device(args.device)))
+    recipe = recipe_from_args(args)
+    check_run_size(recipe, f"vitkit {args.command}", select_device(args.device))
+    summary = run(recipe, resume=args.resume, device=args.device and str(select_device(args.device)))
     leave()
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
         return 0
@@ -324,6 +326,44 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
+
+
+def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
+    """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
+    peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit."""
+    from .memory import Plan, accelerator_memory, check, check_workers, estimate
+    from .runtime import DTYPES
+
+    check_workers(recipe.num_workers)
+    size = pair(recipe.image_size)
+    if recipe.init:
+        config = source_config(recipe.init, {"image_size": size, **recipe.model_args})
+    else:
+        config = (model_config(recipe.model, image_size=size, **recipe.model_args) if recipe.model
+                  else ViTConfig().replace(image_size=size, **recipe.model_args))
+    optimizer = recipe.optimizer if recipe.optimizer == "adamw" or recipe.momentum else None
+    ranks = int(os.environ.get("WORLD_SIZE", 1))
+
+    def measure(plan: Plan):
+        return estimate(config, plan.micro_batch, plan.image_size, training=True, optimizer=optimizer,
+                        workers=max(recipe.num_workers, 0), dtype=DTYPES.get(recipe.precision, torch.float32),
+                        grad_checkpointing=plan.grad_checkpointing, device=device.type,
+                        weight_copies=2 if recipe.ema_decay else 1)
+
+    plan = Plan(max(1, recipe.batch_size // ranks), size, recipe.accum_steps, recipe.grad_checkpointing,
+                config.effective_patch_size, checkpointing_flag="--grad-checkpointing")
+    check(plan, measure, command, accelerator=accelerator_memory(device) if device.type == "cuda" else None)
+
+
+def source_config(source: str, overrides: dict[str, typing.Any]) -> ViTConfig:
+    """The config of the model a checkpoint (or a variant's name) describes with ``overrides``, before any
+    weights are put into a model: what a size check needs to know."""
+    from .checkpoints.inference import kept_overrides
+    from .checkpoints.loading import read_checkpoint
+
+    if not (Path(source).exists() or is_remote(source)):
+        return model_config(source, **overrides)
+    return read_checkpoint(source, overrides)[0].replace(**kept_overrides(overrides))
 
 
 def inference_model(args: argparse.Namespace):
@@ -358,6 +398,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, device, dtype = inference_model(args)
     config = model.config
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
+    check_eval_size(args, model, device, dtype, len(dataset))
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
@@ -378,6 +419,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"{args.dataset} [{args.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
           f"({report['images']} images); report and confusion matrix in {args.out}")
     return 0
+
+
+def check_eval_size(args: argparse.Namespace, model, device: torch.device, dtype: torch.dtype, images: int) -> None:
+    """Refuse an evaluation that cannot fit before its first batch: more loader processes than CPUs, or a peak
+    memory (``vitkit.memory``) above what the machine has for batches of ``--batch-size`` or all ``images``,
+    named with the flags that would fit."""
+    from .memory import Plan, accelerator_memory, check, check_workers, estimate
+
+    check_workers(args.num_workers)
+    config = model.config
+    native = isinstance(model, VisionTransformer)
+
+    def measure(plan: Plan):
+        return estimate(config, plan.batch, plan.image_size, workers=args.num_workers, dtype=dtype,
+                        patches=args.max_patches, device=device.type)
+
+    plan = Plan(min(args.batch_size, max(images, 1)), config.image_size, stride=config.effective_patch_size,
+                image_flag="--set image_size={}" if native and not args.max_patches else None)
+    check(plan, measure, f"vitkit {args.command}",
+          accelerator=accelerator_memory(device) if device.type == "cuda" else None)
 
 
 FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
@@ -519,6 +580,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     device = select_device(args.device)
     overrides = {**args.overrides, **({"image_size": args.image_size} if args.image_size else {})}
+    check_bench_size(args, overrides, device)
     if Path(args.checkpoint).exists() or is_remote(args.checkpoint):
         model = load(args.checkpoint, **overrides)
     else:
@@ -543,6 +605,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for runtime, reason in skipped.items():
         print(f"skipped {runtime}: {reason}")
     return 0
+
+
+# Runtimes of `vitkit bench` that hold a copy of the weights of their own (the eager model and its training copy
+# are counted apart; a compiled model shares the eager one's).
+_COPYING_RUNTIMES = ("onnxruntime", "openvino", "timm", "timm-compile")
+
+
+def check_bench_size(args: argparse.Namespace, overrides: dict, device: torch.device) -> None:
+    """Refuse a benchmark that cannot fit before its model is built: the peak of a training step at the batch and
+    size asked for, with a copy of the weights per runtime compared, against what the machine has."""
+    from .memory import Plan, accelerator_memory, check, estimate
+
+    config = source_config(args.checkpoint, overrides)
+    size = pair(overrides.get("image_size", config.image_size))  # a checkpoint's table is resized after loading
+    copies = 2 + sum(runtime in _COPYING_RUNTIMES for runtime in args.runtimes)
+
+    def measure(plan: Plan):
+        return estimate(config, plan.batch, plan.image_size, training=True, device=device.type,
+                        weight_copies=copies)
+
+    check(Plan(args.batch_size, size, stride=config.effective_patch_size), measure, "vitkit bench",
+          accelerator=accelerator_memory(device) if device.type == "cuda" else None)
 
 
 def _resize_flag(parser: argparse.ArgumentParser) -> None:

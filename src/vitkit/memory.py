@@ -17,6 +17,7 @@ already (which the estimate counts as the framework's).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ import torch
 from .data.slots import SLOTS
 from .errors import ConfigError
 from .models.config import ViTConfig
+from .models.position import make_position_embedding
 from .models.stats import config_parameters
 
 MiB, GiB = 2**20, 2**30
@@ -62,13 +64,13 @@ class Estimate:
         return self.total - self.host
 
     def __str__(self) -> str:
-        parts = ", ".join(f"{name} {size / GiB:.2f}" + (f" ({self.notes[name]})" if name in self.notes else "")
+        parts = ", ".join(f"{name} {describe_bytes(size)}" + (f" ({self.notes[name]})" if name in self.notes else "")
                           for name, size in self.parts.items())
-        return f"{describe_bytes(self.total)} ({parts})"
+        return f"{describe_bytes(self.total)}: {parts}"
 
 
 def describe_bytes(size: float) -> str:
-    return f"{size / GiB:.2f} GiB" if size >= GiB / 10 else f"{size / MiB:.0f} MiB"
+    return f"{size / GiB:,.2f} GiB" if size >= GiB / 10 else f"{size / MiB:.0f} MiB"
 
 
 @dataclass(frozen=True)
@@ -123,17 +125,15 @@ def inference_per_token(config: ViTConfig, tokens: int) -> int:
 def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | None = None, training: bool = False,
              optimizer: str | None = "adamw", workers: int = 0, *, dtype: torch.dtype = torch.float32,
              grad_checkpointing: bool = False, patches: int | None = None, device: str = "cpu",
-             weight_copies: int = 1, parameters: int | None = None) -> Estimate:
+             weight_copies: int = 1) -> Estimate:
     """Peak memory of running ``config`` on batches of ``batch`` images of ``image_size`` (default: the config's):
     ``training`` (forward, backward and an ``optimizer`` step: 'adamw', 'sgd' or None) or inference; ``workers``
     loader processes (0: batches made in this one); ``dtype`` the compute precision of the activations;
     ``patches`` a NaFlex budget of patches per image in place of the grid; ``weight_copies`` models held at once
-    (an EMA, the copies a benchmark compares); ``parameters`` the model's parameter count when known."""
+    (an EMA, the copies a benchmark compares)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size or config.image_size)
     tokens = tokens_per_image(config, size, patches)
-    if parameters is None:
-        parameters = config_parameters(config.replace(image_size=_patch_multiple(config, size)))
-    weights = 4 * parameters  # fp32 master weights; autocast computes in lower precision from them
+    weights = 4 * parameters_at(config, size)  # fp32 master weights; autocast computes in lower precision from them
     bytes_ = torch.empty((), dtype=dtype).element_size()
     if training:
         blocks = 1 if grad_checkpointing else config.depth
@@ -155,10 +155,27 @@ def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | 
     return Estimate({name: size for name, size in parts.items() if size}, device, notes)
 
 
-def _patch_multiple(config: ViTConfig, size: tuple[int, int]) -> tuple[int, int]:
-    """``size`` rounded down to the token stride (at least one token): the model whose weights are counted."""
+def parameters_at(config: ViTConfig, size: tuple[int, int]) -> int:
+    """Parameters of ``config`` at ``size`` (rounded down to the token stride): its own count with the position
+    table of the new grid in place of its own. Counted on the meta device, so that no size allocates anything;
+    the whole model is built once per config (a size search asks for many sizes)."""
     stride = config.effective_patch_size
-    return (max(stride, size[0] // stride * stride), max(stride, size[1] // stride * stride))
+    resized = config.replace(image_size=(max(stride, size[0] // stride * stride),
+                                         max(stride, size[1] // stride * stride)))
+    if config.pos_embed == "relative":  # every block's table of relative positions grows with the grid
+        return config_parameters(resized)
+    return _parameters(config.to_json()) + _table_parameters(resized) - _table_parameters(config)
+
+
+@functools.lru_cache(maxsize=8)
+def _parameters(config_json: str) -> int:
+    return config_parameters(ViTConfig.from_json(config_json))
+
+
+def _table_parameters(config: ViTConfig) -> int:
+    with torch.device("meta"):
+        table = make_position_embedding(config)
+    return 0 if table is None else sum(p.numel() for p in table.parameters())
 
 
 # ------------------------------------------------------------------------------------------ the limit
@@ -188,8 +205,8 @@ def cgroup_limit(root: Path, membership: Path) -> Limit | None:
         else:
             continue
         for mount in mounts:
-            group = mount / path.lstrip("/")
-            for folder in [group, *group.parents] if group.is_relative_to(mount) else [mount]:
+            group = mount / path.lstrip("/")  # not there when the group's own folder is mounted (a container)
+            for folder in [group, *group.parents] if group.is_dir() else [mount]:
                 value = _read(folder / name).strip()
                 if value.isdecimal() and int(value) < UNLIMITED:
                     found.append(Limit(int(value), f"cgroup {folder / name}"))
@@ -268,10 +285,12 @@ def check(plan: Plan, measure: Callable[[Plan], Estimate], command: str, limit: 
         return found
     over = accelerator if found.device != "cpu" and accelerator and found.accelerator > accelerator.bytes else limit
     fitting = _fitting_flags(plan, measure, lambda other: _fits(other, limit, accelerator))
-    share = found.accelerator if over is accelerator else found.host
+    where = f" on {found.device}" if over is accelerator else ""
     advice = ("; flags that fit: " + ", ".join(fitting)) if fitting else "; no smaller batch or image size fits"
-    raise ConfigError(f"{command} needs about {describe_bytes(share)} of memory ({found}) but {over} is available"
-                      f"{advice}")
+    height, width = plan.image_size
+    steps = f" in {plan.accum_steps} micro-batches" if plan.accum_steps > 1 else ""
+    raise ConfigError(f"{command} at --batch-size {plan.batch}{steps} of {height}x{width} images needs about "
+                      f"{found}{where}, but {over} is available{advice}")
 
 
 def _fits(found: Estimate, limit: Limit, accelerator: Limit | None) -> bool:
