@@ -29,10 +29,11 @@ from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
+from .memory import Plan, accelerator_memory, check, check_workers, estimate, usable_cpus
 from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
-from .runtime import PRECISIONS, autocast, resolve_precision, select_device
+from .runtime import DTYPES, PRECISIONS, autocast, resolve_precision, select_device
 from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least, field_types,
                             fraction, image_size, merge, read_config_file, resolve)
 
@@ -331,9 +332,6 @@ _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "de
 def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
     """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
     peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit."""
-    from .memory import Plan, accelerator_memory, check, check_workers, estimate
-    from .runtime import DTYPES
-
     check_workers(recipe.num_workers)
     size = pair(recipe.image_size)
     if recipe.init:
@@ -425,8 +423,6 @@ def check_eval_size(args: argparse.Namespace, model, device: torch.device, dtype
     """Refuse an evaluation that cannot fit before its first batch: more loader processes than CPUs, or a peak
     memory (``vitkit.memory``) above what the machine has for batches of ``--batch-size`` or all ``images``,
     named with the flags that would fit."""
-    from .memory import Plan, accelerator_memory, check, check_workers, estimate
-
     check_workers(args.num_workers)
     config = model.config
     native = isinstance(model, VisionTransformer)
@@ -528,6 +524,7 @@ def cmd_data_verify(args: argparse.Namespace) -> int:
     """Decode every image of every split in parallel; list the unreadable ones (exit 1 if any)."""
     from .data.survey import unreadable_images
 
+    check_workers(args.num_workers)
     bad = [name for dataset in _data_splits(args, "skip").values()
            for name in unreadable_images(dataset, args.num_workers)]
     for name in bad:
@@ -615,8 +612,6 @@ _COPYING_RUNTIMES = ("onnxruntime", "openvino", "timm", "timm-compile")
 def check_bench_size(args: argparse.Namespace, overrides: dict, device: torch.device) -> None:
     """Refuse a benchmark that cannot fit before its model is built: the peak of a training step at the batch and
     size asked for, with a copy of the weights per runtime compared, against what the machine has."""
-    from .memory import Plan, accelerator_memory, check, estimate
-
     config = source_config(args.checkpoint, overrides)
     size = pair(overrides.get("image_size", config.image_size))  # a checkpoint's table is resized after loading
     copies = 2 + sum(runtime in _COPYING_RUNTIMES for runtime in args.runtimes)
@@ -781,7 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
     info_.add_argument("--json", action="store_true", help="machine-readable output")
     info_.add_argument("--corrupt", default="fail", choices=CORRUPT,
                        help="skip: list shards' unusable samples instead of stopping at the first")
-    verify.add_argument("--num-workers", "-j", type=_positive, default=os.cpu_count() or 1)
+    verify.add_argument("--num-workers", "-j", type=_positive, default=usable_cpus(),
+                        help="decoding processes, at most the CPUs this process may run on (default: all of them)")
     convert_.add_argument("dst", metavar="DST", help="a new folder for the shards")
     convert_.add_argument("--to", choices=["webdataset"], default="webdataset")
     convert_.add_argument("--shard-size", default="256MB",

@@ -2,13 +2,13 @@
 
 ``estimate`` adds up what a process holds at its peak: the framework itself (Python, torch and vitkit
 imported), the weights, in training their gradients and the optimiser's state (AdamW: two moments; SGD: one
-momentum), the activations (training: what autograd saves for the backward pass, every block, or one with
-activation checkpointing, plus one block's gradients; inference: the largest block's temporaries) and the
+momentum), the activations (training: what autograd saves for the backward pass, every block, or with
+activation checkpointing each block's input and the one recomputed, plus one block's gradients; inference: the largest block's temporaries) and the
 loader's batches. Attention is counted as torch's fused ``scaled_dot_product_attention`` computes it (no
 tokens x tokens matrix), except where the model falls back to the explicit product (attention dropout while
-training, relative position logits). The per-token widths were read off the tensors autograd saves (the
-coefficients below), the rest of the factors off the peak resident memory of CPU runs; ``tests/test_memory.py``
-holds the estimate to within 30% of measured peaks.
+training, relative position logits); a hybrid's ResNet is counted by its weights alone. The per-token widths
+were read off the tensors autograd saves (the coefficients below), the rest of the factors off the peak resident
+memory of CPU runs; ``tests/test_memory.py`` holds the estimate to within 30% of measured peaks.
 
 ``available_memory`` is what this process may grow to: the lower of its control group's limit (cgroup v2
 ``memory.max``, v1 ``memory.limit_in_bytes``) and the kernel's ``MemAvailable`` plus what the process holds
@@ -136,7 +136,7 @@ def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | 
     weights = 4 * parameters_at(config, size)  # fp32 master weights; autocast computes in lower precision from them
     bytes_ = torch.empty((), dtype=dtype).element_size()
     if training:
-        blocks = 1 if grad_checkpointing else config.depth
+        blocks = 2 if grad_checkpointing else config.depth  # checkpointed: the block recomputed, and its forward's
         per_token = saved_per_token(config, tokens) * (blocks + 1)  # + one block's gradients in the backward pass
         per_token += config.depth * config.dim if grad_checkpointing else 0  # each block's input, kept for recompute
     else:
@@ -152,7 +152,7 @@ def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | 
              "loader": f"{max(workers, 1)} x {SLOTS} batches"}
     if weight_copies > 1:
         notes["weights"] = f"{weight_copies} copies"
-    return Estimate({name: size for name, size in parts.items() if size}, device, notes)
+    return Estimate({name: part for name, part in parts.items() if part}, device, notes)
 
 
 def parameters_at(config: ViTConfig, size: tuple[int, int]) -> int:
@@ -318,7 +318,8 @@ def _fitting_flags(plan: Plan, measure: Callable[[Plan], Estimate], fits: Callab
         if rows and size(rows) != plan.image_size:
             side = size(rows)
             advice.append(plan.image_flag.format(side[0] if side[0] == side[1] else f"{side[0]}x{side[1]}"))
-    if plan.checkpointing_flag and not plan.grad_checkpointing and fits(measure(replace(plan, grad_checkpointing=True))):
+    checkpointed = replace(plan, grad_checkpointing=True)
+    if plan.checkpointing_flag and not plan.grad_checkpointing and fits(measure(checkpointed)):
         advice.append(plan.checkpointing_flag)
     return advice
 
