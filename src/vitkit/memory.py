@@ -2,13 +2,14 @@
 
 ``estimate`` adds up what a process holds at its peak: the framework itself (Python, torch and vitkit
 imported), the weights, in training their gradients and the optimiser's state (AdamW: two moments; SGD: one
-momentum), the activations (training: what autograd saves for the backward pass, every block, or with
-activation checkpointing each block's input and the one recomputed, plus one block's gradients; inference: the largest block's temporaries) and the
-loader's batches. Attention is counted as torch's fused ``scaled_dot_product_attention`` computes it (no
-tokens x tokens matrix), except where the model falls back to the explicit product (attention dropout while
-training, relative position logits); a hybrid's ResNet is counted by its weights alone. The per-token widths
-were read off the tensors autograd saves (the coefficients below), the rest of the factors off the peak resident
-memory of CPU runs; ``tests/test_memory.py`` holds the estimate to within 30% of measured peaks.
+momentum), the activations (training: what autograd saves for the backward pass, of every block, or with
+activation checkpointing each block's input and the block recomputed, plus one block's gradients; inference:
+the largest block's temporaries) and the loader's batches. Attention is counted as torch's fused
+``scaled_dot_product_attention`` computes it (no tokens x tokens matrix), except where the model falls back to
+the explicit product (attention dropout while training, relative position logits); a hybrid's ResNet is counted
+by its weights alone. The per-token widths were read off the tensors autograd saves (the coefficients below),
+the rest of the factors off the peak resident memory of CPU runs; ``tests/test_memory.py`` holds the estimate to
+within 30% of measured peaks.
 
 ``available_memory`` is what this process may grow to: the lower of its control group's limit (cgroup v2
 ``memory.max``, v1 ``memory.limit_in_bytes``) and the kernel's ``MemAvailable`` plus what the process holds
