@@ -146,6 +146,15 @@ def test_refusal_names_the_estimate_the_limit_and_flags_that_fit():
     assert check(Plan(40, (64, 64)), measure, "vitkit train", limit) == measure(Plan(40, (64, 64)))
 
 
+def test_on_a_gpu_the_model_parts_leave_the_host_memory():
+    config = ViTConfig(**TINY)
+    on_cpu, on_gpu = (estimate(config, 64, training=True, device=device) for device in ("cpu", "cuda"))
+    assert on_gpu.parts == on_cpu.parts and on_cpu.accelerator == 0
+    assert on_gpu.host == on_cpu.parts["framework"] + on_cpu.parts["loader"]
+    assert on_gpu.accelerator == sum(on_cpu.parts[name] for name in ("weights", "gradients", "optimiser",
+                                                                     "activations"))
+
+
 def test_no_suggestion_when_the_weights_alone_do_not_fit():
     config = ViTConfig(image_size=32, patch_size=16, dim=64, depth=1, num_heads=2, mlp_dim=128)
     with pytest.raises(ConfigError, match="no smaller batch or image size fits"):

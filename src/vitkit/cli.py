@@ -29,7 +29,7 @@ from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
-from .memory import Plan, accelerator_memory, check, check_workers, estimate, usable_cpus
+from .memory import Plan, check, check_workers, estimate, usable_cpus
 from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
@@ -350,7 +350,7 @@ def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
 
     plan = Plan(max(1, recipe.batch_size // ranks), size, recipe.accum_steps, recipe.grad_checkpointing,
                 config.effective_patch_size, checkpointing_flag="--grad-checkpointing")
-    check(plan, measure, command, accelerator=accelerator_memory(device) if device.type == "cuda" else None)
+    check(plan, measure, command, device=device)
 
 
 def source_config(source: str, overrides: dict[str, typing.Any]) -> ViTConfig:
@@ -433,8 +433,7 @@ def check_eval_size(args: argparse.Namespace, model, device: torch.device, dtype
 
     plan = Plan(min(args.batch_size, max(images, 1)), config.image_size, stride=config.effective_patch_size,
                 image_flag="--set image_size={}" if native and not args.max_patches else None)
-    check(plan, measure, f"vitkit {args.command}",
-          accelerator=accelerator_memory(device) if device.type == "cuda" else None)
+    check(plan, measure, f"vitkit {args.command}", device=device)
 
 
 FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
@@ -620,8 +619,7 @@ def check_bench_size(args: argparse.Namespace, overrides: dict, device: torch.de
         return estimate(config, plan.batch, plan.image_size, training=True, device=device.type,
                         weight_copies=copies)
 
-    check(Plan(args.batch_size, size, stride=config.effective_patch_size), measure, "vitkit bench",
-          accelerator=accelerator_memory(device) if device.type == "cuda" else None)
+    check(Plan(args.batch_size, size, stride=config.effective_patch_size), measure, "vitkit bench", device=device)
 
 
 def _resize_flag(parser: argparse.ArgumentParser) -> None:

@@ -57,8 +57,8 @@ class Estimate:
 
     @property
     def host(self) -> int:
-        """Bytes in the machine's memory: everything on the CPU, else the framework and the loader."""
-        return sum(size for name, size in self.parts.items() if self.device == "cpu" or name not in MODEL_PARTS)
+        """Bytes in the machine's memory: all but the model's parts on a CUDA device (MPS shares the machine's)."""
+        return sum(size for name, size in self.parts.items() if self.device != "cuda" or name not in MODEL_PARTS)
 
     @property
     def accelerator(self) -> int:
@@ -276,15 +276,16 @@ class Plan:
 
 
 def check(plan: Plan, measure: Callable[[Plan], Estimate], command: str, limit: Limit | None = None,
-          accelerator: Limit | None = None) -> Estimate:
+          device: torch.device = torch.device("cpu")) -> Estimate:
     """``measure(plan)``, refused with a ``ConfigError`` when it exceeds ``limit`` (default: ``available_memory``;
-    the model's parts against ``accelerator`` when they live on one), naming the estimate, the limit and the
+    on a CUDA ``device`` the model's parts are held to its free memory), naming the estimate, the limit and the
     flags that would fit."""
     limit = limit or available_memory()
+    accelerator = accelerator_memory(device) if device.type == "cuda" else None
     found = measure(plan)
     if _fits(found, limit, accelerator):
         return found
-    over = accelerator if found.device != "cpu" and accelerator and found.accelerator > accelerator.bytes else limit
+    over = accelerator if accelerator and found.accelerator > accelerator.bytes else limit
     fitting = _fitting_flags(plan, measure, lambda other: _fits(other, limit, accelerator))
     where = f" on {found.device}" if over is accelerator else ""
     advice = ("; flags that fit: " + ", ".join(fitting)) if fitting else "; no smaller batch or image size fits"
