@@ -29,7 +29,7 @@ from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
-from .memory import Plan, check, check_workers, estimate, usable_cpus
+from .memory import Limit, Plan, available_memory, check, check_workers, estimate, usable_cpus
 from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
@@ -310,9 +310,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import run
     from .train.distributed import leave
 
-    recipe = recipe_from_args(args)
-    check_run_size(recipe, f"vitkit {args.command}", select_device(args.device))
-    summary = run(recipe, resume=args.resume, device=args.device and str(select_device(args.device)))
+    recipe, device = recipe_from_args(args), select_device(args.device)
+    check_run_size(recipe, f"vitkit {args.command}", device)
+    summary = run(recipe, resume=args.resume, device=args.device and str(device))
     leave()
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
         return 0
@@ -350,7 +350,9 @@ def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
 
     plan = Plan(max(1, recipe.batch_size // ranks), size, recipe.accum_steps, recipe.grad_checkpointing,
                 config.effective_patch_size, checkpointing_flag="--grad-checkpointing")
-    check(plan, measure, command, device=device)
+    machine, here = available_memory(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's ranks on this machine
+    share = Limit(machine.bytes // here, f"{machine.source}, shared by {here} ranks") if here > 1 else machine
+    check(plan, measure, command, share, device=device)
 
 
 def source_config(source: str, overrides: dict[str, typing.Any]) -> ViTConfig:
