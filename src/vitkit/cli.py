@@ -32,10 +32,11 @@ from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
+from .memory import Limit, Plan, available_memory, check, check_workers, estimate, usable_cpus
 from .models import VisionTransformer, create_model, list_models, model_config
-from .models.config import pair
+from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
-from .runtime import PRECISIONS, autocast, resolve_precision, select_device
+from .runtime import DTYPES, PRECISIONS, autocast, resolve_precision, select_device
 from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least, field_types,
                             fraction, image_size, merge, read_config_file, resolve)
 
@@ -312,7 +313,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import run
     from .train.distributed import leave
 
-    summary = run(recipe_from_args(args), resume=args.resume, device=args.device and str(select_device(args.device)))
+    recipe, device = recipe_from_args(args), select_device(args.device)
+    check_run_size(recipe, f"vitkit {args.command}", device)
+    summary = run(recipe, resume=args.resume, device=args.device and str(device))
     leave()
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
         return 0
@@ -327,6 +330,43 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
+
+
+def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
+    """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
+    peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit."""
+    check_workers(recipe.num_workers)
+    size = pair(recipe.image_size)
+    if recipe.init:
+        config = source_config(recipe.init, {"image_size": size, **recipe.model_args})
+    else:
+        config = (model_config(recipe.model, image_size=size, **recipe.model_args) if recipe.model
+                  else ViTConfig().replace(image_size=size, **recipe.model_args))
+    optimizer = recipe.optimizer if recipe.optimizer == "adamw" or recipe.momentum else None
+    ranks = int(os.environ.get("WORLD_SIZE", 1))
+
+    def measure(plan: Plan):
+        return estimate(config, plan.micro_batch, plan.image_size, training=True, optimizer=optimizer,
+                        workers=max(recipe.num_workers, 0), dtype=DTYPES.get(recipe.precision, torch.float32),
+                        grad_checkpointing=plan.grad_checkpointing, device=device.type,
+                        weight_copies=2 if recipe.ema_decay else 1)
+
+    plan = Plan(max(1, recipe.batch_size // ranks), size, recipe.accum_steps, recipe.grad_checkpointing,
+                config.effective_patch_size, checkpointing_flag="--grad-checkpointing")
+    machine, here = available_memory(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's ranks on this machine
+    share = Limit(machine.bytes // here, f"{machine.source}, shared by {here} ranks") if here > 1 else machine
+    check(plan, measure, command, share, device=device)
+
+
+def source_config(source: str, overrides: dict[str, typing.Any]) -> ViTConfig:
+    """The config of the model a checkpoint (or a variant's name) describes with ``overrides``, before any
+    weights are put into a model: what a size check needs to know."""
+    from .checkpoints.inference import kept_overrides
+    from .checkpoints.loading import read_checkpoint
+
+    if not (Path(source).exists() or is_remote(source)):
+        return model_config(source, **overrides)
+    return read_checkpoint(source, overrides)[0].replace(**kept_overrides(overrides))
 
 
 def inference_model(args: argparse.Namespace):
@@ -371,6 +411,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     split = args.split or default_split(args.dataset)
     dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
     say_whole(args, split, len(dataset))
+    check_eval_size(args, model, device, dtype, len(dataset))
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
@@ -391,6 +432,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"{args.dataset} [{split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
           f"({report['images']} images); report and confusion matrix in {args.out}")
     return 0
+
+
+def check_eval_size(args: argparse.Namespace, model, device: torch.device, dtype: torch.dtype, images: int) -> None:
+    """Refuse an evaluation that cannot fit before its first batch: more loader processes than CPUs, or a peak
+    memory (``vitkit.memory``) above what the machine has for batches of ``--batch-size`` or all ``images``,
+    named with the flags that would fit."""
+    check_workers(args.num_workers)
+    config = model.config
+    native = isinstance(model, VisionTransformer)
+
+    def measure(plan: Plan):
+        return estimate(config, plan.batch, plan.image_size, workers=args.num_workers, dtype=dtype,
+                        patches=args.max_patches, device=device.type)
+
+    plan = Plan(min(args.batch_size, max(images, 1)), config.image_size, stride=config.effective_patch_size,
+                image_flag="--set image_size={}" if native and not args.max_patches else None)
+    check(plan, measure, f"vitkit {args.command}", device=device)
 
 
 FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
@@ -501,6 +559,7 @@ def cmd_data_verify(args: argparse.Namespace) -> int:
     from .data import load_dataset
     from .data.survey import unreadable_images
 
+    check_workers(args.num_workers)
     bad = unreadable_images(load_dataset(args.dataset, ALL, args.data_dir, corrupt="skip"), args.num_workers)
     for name in bad:
         print(name)
@@ -568,6 +627,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     device = select_device(args.device)
     overrides = {**args.overrides, **({"image_size": args.image_size} if args.image_size else {})}
+    check_bench_size(args, overrides, device)
     if Path(args.checkpoint).exists() or is_remote(args.checkpoint):
         model = load(args.checkpoint, **overrides)
     else:
@@ -598,6 +658,25 @@ SPLIT_CHOICES = (*SPLITS, ALL)
 SPLIT_HELP = ("the images measured: a split, or all of them (default: the dataset's test split, else its validation "
               "split, else all of a dataset that names neither, such as a folder of class folders; a split the "
               "dataset lacks is held out of its training images as a training run holds it out)")
+
+
+# Runtimes of `vitkit bench` that hold a copy of the weights of their own (the eager model and its training copy
+# are counted apart; a compiled model shares the eager one's).
+_COPYING_RUNTIMES = ("onnxruntime", "openvino", "timm", "timm-compile")
+
+
+def check_bench_size(args: argparse.Namespace, overrides: dict, device: torch.device) -> None:
+    """Refuse a benchmark that cannot fit before its model is built: the peak of a training step at the batch and
+    size asked for, with a copy of the weights per runtime compared, against what the machine has."""
+    config = source_config(args.checkpoint, overrides)
+    size = pair(overrides.get("image_size", config.image_size))  # a checkpoint's table is resized after loading
+    copies = 2 + sum(runtime in _COPYING_RUNTIMES for runtime in args.runtimes)
+
+    def measure(plan: Plan):
+        return estimate(config, plan.batch, plan.image_size, training=True, device=device.type,
+                        weight_copies=copies)
+
+    check(Plan(args.batch_size, size, stride=config.effective_patch_size), measure, "vitkit bench", device=device)
 
 
 def _resize_flag(parser: argparse.ArgumentParser) -> None:
@@ -803,7 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
     info_.add_argument("--json", action="store_true", help="machine-readable output")
     info_.add_argument("--corrupt", default="fail", choices=CORRUPT,
                        help="skip: list shards' unusable samples instead of stopping at the first")
-    verify.add_argument("--num-workers", "-j", type=_positive, default=os.cpu_count() or 1)
+    verify.add_argument("--num-workers", "-j", type=_positive, default=usable_cpus(),
+                        help="decoding processes, at most the CPUs this process may run on (default: all of them)")
     convert_.add_argument("dst", metavar="DST", help="a new folder for the shards")
     convert_.add_argument("--to", choices=["webdataset"], default="webdataset")
     convert_.add_argument("--shard-size", default="256MB",

@@ -274,6 +274,16 @@ class OnnxModel(ExportedModel):
             self.config = ViTConfig.from_json(metadata[CONFIG_KEY], str(self.path))
         except ValueError as error:  # not JSON, or not a valid config
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' metadata ({error})") from error
+        self._check_head_fits()
+
+    def _check_head_fits(self) -> None:
+        """Refuse metadata that claims a head larger than the file could hold (at least a byte a weight, int8),
+        before anything sized by the number of classes (class names, logits, a confusion matrix) is made."""
+        config, size = self.config, self.path.stat().st_size
+        weights = config.num_classes * (config.representation_size or config.dim)
+        if weights > size:
+            raise CheckpointError(f"{self.path}: '{CONFIG_KEY}' metadata says num_classes={config.num_classes}, a head "
+                                  f"of {weights:,} weights, but the file holds {size:,} bytes")
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run([OUTPUT], arrays)[0]
