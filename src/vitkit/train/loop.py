@@ -36,7 +36,7 @@ from ..progress import StepProgress
 from ..runtime import autocast, resolve_precision
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
-                          sharded_like, wrap)
+                          rank_loss_explained, sharded_like, wrap)
 from .objectives import Objective
 from .steplog import append_record, keep_steps_up_to, step_records
 
@@ -364,7 +364,24 @@ class Trainer:
         return results
 
     def fit(self, resume: bool = False) -> dict[str, float]:
-        """Run to ``total_steps`` (from the last checkpoint if ``resume``); returns the last metrics."""
+        """Run to ``total_steps`` (from the last checkpoint if ``resume``); returns the last metrics. Under
+        torchrun, a rank that is lost ends the others with a ``ConnectionError`` saying where to resume from."""
+        with self.rank_loss_explained():
+            return self._fit_from_start(resume)
+
+    def rank_loss_explained(self):
+        """A block whose collectives, when a rank is lost, end this one with a ``ConnectionError`` saying where
+        the run can resume from."""
+        return rank_loss_explained(self.env, self.where_to_resume)
+
+    def where_to_resume(self) -> str:
+        """Advice after a lost rank: the newest complete checkpoint, which ``--resume`` continues from."""
+        found = list_checkpoints(self.run_dir)
+        if not found:
+            return f"{self.run_dir} holds no checkpoint yet: --resume starts the run over"
+        return f"--resume continues the run from {found[-1]}"
+
+    def _fit_from_start(self, resume: bool) -> dict[str, float]:
         config = self.config
         if self.env.is_main:
             sweep_run(self.run_dir)

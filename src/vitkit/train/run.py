@@ -190,7 +190,7 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
                                "train_seconds": round(time.perf_counter() - started, 1),
                                **{k: v for k, v in last.items() if not k.startswith("train/images")}}
-    with trainer.final_model() as final:
+    with trainer.rank_loss_explained(), trainer.final_model() as final:
         if trainer.env.is_main:
             final.save(run_dir / "model")
             if recipe.objective == "classification":
@@ -202,5 +202,6 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
             summary.update({"data/skipped": len(names), "data/skipped_files": names})
             with atomic_file(run_dir / "summary.json") as handle:
                 json.dump(summary, handle, indent=1)
-    trainer.env.barrier()
+    with trainer.rank_loss_explained():
+        trainer.env.barrier()
     return summary

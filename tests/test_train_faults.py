@@ -1,0 +1,259 @@
+"""Faults in distributed runs, with `torchrun --nnodes 2` played on one machine: two agents (one rank each) meet
+at a c10d rendezvous on localhost and train over gloo. A rank killed mid-run ends the other with one line, and
+the run resumed from its last checkpoint ends with the weights of a run never killed; a rank dying while the
+other writes a checkpoint leaves the checkpoints before it whole; a run resumed on another number of ranks
+sees each sample once an epoch, the uninterrupted run's samples at every step, and its loss curve."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from launch import child_env, launch
+from safetensors.torch import load_file
+
+from vitkit.train.checkpointing import list_checkpoints, load_checkpoint
+from vitkit.train.recipes import Recipe, read_config_file
+from vitkit.train.run import prepare
+
+MODEL = json.dumps({"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1})
+TRAIN = ["train", "--dataset", "digits", "--model-args", MODEL, "--optimizer", "sgd", "--lr", "0.3", "--warmup-steps",
+         "1", "--threads", "1", "--log-every", "1", "--num-workers", "0", "--keep-last", "0"]
+KILLED = [*TRAIN, "--steps", "8", "--batch-size", "32", "--checkpoint-every", "2"]
+TIMEOUT = 120
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+class TwoNodes:
+    """Two torchrun agents of one rank each, as on two machines; each worker's stderr goes to its own file."""
+
+    def __init__(self, logs: Path, *command):
+        agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}", "--rdzv-id", "faults",
+                 "--redirects", "3"]
+        self.logs = logs
+        self.agents = [subprocess.Popen([*agent, "--log-dir", str(logs / f"node-{node}"), *map(str, command)],
+                                        env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                       for node in (0, 1)]
+
+    def wait(self) -> list[int]:
+        """The agents' exit statuses, once both have ended."""
+        for agent in self.agents:
+            agent.communicate(timeout=TIMEOUT)
+        return [agent.returncode for agent in self.agents]
+
+    def succeed(self) -> None:
+        codes = self.wait()
+        assert codes == [0, 0], [self.stderr(node)[-3000:] for node in (0, 1)]
+
+    def worker(self, rank: int) -> tuple[int, int]:
+        """(the node, the process id) of the worker of ``rank``: the rendezvous decides which agent starts which."""
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            for node, agent in enumerate(self.agents):
+                for task in Path(f"/proc/{agent.pid}/task").glob("*"):
+                    for pid in (task / "children").read_text().split():
+                        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                        if f"RANK={rank}".encode() in environ:
+                            return node, int(pid)
+            time.sleep(0.01)
+        raise AssertionError(f"no worker of rank {rank} started")
+
+    def kill(self, rank: int) -> int:
+        """SIGKILL the worker of ``rank``; the node it ran on."""
+        node, pid = self.worker(rank)
+        os.kill(pid, signal.SIGKILL)
+        return node
+
+    def stderr(self, node: int) -> str:
+        """What the worker of ``node`` wrote on stderr (torchrun keeps it under ``--log-dir``)."""
+        return "".join(path.read_text() for path in sorted((self.logs / f"node-{node}").glob("**/stderr.log")))
+
+
+def steps_logged(run_dir: Path) -> int:
+    try:
+        return (run_dir / "metrics.jsonl").read_text().count("\n")
+    except FileNotFoundError:
+        return 0
+
+
+def records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "train/images_per_s"} for line in lines]
+
+
+def assert_same_weights(ours: Path, theirs: Path) -> None:
+    mine, reference = (load_file(run / "model" / "model.safetensors") for run in (ours, theirs))
+    assert mine.keys() == reference.keys() and all(mine[k].equal(reference[k]) for k in mine)
+
+
+def assert_one_line(stderr: str, rank: int) -> None:
+    """The surviving rank says in one line that a rank was lost and how to go on, without a traceback."""
+    errors = [line for line in stderr.splitlines() if line.startswith("vitkit train: error:")]
+    assert "Traceback" not in stderr and len(errors) == 1, stderr[-3000:]
+    assert f"rank {rank} of 2" in errors[0] and "--resume" in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("faults") / "uninterrupted"
+    TwoNodes(run_dir.parent / "logs", "-m", "vitkit", *KILLED, "--run-dir", run_dir).succeed()
+    return run_dir
+
+
+def test_a_rank_killed_mid_run_ends_the_other_in_one_line_and_the_resumed_run_is_exact(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    nodes = TwoNodes(tmp_path / "killed", "-m", "vitkit", *KILLED, "--run-dir", run_dir)
+    deadline = time.monotonic() + TIMEOUT
+    while steps_logged(run_dir) < 3:
+        assert time.monotonic() < deadline and all(agent.poll() is None for agent in nodes.agents)
+        time.sleep(0.002)
+    node = nodes.kill(0)  # the main rank: the one writing checkpoints and metrics
+    codes = nodes.wait()
+    assert codes[node] != 0 and codes[1 - node] != 0
+    assert_one_line(nodes.stderr(1 - node), rank=1)
+    assert list_checkpoints(run_dir), "killed after a checkpoint: the resumed run continues from it"
+
+    TwoNodes(tmp_path / "resumed", "-m", "vitkit", *KILLED, "--run-dir", run_dir, "--resume").succeed()
+    assert_same_weights(run_dir, uninterrupted)
+    assert records(run_dir) == records(uninterrupted)
+
+
+WRITES_SLOWLY = """
+import sys
+import time
+from pathlib import Path
+import vitkit.train.checkpointing as checkpointing
+from vitkit.cli import program
+
+ready, go, held = Path(sys.argv[1]), Path(sys.argv[2]), f"step-{int(sys.argv[3]):08d}"
+write = checkpointing.save_native
+
+
+def half_then_wait(staging, *args, **kwargs):
+    write(staging, *args, **kwargs)  # the model is written, the training state is not
+    if held in staging.name:
+        ready.touch()
+        while not go.exists():
+            time.sleep(0.01)
+
+
+checkpointing.save_native = half_then_wait
+sys.argv = ["vitkit", *sys.argv[4:]]
+program()
+"""
+
+
+def test_a_rank_dying_while_a_checkpoint_is_written_leaves_the_earlier_ones_whole(tmp_path, uninterrupted):
+    script, ready, go, run_dir = tmp_path / "writes_slowly.py", tmp_path / "ready", tmp_path / "go", tmp_path / "run"
+    script.write_text(WRITES_SLOWLY)
+    nodes = TwoNodes(tmp_path / "killed", script, ready, go, 4, *KILLED, "--run-dir", run_dir)
+    deadline = time.monotonic() + TIMEOUT
+    while not ready.exists():
+        assert time.monotonic() < deadline and all(agent.poll() is None for agent in nodes.agents)
+        time.sleep(0.01)
+    node = nodes.kill(1)
+    nodes.agents[node].wait(timeout=TIMEOUT)  # its agent has seen it die
+    go.touch()
+    nodes.wait()
+    assert_one_line(nodes.stderr(1 - node), rank=0)
+
+    found = list_checkpoints(run_dir)
+    assert run_dir / "checkpoints" / "step-00000002" in found
+    recipe = Recipe.from_dict(read_config_file(run_dir / "recipe.json")).replace(run_dir=str(tmp_path / "loader"))
+    experiment = prepare(recipe)
+    for path in found:  # whole: each loads into a model and optimiser of the run, at its step
+        state = load_checkpoint(path, experiment.trainer.model, experiment.trainer.optimizer)
+        assert state["step"] == int(path.name.split("-")[1])
+    ours, theirs = (load_file(run / "checkpoints" / "step-00000002" / "model.safetensors") for run in (run_dir, uninterrupted))
+    assert all(ours[key].equal(theirs[key]) for key in theirs)
+
+    TwoNodes(tmp_path / "resumed", "-m", "vitkit", *KILLED, "--run-dir", run_dir, "--resume").succeed()
+    assert_same_weights(run_dir, uninterrupted)
+    assert records(run_dir) == records(uninterrupted)
+
+
+RECORDS_SAMPLES = """
+import json
+import sys
+from pathlib import Path
+from vitkit.cli import program
+from vitkit.data import loading
+
+folder, iterate = Path(sys.argv[1]), loading.StepSampler.__iter__
+
+
+def recorded(self):
+    \"\"\"The keys (index, epoch) of each step this rank reads, one JSON line a step.\"\"\"
+    folder.mkdir(exist_ok=True)
+    with (folder / f"rank-{self.rank}.jsonl").open("a") as seen:
+        for step, keys in enumerate(iterate(self), self.start_step):  # one micro-batch a step
+            seen.write(json.dumps({"step": step, "keys": keys}) + "\\n")
+            seen.flush()
+            yield keys
+
+
+loading.StepSampler.__iter__ = recorded
+sys.argv = ["vitkit", *sys.argv[2:]]
+program()
+"""
+STEPS, EVERY, BATCH = 12, 4, 256  # the digits' 1,294 training images: 5 steps an epoch, resumed mid-epoch 0
+
+
+def train_on(ranks: int, script: Path, seen: Path, *args, logs: Path) -> None:
+    if ranks == 1:
+        launch([sys.executable], script, seen, *args)
+    else:
+        TwoNodes(logs, script, seen, *args).succeed()
+
+
+def samples(seen: Path) -> dict[int, list[tuple[int, int]]]:
+    """Every rank's keys, by step."""
+    by_step: dict[int, list[tuple[int, int]]] = {}
+    for path in seen.glob("rank-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            by_step.setdefault(record["step"], []).extend(map(tuple, record["keys"]))
+    return by_step
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_a_run_resumed_on_another_number_of_ranks_sees_the_same_samples(tmp_path, parallel, before, after):
+    script, straight, resumed = tmp_path / "records_samples.py", tmp_path / "straight", tmp_path / "resumed"
+    script.write_text(RECORDS_SAMPLES)
+    args = [*TRAIN, "--steps", STEPS, "--batch-size", BATCH, "--checkpoint-every", EVERY, "--parallel", parallel]
+    train_on(before, script, tmp_path / "seen-straight", *args, "--run-dir", straight, logs=tmp_path / "logs")
+    shutil.copytree(straight, resumed)  # as if stopped right after the first checkpoint
+    for later in ("model", "best", "summary.json", *(f"checkpoints/step-{s:08d}" for s in range(2 * EVERY, STEPS + 1, EVERY))):
+        shutil.rmtree(resumed / later) if (resumed / later).is_dir() else (resumed / later).unlink(missing_ok=True)
+    train_on(after, script, tmp_path / "seen-resumed", *args, "--run-dir", resumed, "--resume",
+             logs=tmp_path / "logs-resumed")
+
+    reference, later = samples(tmp_path / "seen-straight"), samples(tmp_path / "seen-resumed")
+    assert sorted(later) == list(range(EVERY, STEPS))
+    for step in later:  # the same global batch at every step, whichever ranks shared it
+        assert sorted(later[step]) == sorted(reference[step]) and len(later[step]) == BATCH
+    seen = [key for step in range(STEPS) for key in (reference if step < EVERY else later)[step]]
+    epochs = {epoch for _, epoch in seen}
+    assert len(epochs) == 3
+    for epoch in epochs:  # each image once an epoch
+        indices = [index for index, at in seen if at == epoch]
+        assert len(indices) == len(set(indices))
+
+    # The loss of the global batch is the mean of the ranks' means: only the order of the sums changes.
+    ours, theirs = ([r["train/loss"] for r in records(run) if "train/loss" in r] for run in (resumed, straight))
+    assert len(ours) == STEPS
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=0)
