@@ -4,6 +4,7 @@ the run resumed from its last checkpoint ends with the weights of a run never ki
 other writes a checkpoint leaves the checkpoints before it whole; a run resumed on another number of ranks
 sees each sample once an epoch, the uninterrupted run's samples at every step, and its loss curve."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from data_helpers import mnist_folder
 from launch import child_env, launch
 from safetensors.torch import load_file
 
@@ -36,23 +38,38 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` has started (Linux's ``/proc``)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += map(int, (task / "children").read_text().split())
+    return found
+
+
 class TwoNodes:
-    """Two torchrun agents of one rank each, as on two machines; each worker's stderr goes to its own file."""
+    """Two torchrun agents of one rank each, as on two machines; each worker's stderr and each agent's go to files
+    under ``logs``."""
+
+    started: list[subprocess.Popen] = []
 
     def __init__(self, logs: Path, *command):
         agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}", "--rdzv-id", "faults",
                  "--redirects", "3"]
         self.logs = logs
-        self.agents = [subprocess.Popen([*agent, "--log-dir", str(logs / f"node-{node}"), *map(str, command)],
-                                        env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                       for node in (0, 1)]
+        logs.mkdir(parents=True)
+        self.agents = []
+        for node in (0, 1):
+            with (logs / f"agent-{node}.log").open("w") as log:
+                self.agents.append(subprocess.Popen([*agent, "--log-dir", str(logs / f"node-{node}"),
+                                                     *map(str, command)], env=child_env(), stdout=log, stderr=log,
+                                                    start_new_session=True))
+        TwoNodes.started += self.agents
 
     def wait(self) -> list[int]:
         """The agents' exit statuses, once both have ended."""
-        for agent in self.agents:
-            agent.communicate(timeout=TIMEOUT)
-        return [agent.returncode for agent in self.agents]
+        return [agent.wait(timeout=TIMEOUT) for agent in self.agents]
 
     def succeed(self) -> None:
         codes = self.wait()
@@ -63,11 +80,10 @@ class TwoNodes:
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
             for node, agent in enumerate(self.agents):
-                for task in Path(f"/proc/{agent.pid}/task").glob("*"):
-                    for pid in (task / "children").read_text().split():
-                        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                        if f"RANK={rank}".encode() in environ:
-                            return node, int(pid)
+                for pid in children(agent.pid):
+                    with contextlib.suppress(OSError):  # a child that has just ended
+                        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                            return node, pid
             time.sleep(0.01)
         raise AssertionError(f"no worker of rank {rank} started")
 
@@ -80,6 +96,16 @@ class TwoNodes:
     def stderr(self, node: int) -> str:
         """What the worker of ``node`` wrote on stderr (torchrun keeps it under ``--log-dir``)."""
         return "".join(path.read_text() for path in sorted((self.logs / f"node-{node}").glob("**/stderr.log")))
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_left():
+    """A test that failed midway leaves no agent or worker of its own running."""
+    yield
+    for agent in TwoNodes.started:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
 
 
 def steps_logged(run_dir: Path) -> int:
@@ -212,11 +238,20 @@ program()
 STEPS, EVERY, BATCH = 12, 4, 256  # the digits' 1,294 training images: 5 steps an epoch, resumed mid-epoch 0
 
 
-def train_on(ranks: int, script: Path, seen: Path, *args, logs: Path) -> None:
+def train_on(ranks: int, *command, logs: Path) -> None:
+    """Run ``python COMMAND`` as one process, or as two ranks on two nodes."""
     if ranks == 1:
-        launch([sys.executable], script, seen, *args)
+        launch([sys.executable], *command)
     else:
-        TwoNodes(logs, script, seen, *args).succeed()
+        TwoNodes(logs, *command).succeed()
+
+
+def stop_after(run_dir: Path, copy: Path, step: int) -> None:
+    """``copy``: ``run_dir`` as a kill right after its checkpoint of ``step`` left it."""
+    shutil.copytree(run_dir, copy)
+    for later in ("model", "best", "summary.json", *(p.relative_to(copy) for p in (copy / "checkpoints").iterdir()
+                                                      if int(p.name.split("-")[1]) > step)):
+        shutil.rmtree(copy / later) if (copy / later).is_dir() else (copy / later).unlink(missing_ok=True)
 
 
 def samples(seen: Path) -> dict[int, list[tuple[int, int]]]:
@@ -236,9 +271,7 @@ def test_a_run_resumed_on_another_number_of_ranks_sees_the_same_samples(tmp_path
     script.write_text(RECORDS_SAMPLES)
     args = [*TRAIN, "--steps", STEPS, "--batch-size", BATCH, "--checkpoint-every", EVERY, "--parallel", parallel]
     train_on(before, script, tmp_path / "seen-straight", *args, "--run-dir", straight, logs=tmp_path / "logs")
-    shutil.copytree(straight, resumed)  # as if stopped right after the first checkpoint
-    for later in ("model", "best", "summary.json", *(f"checkpoints/step-{s:08d}" for s in range(2 * EVERY, STEPS + 1, EVERY))):
-        shutil.rmtree(resumed / later) if (resumed / later).is_dir() else (resumed / later).unlink(missing_ok=True)
+    stop_after(straight, resumed, EVERY)
     train_on(after, script, tmp_path / "seen-resumed", *args, "--run-dir", resumed, "--resume",
              logs=tmp_path / "logs-resumed")
 
@@ -257,3 +290,21 @@ def test_a_run_resumed_on_another_number_of_ranks_sees_the_same_samples(tmp_path
     ours, theirs = ([r["train/loss"] for r in records(run) if "train/loss" in r] for run in (resumed, straight))
     assert len(ours) == STEPS
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=0)
+
+
+def test_a_run_resumed_on_fewer_ranks_names_each_replaced_file_once(tmp_path, shared_data):
+    """Under ``--corrupt skip`` each rank notes the files it replaced; resumed on one rank, the steps redone
+    are noted once, not again beside what the rank that is gone had noted for them."""
+    folder = mnist_folder(shared_data, tmp_path / "folder", train=60, test=20)
+    broken = folder / "train" / "3" / "00007.png"
+    broken.write_bytes(broken.read_bytes()[:40])
+    args = ["-m", "vitkit", "train", "--dataset", f"imagefolder:{folder}", "--image-size", "28", "--val-fraction",
+            "0", "--steps", "8", "--batch-size", "30", "--checkpoint-every", "4", "--corrupt", "skip",
+            "--model-args", json.dumps({"patch_size": 7, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32,
+                                        "in_chans": 1}), "--num-workers", "0", "--threads", "1", "--keep-last", "0"]
+    train_on(2, *args, "--run-dir", tmp_path / "straight", logs=tmp_path / "logs")
+    stop_after(tmp_path / "straight", tmp_path / "resumed", 4)
+    train_on(1, *args, "--run-dir", tmp_path / "resumed", "--resume", logs=tmp_path / "logs-resumed")
+    for run in ("straight", "resumed"):  # 60 images, 2 steps an epoch, 4 epochs: read once each
+        summary = json.loads((tmp_path / run / "summary.json").read_text())
+        assert summary["data/skipped_files"] == [str(broken)] * 4, run
