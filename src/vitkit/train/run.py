@@ -128,7 +128,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
     workers = recipe.num_workers
-    skipped = SkippedFiles(run_dir, env.rank)
+    skipped = SkippedFiles(run_dir, env.rank, env.world_size)
 
     def batches(start_step: int):
         loader = training_loader(train_set, train_transform, global_batch=recipe.batch_size, total_steps=steps,
