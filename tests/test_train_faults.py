@@ -28,8 +28,8 @@ from vitkit.train.run import prepare
 MODEL = json.dumps({"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1})
 TRAIN = ["train", "--dataset", "digits", "--model-args", MODEL, "--optimizer", "sgd", "--lr", "0.3", "--warmup-steps",
          "1", "--threads", "1", "--log-every", "1", "--num-workers", "0", "--keep-last", "0"]
-KILLED = [*TRAIN, "--steps", "8", "--batch-size", "32", "--checkpoint-every", "2"]
-TIMEOUT = 120
+KILLED = [*TRAIN, "--steps", "16", "--batch-size", "32", "--checkpoint-every", "2"]
+TIMEOUT = 240  # as launch.py: the machine may be shared
 
 
 def free_port() -> int:
@@ -125,11 +125,13 @@ def assert_same_weights(ours: Path, theirs: Path) -> None:
     assert mine.keys() == reference.keys() and all(mine[k].equal(reference[k]) for k in mine)
 
 
-def assert_one_line(stderr: str, rank: int) -> None:
-    """The surviving rank says in one line that a rank was lost and how to go on, without a traceback."""
+def assert_one_line(stderr: str, rank: int, run_dir: Path) -> None:
+    """The surviving rank says in one line that a rank was lost and which checkpoint ``--resume`` continues
+    from (the newest), without a traceback."""
     errors = [line for line in stderr.splitlines() if line.startswith("vitkit train: error:")]
     assert "Traceback" not in stderr and len(errors) == 1, stderr[-3000:]
-    assert f"rank {rank} of 2" in errors[0] and "--resume" in errors[0], errors[0]
+    assert errors[0].startswith(f"vitkit train: error: rank {rank} of 2: another rank is gone ("), errors[0]
+    assert errors[0].endswith(f"--resume continues the run from {list_checkpoints(run_dir)[-1]}"), errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +142,9 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 def test_a_rank_killed_mid_run_ends_the_other_in_one_line_and_the_resumed_run_is_exact(tmp_path, uninterrupted):
+    """SIGKILL to the main rank a few steps in (it may be writing metrics or a checkpoint): the other rank stops at
+    its next collective, saying where to resume from; resumed, the run logs each step once and ends with the
+    uninterrupted run's weights, bit for bit."""
     run_dir = tmp_path / "run"
     nodes = TwoNodes(tmp_path / "killed", "-m", "vitkit", *KILLED, "--run-dir", run_dir)
     deadline = time.monotonic() + TIMEOUT
@@ -149,8 +154,7 @@ def test_a_rank_killed_mid_run_ends_the_other_in_one_line_and_the_resumed_run_is
     node = nodes.kill(0)  # the main rank: the one writing checkpoints and metrics
     codes = nodes.wait()
     assert codes[node] != 0 and codes[1 - node] != 0
-    assert_one_line(nodes.stderr(1 - node), rank=1)
-    assert list_checkpoints(run_dir), "killed after a checkpoint: the resumed run continues from it"
+    assert_one_line(nodes.stderr(1 - node), 1, run_dir)
 
     TwoNodes(tmp_path / "resumed", "-m", "vitkit", *KILLED, "--run-dir", run_dir, "--resume").succeed()
     assert_same_weights(run_dir, uninterrupted)
@@ -183,6 +187,9 @@ program()
 
 
 def test_a_rank_dying_while_a_checkpoint_is_written_leaves_the_earlier_ones_whole(tmp_path, uninterrupted):
+    """Rank 1 is killed while rank 0 is halfway through the step-4 checkpoint. Every checkpoint listed then loads
+    (the one being written is either complete or not there), step 2's is the uninterrupted run's, and the run
+    resumes to the uninterrupted run's weights."""
     script, ready, go, run_dir = tmp_path / "writes_slowly.py", tmp_path / "ready", tmp_path / "go", tmp_path / "run"
     script.write_text(WRITES_SLOWLY)
     nodes = TwoNodes(tmp_path / "killed", script, ready, go, 4, *KILLED, "--run-dir", run_dir)
@@ -194,7 +201,7 @@ def test_a_rank_dying_while_a_checkpoint_is_written_leaves_the_earlier_ones_whol
     nodes.agents[node].wait(timeout=TIMEOUT)  # its agent has seen it die
     go.touch()
     nodes.wait()
-    assert_one_line(nodes.stderr(1 - node), rank=0)
+    assert_one_line(nodes.stderr(1 - node), 0, run_dir)
 
     found = list_checkpoints(run_dir)
     assert run_dir / "checkpoints" / "step-00000002" in found
@@ -203,7 +210,8 @@ def test_a_rank_dying_while_a_checkpoint_is_written_leaves_the_earlier_ones_whol
     for path in found:  # whole: each loads into a model and optimiser of the run, at its step
         state = load_checkpoint(path, experiment.trainer.model, experiment.trainer.optimizer)
         assert state["step"] == int(path.name.split("-")[1])
-    ours, theirs = (load_file(run / "checkpoints" / "step-00000002" / "model.safetensors") for run in (run_dir, uninterrupted))
+    ours, theirs = (load_file(run / "checkpoints" / "step-00000002" / "model.safetensors")
+                    for run in (run_dir, uninterrupted))
     assert all(ours[key].equal(theirs[key]) for key in theirs)
 
     TwoNodes(tmp_path / "resumed", "-m", "vitkit", *KILLED, "--run-dir", run_dir, "--resume").succeed()
@@ -264,9 +272,14 @@ def samples(seen: Path) -> dict[int, list[tuple[int, int]]]:
     return by_step
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("before, after, parallel", [(2, 1, "ddp"), (1, 2, "fsdp"),
+                                                     pytest.param(2, 1, "fsdp", marks=pytest.mark.slow),
+                                                     pytest.param(1, 2, "ddp", marks=pytest.mark.slow)])
 def test_a_run_resumed_on_another_number_of_ranks_sees_the_same_samples(tmp_path, parallel, before, after):
+    """Stopped after step 4 and resumed on another number of ranks, the run reads at each step the global batch
+    of the uninterrupted run, each image once an epoch, and its loss follows the uninterrupted run's: each
+    rank's mean over its share, averaged over equal shares, is the global batch's mean, summed in another order
+    (float rounding, well within 1e-4 over 8 steps). FSDP on two ranks reads the optimiser state of one."""
     script, straight, resumed = tmp_path / "records_samples.py", tmp_path / "straight", tmp_path / "resumed"
     script.write_text(RECORDS_SAMPLES)
     args = [*TRAIN, "--steps", STEPS, "--batch-size", BATCH, "--checkpoint-every", EVERY, "--parallel", parallel]
@@ -292,6 +305,7 @@ def test_a_run_resumed_on_another_number_of_ranks_sees_the_same_samples(tmp_path
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=0)
 
 
+@pytest.mark.slow
 def test_a_run_resumed_on_fewer_ranks_names_each_replaced_file_once(tmp_path, shared_data):
     """Under ``--corrupt skip`` each rank notes the files it replaced; resumed on one rank, the steps redone
     are noted once, not again beside what the rank that is gone had noted for them."""

@@ -224,7 +224,7 @@ KERNEL_OPTIONS = ("fused", "foreach")
 def with_our_kernels(optimizer_state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``optimizer_state`` with ``optimizer``'s choice of step kernel in each group (loading would take the saved
     one): the choice follows how the parameters are laid out here (FSDP's sharded ones have no fused kernel),
-    not on the ranks that saved the state."""
+    not how they were on the ranks that saved the state."""
     groups = [{**saved, **{key: ours[key] for key in KERNEL_OPTIONS if key in ours}}
               for saved, ours in zip(optimizer_state["param_groups"], optimizer.param_groups)]
     return {**optimizer_state, "param_groups": groups}

@@ -11,6 +11,9 @@ Crash consistency: a checkpoint is written every ``checkpoint_every`` steps and 
 acted on after the current step: a checkpoint is saved, then the process ends as the signal would have
 ended it (status 143 for SIGTERM; KeyboardInterrupt, status 130 from the command line, for SIGINT). On
 resume, ``metrics.jsonl`` loses the records of the steps that will be redone, so it holds each step once.
+Under torchrun, a rank that dies ends the others at their next collective with a ``ConnectionError`` naming
+the checkpoint that ``--resume`` continues from; only the main rank writes checkpoints, each atomically, so a
+rank dying during a write leaves the earlier ones whole.
 """
 
 from __future__ import annotations
@@ -239,7 +242,8 @@ class Trainer:
         cpu = per_rank(state["rng_cpu"])
         if len(cpu) != self.env.world_size and self.env.is_main:
             warnings.warn(f"resuming a run saved by {len(cpu)} rank(s) on {self.env.world_size}: the random "
-                          f"streams (dropout, masks) will not be those of an uninterrupted run", stacklevel=2)
+                          f"streams (dropout, masks), and a shard dataset's sample order in the epoch under way, "
+                          f"will not be those of an uninterrupted run", stacklevel=2)
         if self.env.rank >= len(cpu):
             torch.manual_seed(self.step * 1_000_003 + self.env.rank)
             return
