@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,32 @@ def leave() -> None:
     if dist.is_initialized():
         gc.collect()  # the group's last holders (DDP's reducer, in reference cycles) go first: it is destroyed now
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def rank_loss_explained(env: Distributed, advice: Callable[[], str]) -> Iterator[None]:
+    """Run a block whose collectives fail when another rank is gone (killed, its machine lost): that failure
+    becomes one ``ConnectionError`` naming this rank, the cause and ``advice()`` (how to go on), where torch
+    would print its traceback. Errors of other kinds pass as they are."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not (env.enabled and lost_rank(error)):
+            raise
+        raise ConnectionError(f"rank {env.rank} of {env.world_size}: another rank is gone ({cause(error)}); "
+                              f"{advice()}") from error
+
+
+def lost_rank(error: RuntimeError) -> bool:
+    """Whether ``error`` is a collective's report of a rank that stopped answering: torch's distributed errors,
+    and gloo's, which reach Python as plain ``RuntimeError``s naming gloo's source files."""
+    return isinstance(error, dist.DistError) or "gloo/" in str(error)
+
+
+def cause(error: RuntimeError) -> str:
+    """The first sentence of a distributed error, without the source location gloo puts before it."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip())
+    return re.split(r"\.\s", text, maxsplit=1)[0].splitlines()[0][:200] if text else type(error).__name__
 
 
 def shard(model: nn.Module, env: Distributed, parallel: str) -> nn.Module:
@@ -178,7 +205,9 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
                     optimizer_state: dict[str, Any]) -> None:
-    """Inverse of ``full_state``; under FSDP every rank passes the whole state and keeps its shard."""
+    """Inverse of ``full_state``; under FSDP every rank passes the whole state and keeps its shard. The state
+    may come from another number of ranks, sharded or not."""
+    optimizer_state = with_our_kernels(optimizer_state, optimizer)
     if not is_sharded(model):
         model.load_state_dict(weights, strict=True)
         optimizer.load_state_dict(optimizer_state)
@@ -186,7 +215,34 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights:
     api = _state_dicts()
     options = api.StateDictOptions(full_state_dict=True, strict=True)
     api.set_model_state_dict(model, weights, options=options)
-    api.set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+    api.set_optimizer_state_dict(model, optimizer, keyed_by_name(optimizer_state, model, optimizer), options=options)
+
+
+KERNEL_OPTIONS = ("fused", "foreach")
+
+
+def with_our_kernels(optimizer_state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer_state`` with ``optimizer``'s choice of step kernel in each group (loading would take the saved
+    one): the choice follows how the parameters are laid out here (FSDP's sharded ones have no fused kernel),
+    not how they were on the ranks that saved the state."""
+    groups = [{**saved, **{key: ours[key] for key in KERNEL_OPTIONS if key in ours}}
+              for saved, ours in zip(optimizer_state["param_groups"], optimizer.param_groups)]
+    return {**optimizer_state, "param_groups": groups}
+
+
+def keyed_by_name(optimizer_state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+                  ) -> dict[str, Any]:
+    """``optimizer_state`` with its parameters keyed by name, as torch's sharded loader reads them. A run saved
+    by one process keys them by position in the optimiser's groups (a run resumed under FSDP on more ranks
+    reads that); the groups list the parameters in the same order either way, so position ``i`` is the name of
+    ``optimizer``'s ``i``-th parameter."""
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    ours = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
+    saved = [key for group in optimizer_state["param_groups"] for key in group["params"]]
+    name = dict(zip(saved, ours))
+    return {"state": {name[key]: value for key, value in optimizer_state["state"].items()},
+            "param_groups": [{**group, "params": [name[key] for key in group["params"]]}
+                             for group in optimizer_state["param_groups"]]}
 
 
 def gathered(tensor: torch.Tensor) -> torch.Tensor:

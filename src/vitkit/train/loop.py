@@ -11,6 +11,9 @@ Crash consistency: a checkpoint is written every ``checkpoint_every`` steps and 
 acted on after the current step: a checkpoint is saved, then the process ends as the signal would have
 ended it (status 143 for SIGTERM; KeyboardInterrupt, status 130 from the command line, for SIGINT). On
 resume, ``metrics.jsonl`` loses the records of the steps that will be redone, so it holds each step once.
+Under torchrun, a rank that dies ends the others at their next collective with a ``ConnectionError`` naming
+the checkpoint that ``--resume`` continues from; only the main rank writes checkpoints, each atomically, so a
+rank dying during a write leaves the earlier ones whole.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from ..progress import StepProgress
 from ..runtime import autocast, resolve_precision
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, gathered, is_sharded, no_gradient_sync,
-                          sharded_like, wrap)
+                          rank_loss_explained, sharded_like, wrap)
 from .objectives import Objective
 from .steplog import append_record, keep_steps_up_to, step_records
 
@@ -246,7 +249,8 @@ class Trainer:
         cpu = per_rank(state["rng_cpu"])
         if len(cpu) != self.env.world_size and self.env.is_main:
             warnings.warn(f"resuming a run saved by {len(cpu)} rank(s) on {self.env.world_size}: the random "
-                          f"streams (dropout, masks) will not be those of an uninterrupted run", stacklevel=2)
+                          f"streams (dropout, masks), and a shard dataset's sample order in the epoch under way, "
+                          f"will not be those of an uninterrupted run", stacklevel=2)
         if self.env.rank >= len(cpu):
             torch.manual_seed(self.step * 1_000_003 + self.env.rank)
             return
@@ -371,7 +375,24 @@ class Trainer:
         return results
 
     def fit(self, resume: bool = False) -> dict[str, float]:
-        """Run to ``total_steps`` (from the last checkpoint if ``resume``); returns the last metrics."""
+        """Run to ``total_steps`` (from the last checkpoint if ``resume``); returns the last metrics. Under
+        torchrun, a rank that is lost ends the others with a ``ConnectionError`` saying where to resume from."""
+        with self.rank_loss_explained():
+            return self._fit_from_start(resume)
+
+    def rank_loss_explained(self):
+        """A block whose collectives, when a rank is lost, end this one with a ``ConnectionError`` saying where
+        the run can resume from."""
+        return rank_loss_explained(self.env, self.where_to_resume)
+
+    def where_to_resume(self) -> str:
+        """Advice after a lost rank: the newest complete checkpoint, which ``--resume`` continues from."""
+        found = list_checkpoints(self.run_dir)
+        if not found:
+            return f"{self.run_dir} holds no checkpoint yet: --resume starts the run over"
+        return f"--resume continues the run from {found[-1]}"
+
+    def _fit_from_start(self, resume: bool) -> dict[str, float]:
         config = self.config
         if self.env.is_main:
             sweep_run(self.run_dir)

@@ -131,7 +131,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
     workers = recipe.num_workers
-    skipped = SkippedFiles(run_dir, env.rank)
+    skipped = SkippedFiles(run_dir, env.rank, env.world_size)
 
     def batches(start_step: int):
         loader = training_loader(train_set, train_transform, global_batch=recipe.batch_size, total_steps=steps,
@@ -193,7 +193,7 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
                                "train_seconds": round(time.perf_counter() - started, 1),
                                **{k: v for k, v in last.items() if not k.startswith("train/images")}}
-    with trainer.final_model() as final:
+    with trainer.rank_loss_explained(), trainer.final_model() as final:
         if trainer.env.is_main:
             final.save(run_dir / "model")
             if recipe.objective == "classification":
@@ -205,5 +205,6 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
             summary.update({"data/skipped": len(names), "data/skipped_files": names})
             with atomic_file(run_dir / "summary.json") as handle:
                 json.dump(summary, handle, indent=1)
-    trainer.env.barrier()
+    with trainer.rank_loss_explained():
+        trainer.env.barrier()
     return summary
