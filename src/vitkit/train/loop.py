@@ -48,6 +48,9 @@ TRAINING_PRECISIONS = ("fp32", "bf16", "auto")
 
 @dataclass
 class LoopConfig:
+    """How the ``Trainer`` runs: steps, accumulation, clipping, precision, EMA, and when it logs, evaluates and
+    saves checkpoints (the recipe fields of the same names)."""
+
     total_steps: int
     accum_steps: int = 1
     clip_norm: float | None = 1.0
