@@ -118,7 +118,7 @@ def test_site_has_the_api_and_every_subcommand(site):
     for name in ("vitkit.load", "vitkit.create_model", "vitkit.VisionTransformer", "vitkit.ViTConfig",
                  "vitkit.train.run.run", "vitkit.train.Recipe", "vitkit.train.Trainer", "vitkit.analysis.rollout"):
         assert name in ids, name
-    shown = {identifier.rsplit(".", 1)[1] for identifier in ids}
+    shown = {identifier.rsplit(".", 1)[-1] for identifier in ids}
     missing = [f"{qualified}" for qualified, _ in public_names() if qualified.rsplit(".", 1)[-1] not in shown
                and qualified not in PUBLIC_MODULES]
     assert not missing, f"public names missing from the API reference: {missing}"
@@ -210,3 +210,8 @@ def test_every_command_help_reads_well_in_a_terminal():
         command = dict(commands)[f"vitkit {name}"]
         assert f"vitkit {name} " in command.format_help().split("examples:" if "examples:" in
                                                                  (command.epilog or "") else "example:")[-1], name
+
+
+def test_api_reference_shows_no_sphinx_roles(site):
+    api = (site / "reference" / "api" / "index.html").read_text()
+    assert "PatchBatch" in api and not re.search(r":(?:class|func|meth):", api)

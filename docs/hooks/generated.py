@@ -31,6 +31,15 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return RESULTS_MARK.sub(lambda match: results_tables(match.group(1)), markdown)
 
 
+# Docstrings cross-reference in Sphinx's roles (:func:`name`); the site shows the name as code.
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data):(?=<code>)")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """Drop the Sphinx roles left in rendered docstrings."""
+    return SPHINX_ROLE.sub("", html)
+
+
 def results_tables(name: str) -> str:
     """The markdown tables of one results file, each table's lines as the benchmark wrote them."""
     path = RESULTS / name
@@ -106,7 +115,7 @@ def argument_row(action: argparse.Action, recipe_defaults: dict) -> str:
 
 def default_text(action: argparse.Action, recipe_defaults: dict) -> str:
     """The default as a user sees it: a flag that leaves the recipe alone shows the recipe field's default."""
-    if action.required:
+    if action.required and action.nargs not in ("*", "?"):
         return "required"
     default = action.default
     if default is argparse.SUPPRESS:
