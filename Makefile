@@ -1,4 +1,5 @@
-# One command sets up and runs the main job (`make run`: train a ViT on digits, print test accuracy), one sets up and runs the tests (`make test`).
+# One command sets up and runs the main job (`make run`: train a ViT on digits, print test accuracy), one sets up and runs the tests (`make test`,
+# the documentation build among them: the docs extra is installed with the test extras).
 # The virtual environment is (re)built whenever pyproject.toml changes.
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,docs]'
 	touch $@
 
 run: setup

@@ -1,4 +1,4 @@
-"""The ``vitkit`` command."""
+"""The ``vitkit`` command: its subcommands, their flags and help, and how errors become exit statuses."""
 
 from __future__ import annotations
 
@@ -747,8 +747,74 @@ def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str
     return "".join(f"; {hint}" for hint in hints)
 
 
+# What `vitkit COMMAND --help` says above and below the flags: one line, and examples for the main commands.
+COMMAND_HELP: dict[str, tuple[str, str | None]] = {
+    "vitkit": ("Vision Transformers: load any checkpoint, train, fine-tune, evaluate, analyse, export and benchmark.",
+               "examples:\n"
+               "  vitkit train                                  a small ViT on the embedded digits\n"
+               "  vitkit info hf-hub:google/vit-base-patch16-224\n"
+               "  vitkit eval runs/x/model --dataset mnist --data-dir data\n"
+               "  vitkit COMMAND --help                         the flags of one command"),
+    "models": ("List the named ViT variants with their layers, width, heads, parameters and GFLOPs.",
+               "example:\n  vitkit models ViT-B/16 DINOv2-S/14 --image-size 384"),
+    "info": ("Describe a checkpoint of any format: config, parameters, input size and numerics.",
+             "example:\n  vitkit info hf-hub:timm/vit_small_patch16_224.augreg_in21k_ft_in1k --json"),
+    "convert": ("Convert a checkpoint to another format, or export it to ONNX or OpenVINO (checked after writing).",
+                "examples:\n"
+                "  vitkit convert ViT-B_16.npz runs/vit-b --to native\n"
+                "  vitkit convert runs/x/model model.onnx --to onnx --quantize int8\n"
+                "  vitkit convert runs/x/model model.xml --to openvino"),
+    "analyze": ("Attention rollout, attention distance, position similarity and filter figures, with an HTML page.",
+                "examples:\n"
+                "  vitkit analyze runs/x/model --out analysis\n"
+                "  vitkit analyze runs/x/model --images cat.jpg photos/ --out analysis"),
+    "train": ("Train a ViT from a recipe: a preset, a --config file and flags (no flags: digits).",
+              "A recipe flag overrides the --config file, which overrides the --preset.\n\n"
+              "examples:\n"
+              "  vitkit train\n"
+              "  vitkit train --preset mnist --data-dir data --run-dir runs/mnist\n"
+              "  vitkit train --resume --run-dir runs/mnist\n"
+              "  torchrun --nproc_per_node=2 -m vitkit train --preset mnist"),
+    "pretrain": ("Self-supervised pre-training by masked patch prediction (section 4.6); labels are not used.",
+                 "A recipe flag overrides the --config file, which overrides the --preset.\n\n"
+                 "example:\n  vitkit pretrain --dataset fashion-mnist --data-dir data --steps 1500 --run-dir runs/mpp"),
+    "finetune": ("Fine-tune a checkpoint: new resolution, new zero-initialised head, the paper-finetune recipe.",
+                 "A recipe flag overrides the --config file, which overrides the --preset.\n\n"
+                 "example:\n  vitkit finetune runs/fashion/model --dataset mnist --image-size 56 --steps 300"),
+    "eval": ("Top-1/top-5 accuracy, per-class accuracy and a confusion matrix of a checkpoint on a dataset.",
+             "examples:\n"
+             "  vitkit eval runs/x/model --dataset mnist --data-dir data --out runs/x\n"
+             "  vitkit eval model.onnx --dataset imagefolder:photos --split all"),
+    "fewshot": ("Few-shot linear evaluation of frozen representations, with a linear probe and k-NN on request.",
+                "example:\n  vitkit fewshot runs/x/model --dataset mnist --data-dir data --shots 1 5 10 25 --knn 20"),
+    "data": ("Inspect, check and convert datasets.", None),
+    "data info": ("Split sizes, classes and images per class of a dataset; nothing is decoded.", None),
+    "data verify": ("Decode every image of a dataset once, in parallel, and list the unreadable ones (exit 1).", None),
+    "data convert": ("Write a dataset as WebDataset shards.",
+                     "example:\n  vitkit data convert imagefolder:/data/imagenet /data/in1k-wds --shard-size 256MB"),
+    "predict": ("The most probable classes of image files, folders or glob patterns.",
+                "examples:\n"
+                "  vitkit predict runs/x/model cat.jpg photos/ --top-k 3\n"
+                "  vitkit predict runs/x/model 'img/*.jpg' --json"),
+    "bench": ("Inference and training-step throughput in every runtime and precision the machine has, against timm.",
+              "example:\n  vitkit bench ViT-S/16 --batch-size 16 --runtimes eager onnxruntime timm"),
+}
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Give the parser and each subcommand (``data``'s too) its line of COMMAND_HELP and its examples, laid out
+    as written."""
+    commands = [("vitkit", parser)]
+    for name, command in commands:
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                commands += [(f"{name} {sub}".removeprefix("vitkit "), choice) for sub, choice in action.choices.items()]
+        command.description, command.epilog = COMMAND_HELP[name]
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vitkit", description=__doc__)
+    parser = _Parser(prog="vitkit")
     parser.add_argument("--version", action="version", version=f"vitkit {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -812,8 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
                            ("pretrain", "self-supervised pre-training: masked patch prediction (section 4.6)"),
                            ("finetune", "fine-tune a checkpoint at a new resolution")):
-        parser_ = sub.add_parser(name, help=helptext, description=cmd_train.__doc__,
-                                 epilog="A recipe flag overrides the --config file, which overrides the --preset.")
+        parser_ = sub.add_parser(name, help=helptext)
         if name == "finetune":
             parser_.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
         parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS),
@@ -926,6 +991,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", **debug)
     for command in sub.choices.values():  # also after the command: vitkit train --debug
         command.add_argument("--debug", **debug, default=argparse.SUPPRESS)
+    _describe(parser)
     return parser
 
 

@@ -37,6 +37,7 @@ TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10":
                "cifar100": tvd.CIFAR100}
 DIGITS_TEST_FRACTION = 0.2
 STREAMED = ("webdataset:", "hf:")  # read in shards, in an order that depends on the workers (see shards.py)
+"""Dataset prefixes read as streams of shards, whose order depends on the number of workers."""
 
 
 class ArrayDataset(Dataset):

@@ -21,6 +21,8 @@ from .transforms import Preset, ToModelInput
 
 Key = tuple[int, int]  # (index, epoch)
 CORRUPT = ("fail", "skip")
+"""What an unreadable image does: ``fail`` stops with its name; ``skip`` replaces it in training and leaves it
+out of evaluation."""
 Item = tuple[torch.Tensor | None, int, tuple[str, ...]]  # (image, label, names of the files skipped for it)
 
 
@@ -133,9 +135,11 @@ class Transformed(Dataset):
         return seeded_transform(self.preset, image, sample_seed(self.seed, epoch, key[0])), label, tuple(skipped)
 
     def collate(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
+        """Stack evaluation items into (images, labels), left-out (unreadable) images dropped."""
         return collate_evaluation(self.preset, items, self.batch_slots)
 
     def collate_training(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor, list[str]]:
+        """Stack training items into (images, labels, names of the files skipped for them)."""
         return collate_training(self.preset, items, self.batch_slots)
 
 
@@ -165,6 +169,7 @@ class StepSampler(Sampler[list[Key]]):
         return max(0, self.total_steps - self.start_step) * self.accum_steps
 
     def permutation(self, epoch: int) -> torch.Tensor:
+        """The order of the dataset in ``epoch``: a permutation fixed by the seed and the epoch alone."""
         return seeded_permutation(self.size, self.seed * 100_003 + epoch)
 
     def __iter__(self) -> Iterator[list[Key]]:
@@ -198,5 +203,6 @@ def step_loader(dataset: Transformed, sampler: StepSampler, num_workers: int = 0
 
 def eval_loader(dataset: Transformed, batch_size: int, num_workers: int = 0,
                 device: torch.device | None = None) -> DataLoader:
+    """A DataLoader over ``dataset`` in order, once, with the dataset's evaluation collation (no shuffling)."""
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=dataset.collate,
                       generator=torch.Generator(), **worker_options(num_workers, device))

@@ -26,7 +26,9 @@ from ..cache import cache_entry, sweep_cache
 from ..errors import DatasetError
 
 SPLITS = ("train", "val", "test")
+"""The splits a dataset can have: ``train``, ``val`` and ``test``."""
 ALL = "all"  # every image of a dataset, whatever split it is in
+"""The name of every image of a dataset, whatever split it is in (``--split all``)."""
 SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 FORMAT = "kept-then-held-1"  # an entry's layout: kept rows, then held-out rows, each sorted
 CACHED_FROM_SIZE = 100_000  # smaller partitions are drawn in under half a millisecond: not worth an entry

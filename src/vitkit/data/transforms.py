@@ -29,11 +29,14 @@ AUGREG_LEVELS = {
     "strong1": ((2, 20), 0.5),
     "strong2": ((2, 20), 0.8),
 }
+"""AugReg's augmentation levels (Steiner et al. 2021): name -> (RandAugment (ops, magnitude) or None, Mixup alpha)."""
 TRANSFORM_PRESETS = ("pretrain", "finetune", "eval")
 RESIZE_MODES = ("crop", "stretch")  # evaluation geometry: keep the aspect ratio and centre-crop, or stretch
+"""How evaluation fits an image to the model's size: ``crop`` (scale, aspect kept, centre-crop) or ``stretch``."""
 
 
 def augreg_level(level: str) -> tuple[tuple[int, int] | None, float]:
+    """The (RandAugment (ops, magnitude) or None, Mixup alpha) of an AugReg level name such as ``medium1``."""
     if level not in AUGREG_LEVELS:
         raise ValueError(f"unknown augmentation level {level!r}; expected one of {list(AUGREG_LEVELS)}")
     return AUGREG_LEVELS[level]

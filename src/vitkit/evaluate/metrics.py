@@ -16,24 +16,30 @@ from ..runtime import autocast
 
 @dataclass
 class Evaluation:
+    """Counts of one evaluation pass: the (K, K) confusion matrix (rows the true class, columns the predicted
+    one), the top-5 hits and the summed loss; accuracies and the mean loss follow from them."""
     confusion: torch.Tensor  # (K, K) counts, rows = true class, columns = predicted class
     top5_correct: int
     loss_sum: float
 
     @property
     def count(self) -> int:
+        """Images evaluated."""
         return int(self.confusion.sum())
 
     @property
     def top1(self) -> float:
+        """Top-1 accuracy, a fraction of 1."""
         return float(self.confusion.diagonal().sum()) / max(self.count, 1)
 
     @property
     def top5(self) -> float:
+        """Top-5 accuracy, a fraction of 1."""
         return self.top5_correct / max(self.count, 1)
 
     @property
     def loss(self) -> float:
+        """Mean cross-entropy per image."""
         return self.loss_sum / max(self.count, 1)
 
     @property
@@ -43,6 +49,8 @@ class Evaluation:
         return self.confusion.diagonal().double() / totals
 
     def summary(self, prefix: str) -> dict[str, float]:
+        """``{prefix}/accuracy``, ``{prefix}/top5`` and ``{prefix}/loss``, as metrics.jsonl and summary.json
+        hold them."""
         return {f"{prefix}/accuracy": self.top1, f"{prefix}/top5": self.top5, f"{prefix}/loss": self.loss}
 
 

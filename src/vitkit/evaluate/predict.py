@@ -25,6 +25,9 @@ FEATURE_SUFFIXES = (".npz", ".safetensors")
 
 @dataclass
 class Prediction:
+    """One image's prediction: its file, the top-k class names with their probabilities (most probable first),
+    and with ``features`` its dense patch features and pooled embedding."""
+
     path: Path
     labels: list[str]  # empty for a model without a classification head
     probabilities: list[float]

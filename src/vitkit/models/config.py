@@ -118,10 +118,12 @@ class Provenance:
             raise ConfigError(f"invalid provenance: crop_pct={self.crop_pct!r}, expected {CROP_PCT}")
 
     def replace(self, **changes: Any) -> "Provenance":
+        """A copy with ``changes`` (the fields of a dataclass, checked again)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
     def from_dict(cls, data: Any) -> "Provenance":
+        """The provenance that ``data`` (a config.json's ``provenance`` object) describes; unknown keys are refused."""
         check_keys(cls, data, "provenance")
         return cls(**data)
 
@@ -297,11 +299,13 @@ class ViTConfig:
 
     @property
     def grid_size(self) -> tuple[int, int]:
+        """(rows, cols) of the patch grid at ``image_size``: H / P x W / P (a hybrid's P is its backbone's stride)."""
         stride = self.effective_patch_size
         return (self.image_size[0] // stride, self.image_size[1] // stride)
 
     @property
     def head_dim(self) -> int:
+        """The width D / heads of one attention head."""
         return self.dim // self.num_heads
 
     @property
@@ -321,6 +325,7 @@ class ViTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON types (tuples as lists), as ``config.json`` holds it."""
         data = dataclasses.asdict(self)
         data["image_size"] = list(self.image_size)
         if self.backbone is not None:
@@ -343,10 +348,12 @@ class ViTConfig:
         return cls(**data)
 
     def to_json(self) -> str:
+        """The config as indented JSON with sorted keys: the text of a checkpoint's ``config.json``."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, source: str = "config") -> "ViTConfig":
+        """The config that JSON ``text`` (read from ``source``, named in errors and warnings) describes."""
         return cls.from_dict(json.loads(text), source)
 
 

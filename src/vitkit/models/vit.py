@@ -53,6 +53,13 @@ class Intermediates:
 
 
 class VisionTransformer(nn.Module):
+    """The Vision Transformer of every variant vitkit knows, built from one ``ViTConfig``.
+
+    ``model(images)`` takes a (B, C, H, W) float tensor whose sides are multiples of the patch size (or a NaFlex
+    ``PatchBatch``) and returns the logits, (B, num_classes), or the pooled representation (B, D) when
+    ``num_classes`` is 0. The paper's model (eq. 1-4) is the default; the family options of the config (DeiT's
+    distillation token, registers, LayerScale, attention pooling, rotary embeddings, ...) change it only where
+    set, so one class reads the checkpoints of every family."""
     def __init__(self, config: ViTConfig):
         super().__init__()
         c = self.config = config
@@ -128,6 +135,7 @@ class VisionTransformer(nn.Module):
     # -------------------------------------------------------------------------------- forward
     @property
     def num_prefix_tokens(self) -> int:
+        """Tokens before the patches ([class], distillation, registers), as the config says."""
         return self.config.num_prefix_tokens
 
     def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:

@@ -51,6 +51,9 @@ TRAINING_PRECISIONS = ("fp32", "bf16", "auto")
 
 @dataclass
 class LoopConfig:
+    """How the ``Trainer`` runs: steps, accumulation, clipping, precision, EMA, and when it logs, evaluates and
+    saves checkpoints (the recipe fields of the same names)."""
+
     total_steps: int
     accum_steps: int = 1
     clip_norm: float | None = 1.0
@@ -76,13 +79,16 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        """Move the average towards ``model``'s current weights by ``1 - decay``."""
         current = model.state_dict()
         torch._foreach_lerp_(self.shadow, [current[n] for n in self.names], 1.0 - self.decay)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The averaged weights by name, whole tensors (gathered from FSDP shards), for a checkpoint."""
         return {name: gathered(tensor) for name, tensor in zip(self.names, self.shadow)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Take the averaged weights from a checkpoint's ``state`` (sharded again under FSDP)."""
         for tensor, name in zip(self.shadow, self.names):
             tensor.copy_(sharded_like(state[name], tensor))
 
@@ -219,6 +225,8 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- state
     def training_state(self, optimizer: dict[str, Any]) -> dict[str, Any]:
+        """What a checkpoint keeps beside the weights to continue the run exactly: step, ``optimizer`` state, best
+        metric and every rank's random generators."""
         # every rank draws its own dropout and masks, so every rank's generator is kept
         state = {"step": self.step, "optimizer": optimizer, "best": self.best,
                  "rng_cpu": self.env.gather(torch.get_rng_state())}

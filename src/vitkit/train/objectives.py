@@ -15,6 +15,8 @@ from torchvision.transforms import v2
 
 
 class Objective(Protocol):
+    """What the training loop minimises: a callable ``(model, batch) -> (loss, metrics)``; a new recipe is a
+    new objective (``Classification``, masked patch prediction)."""
     def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The scalar loss to minimise and detached metrics to log (averaged over steps)."""
         ...

@@ -151,9 +151,11 @@ class Recipe:
                               f"from the recipe and the data); expected some of {sorted(fields)}")
 
     def replace(self, **changes: Any) -> "Recipe":
+        """A copy with ``changes``, checked again as a new recipe is."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain types, as ``recipe.json`` holds it."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -323,6 +325,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
                            lr=0.03, weight_decay=0.0, momentum=0.9, warmup_steps=500, schedule="cosine",
                            clip_norm=1.0, checkpoint_every=1000, eval_every=1000),
 }
+"""The named recipes (``--preset``): name -> recipe fields; ``digits`` is ``vitkit train``'s default."""
 
 
 class _YamlLoader(yaml.SafeLoader):
