@@ -33,8 +33,8 @@ from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
-from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least, field_types,
-                            fraction, image_size, merge, read_config_file, resolve)
+from .train.recipes import (DEFAULT_PRESETS, FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least,
+                            field_types, fraction, image_size, merge, read_config_file, resolve)
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -321,6 +321,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
     return 0
+
+
+def _preset_help(command: str) -> str:
+    """``--preset``'s help: the default, then every preset with its values."""
+    default = DEFAULT_PRESETS[command == "finetune"]
+    def shown(value: object) -> str:
+        return "(" + " ".join(f"{k}={v}" for k, v in value.items()) + ")" if isinstance(value, dict) else str(value)
+
+    listed = "; ".join(f"{name}: " + ", ".join(f"{key}={shown(value)}" for key, value in values.items())
+                       for name, values in RECIPE_PRESETS.items())
+    return (f"named recipe to start from (default: the {default} preset's training settings, the input's size, channels and "
+            f"patch from the data{' and the checkpoint' if command == 'finetune' else ''}). {listed}")
 
 
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
@@ -633,9 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog="A recipe flag overrides the --config file, which overrides the --preset.")
         if name == "finetune":
             parser_.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
-        parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS),
-                             default="paper-finetune" if name == "finetune" else None,
-                             help="named recipe to start from (default: digits / paper-finetune)")
+        parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS), help=_preset_help(name))
         parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
         parser_.add_argument("--resume", action="store_true",
                              help="continue the run in --run-dir from its last checkpoint")
