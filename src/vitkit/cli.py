@@ -96,6 +96,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
     timm state dict, ONNX (checked by ONNX Runtime after writing) or OpenVINO IR (checked by OpenVINO)."""
+    args.to = output_format(args.dst, args.to)
     model = load_checkpoint(args)
     written = export(model, args.dst, args.to, args.quantize, select_device(args.device))
     print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
@@ -110,6 +111,25 @@ def cmd_convert(args: argparse.Namespace) -> int:
                   f"{100 * written.quantized_agreement:.0f}% of the probe images (random; check accuracy with "
                   f"`vitkit eval {args.dst}`)")
     return 0
+
+
+# The format a destination's extension names; any other destination is a folder: native, hf or timm.
+EXTENSION_FORMATS = {".onnx": "onnx", ".xml": "openvino", ".npz": "npz", ".safetensors": "timm"}
+
+
+def output_format(destination: str, asked: str | None) -> str:
+    """What ``convert`` writes: ``--to``, else the format the destination's extension names, else native (a
+    folder); ``--to`` and an extension that disagree are refused."""
+    suffix = Path(destination).suffix.lower()
+    implied = EXTENSION_FORMATS.get(suffix)
+    if asked is None:
+        return implied or "native"
+    if implied not in (None, asked):
+        fitting = {value: key for key, value in EXTENSION_FORMATS.items()}.get(asked)
+        instead = f"a destination ending in {fitting}" if fitting else "a folder"
+        raise ConfigError(f"--to {asked} and {destination}: a {suffix} file holds {implied}; pass --to {implied}, "
+                          f"or {instead} for {asked}")
+    return asked
 
 
 def load_checkpoint(args: argparse.Namespace):
@@ -365,14 +385,18 @@ def inference_model(args: argparse.Namespace):
 def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
     from .data import SplitSpec, evaluation_loader, load_dataset
+    from .data.survey import conversions, image_geometry
     from .evaluate.metrics import evaluate, write_report
 
     model, device, dtype = inference_model(args)
     config = model.config
+    _eval_defaults(args)
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
+    for conversion in conversions(image_geometry(dataset), config.in_chans, config.image_size):
+        print(f"{args.dataset}: {conversion}", file=sys.stderr)
     if args.max_patches:
         from .evaluate.preprocessing import naflex_loader
 
@@ -387,9 +411,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           args.split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
                                         for name, acc in report["per_class"].items()])
+    kept = f"report and confusion matrix in {args.out}" if args.out else "pass --out DIR to keep the report and " \
+        "confusion matrix"
     print(f"{args.dataset} [{args.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
-          f"({report['images']} images); report and confusion matrix in {args.out}")
+          f"({report['images']} images); {kept}")
     return 0
+
+
+DEFAULT_VAL_FRACTION = 0.1  # eval's held-out fraction where neither --val-fraction nor a run gives one
+
+
+def run_folder(checkpoint: str) -> Path | None:
+    """The run a checkpoint was written by (its ``model``, ``best`` or ``checkpoints/step-N`` folder lies in
+    a folder holding the run's recipe), or None."""
+    from .train.run import RECIPE_FILE
+
+    path = Path(checkpoint)
+    return next((folder for folder in (path.parent, path.parent.parent) if (folder / RECIPE_FILE).is_file()), None)
+
+
+def _eval_defaults(args: argparse.Namespace) -> None:
+    """What ``eval`` was not told, from the checkpoint's run: the dataset it was trained on (with its data
+    folder and held-out fraction) and the run folder as ``--out``; without a run, ``--dataset`` is needed."""
+    from .train.run import RECIPE_FILE
+
+    run_dir = run_folder(args.checkpoint)
+    if args.dataset is None:
+        if run_dir is None:
+            raise ConfigError(f"{args.checkpoint}: no run beside it records the dataset it was trained on; pass "
+                              f"--dataset (digits, mnist, cifar10, npz:PATH, imagefolder:PATH, ...)")
+        recipe = Recipe.from_dict(read_config_file(run_dir / RECIPE_FILE), str(run_dir / RECIPE_FILE))
+        args.dataset, args.data_dir = recipe.dataset, args.data_dir or recipe.data_dir
+        args.val_fraction = recipe.val_fraction if args.val_fraction is None else args.val_fraction
+        print(f"dataset {args.dataset}, as recorded by the run in {run_dir}", file=sys.stderr)
+    if args.out is None:
+        args.out = run_dir
+    if args.val_fraction is None:
+        args.val_fraction = DEFAULT_VAL_FRACTION
 
 
 FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
@@ -603,8 +661,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="convert a checkpoint between formats")
     _checkpoint_flags(conv, help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
-    conv.add_argument("dst", metavar="DST", help="the file or directory to write (its kind is given by --to)")
-    conv.add_argument("--to", choices=FORMATS, default="native")
+    conv.add_argument("dst", metavar="DST", help="the file or folder to write: .onnx, .xml (OpenVINO), .npz "
+                      "(Google), .safetensors (timm), or a folder (vitkit's own unless --to says hf or timm)")
+    conv.add_argument("--to", choices=FORMATS, help="the format (default: the one DST's extension names)")
     conv.add_argument("--quantize", choices=QUANTIZATIONS, help="ONNX only: int8 weights (dynamic quantisation)")
     _runtime_flags(conv, precision=False)
     conv.set_defaults(run=cmd_convert)
@@ -655,15 +714,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
     _checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")
-    evaluate_.add_argument("--dataset", default="digits")
+    evaluate_.add_argument("--dataset", help="digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, "
+                           "imagefolder:PATH, ... (default: the dataset of the checkpoint's run)")
     evaluate_.add_argument("--data-dir")
     evaluate_.add_argument("--split", default="test", choices=("train", "val", "test"))
-    evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
+    evaluate_.add_argument("--val-fraction", type=_fraction, help=f"images held out where the dataset lacks the "
+                           f"split (default: the run's, else {DEFAULT_VAL_FRACTION})")
     evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
     evaluate_.add_argument("--batch-size", "-b", type=_positive, default=256)
     evaluate_.add_argument("--num-workers", "-j", type=_count, default=0)
-    evaluate_.add_argument("--out", default=".", metavar="DIR",
-                           help="folder for eval-<split>.json and confusion-<split>.png")
+    evaluate_.add_argument("--out", metavar="DIR", help="folder for eval-<split>.json and confusion-<split>.png "
+                           "(default: the checkpoint's run folder, else none)")
     _resize_flag(evaluate_)
     _max_patches_flag(evaluate_)
     _runtime_flags(evaluate_)

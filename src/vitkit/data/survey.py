@@ -16,7 +16,7 @@ from ..progress import track
 from .datasets import ArrayDataset
 from .loading import Transformed, worker_options
 from .shards import EvaluationStream, ShardedSplit
-from .transforms import Preset
+from .transforms import Preset, input_conversion
 
 AS_IS = Preset(torch.nn.Identity(), torch.nn.Identity())
 
@@ -82,6 +82,13 @@ def image_geometry(dataset) -> Geometry:
         return _geometry([(dataset.decode(shard, *found)[0], f"{shard.path}:{found[0]}")])
     picks = np.unique(np.linspace(0, len(dataset) - 1, min(len(dataset), GEOMETRY_SAMPLE)).round().astype(int))
     return _geometry([(dataset[int(index)][0], _image_name(dataset, int(index))) for index in picks])
+
+
+def conversions(geometry: Geometry, channels: int, size: tuple[int, int]) -> list[str]:
+    """How the images of ``geometry`` are converted for a model of ``channels`` x ``size``, in words: one
+    entry per channel count met that needs it (see ``input_conversion``)."""
+    found = (input_conversion(have, geometry.size, channels, size) for have in geometry.channels)
+    return [text for text in found if text]
 
 
 def _image_name(dataset, index: int) -> str:

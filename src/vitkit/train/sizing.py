@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from ..data.survey import Geometry
-from ..data.transforms import input_conversion
+from ..data.survey import Geometry, conversions
 from ..errors import ConfigError, DatasetError
 from ..models import ViTConfig, model_config
 from ..models.config import pair
@@ -116,7 +115,5 @@ def say_sizing(recipe: Recipe, config: ViTConfig, geometry: Geometry, kept_head:
         logger.info(f"model{f' sized from {recipe.dataset}' if sized else ''}: {config.in_chans}x{grid}, "
                     f"{config.num_classes} classes, D={config.dim}, {config.depth} layers; choose with --image-size, "
                     f"--channels, --set patch_size=N, --model or --preset")
-    for channels in geometry.channels:
-        conversion = input_conversion(channels, geometry.size, config.in_chans, config.image_size)
-        if conversion:
-            logger.info(f"{recipe.dataset}: {conversion}")
+    for conversion in conversions(geometry, config.in_chans, config.image_size):
+        logger.info(f"{recipe.dataset}: {conversion}")
