@@ -9,6 +9,7 @@ from test_train_loop import crash_at, state, tiny_recipe
 import vitkit
 from vitkit.cli import main
 from vitkit.train.checkpointing import OBJECTIVE_FILE, list_checkpoints
+from vitkit.train import RECIPE_PRESETS
 from vitkit.train.mpp import MaskedPatchPrediction
 from vitkit.train.run import prepare
 
@@ -71,4 +72,5 @@ def test_pretrain_starts_from_the_default_preset_not_the_fine_tuning_one():
     from vitkit.cli import build_parser, recipe_from_args
 
     recipe = recipe_from_args(build_parser().parse_args(["pretrain"]))
-    assert recipe.objective == "mpp" and recipe.dataset == "digits" and recipe.image_size == 8
+    assert recipe.objective == "mpp" and recipe.dataset == "digits" and recipe.lr == RECIPE_PRESETS["digits"]["lr"]
+    assert recipe.image_size is None  # sized from the data
