@@ -207,7 +207,7 @@ def test_help_shows_every_presets_values(command):
     parser = build_parser()._subparsers._group_actions[0].choices[command]
     text = " ".join(parser.format_help().split())
     for name, values in RECIPE_PRESETS.items():
-        shown = re.search(rf"\b{name}: (.*?)(?:; [a-z-]+: |\s+--config)", text)
+        shown = re.search(rf" {name}: (.*?)(?= [a-z-]+: |$)", text)
         assert shown, name
         for key, value in values.items():
             if not isinstance(value, dict):

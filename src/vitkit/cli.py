@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -324,8 +325,9 @@ def recipe_from_args(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores);
-    ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: new resolution, new zero head, SGD)."""
+    """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores; on another
+    dataset, a small one sized from its images); ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: the
+    data's resolution unless asked, a new zero head unless the classes are the checkpoint's, SGD)."""
     from .train import run
     from .train.distributed import leave
 
@@ -344,15 +346,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _preset_help(command: str) -> str:
-    """``--preset``'s help: the default, then every preset with its values."""
+    """``--preset``'s help: what a run starts from without one."""
     default = DEFAULT_PRESETS[command == "finetune"]
+    return (f"named recipe to start from, listed below (default: the {default} preset's training settings, the "
+            f"input's size, channels and patch from the data{' and the checkpoint' if command == 'finetune' else ''})")
+
+
+def _presets_epilog() -> str:
+    """The end of the training commands' help: every preset with its values, one paragraph each."""
+    import textwrap
+
     def shown(value: object) -> str:
         return "(" + " ".join(f"{k}={v}" for k, v in value.items()) + ")" if isinstance(value, dict) else str(value)
 
-    listed = "; ".join(f"{name}: " + ", ".join(f"{key}={shown(value)}" for key, value in values.items())
-                       for name, values in RECIPE_PRESETS.items())
-    return (f"named recipe to start from (default: the {default} preset's training settings, the input's size, channels and "
-            f"patch from the data{' and the checkpoint' if command == 'finetune' else ''}). {listed}")
+    paragraphs = [textwrap.fill(f"{name}: " + ", ".join(f"{key}={shown(value)}" for key, value in values.items()),
+                                width=100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+                  for name, values in RECIPE_PRESETS.items()]
+    return "\n".join(["A recipe flag overrides the --config file, which overrides the --preset. Presets:", *paragraphs])
 
 
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
@@ -700,8 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
                            ("pretrain", "self-supervised pre-training: masked patch prediction (section 4.6)"),
                            ("finetune", "fine-tune a checkpoint at a new resolution")):
-        parser_ = sub.add_parser(name, help=helptext, description=cmd_train.__doc__,
-                                 epilog="A recipe flag overrides the --config file, which overrides the --preset.")
+        parser_ = sub.add_parser(name, help=helptext, description=inspect.cleandoc(cmd_train.__doc__),
+                                 epilog=_presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
         if name == "finetune":
             parser_.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
         parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS), help=_preset_help(name))
