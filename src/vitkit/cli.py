@@ -405,7 +405,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
-    for conversion in conversions(image_geometry(dataset), config.in_chans, config.image_size):
+    for conversion in [] if args.max_patches else conversions(image_geometry(dataset), config.in_chans,
+                                                               config.image_size):
         print(f"{args.dataset}: {conversion}", file=sys.stderr)
     if args.max_patches:
         from .evaluate.preprocessing import naflex_loader
