@@ -91,8 +91,8 @@ def test_out_is_a_folder_on_every_command(checkpoint, tmp_path, capsys):
               if "--out" in action.option_strings}
     assert set(having) >= {"eval", "analyze", "fewshot", "bench"}
     assert all(action.metavar == "DIR" for action in having.values())
-    assert main(["fewshot", str(checkpoint), "--set", "num_classes=10", "--shots", "1", "--seeds", "1",
-                 "--out", str(tmp_path / "fs")]) == 0
+    assert main(["fewshot", str(checkpoint), "--dataset", "digits", "--set", "num_classes=10", "--shots", "1",
+                 "--seeds", "1", "--out", str(tmp_path / "fs")]) == 0
     assert json.loads((tmp_path / "fs" / "fewshot.json").read_text())["fewshot"]["1"]["per_seed"]
 
 

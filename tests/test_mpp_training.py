@@ -58,8 +58,8 @@ def test_cli_fewshot_reports_every_shot(tmp_path, capsys):
     model = vitkit.create_model(vitkit.ViTConfig(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2,
                                                  mlp_dim=32, in_chans=1, num_classes=10))
     model.save(tmp_path / "m")
-    assert main(["fewshot", str(tmp_path / "m"), "--shots", "1", "5", "--seeds", "2", "--linear-probe",
-                 "--out", str(tmp_path / "fs")]) == 0
+    assert main(["fewshot", str(tmp_path / "m"), "--dataset", "digits", "--shots", "1", "5", "--seeds", "2",
+                 "--linear-probe", "--out", str(tmp_path / "fs")]) == 0
     out = capsys.readouterr().out
     assert "shots" in out and "all" in out
     report = json.loads((tmp_path / "fs" / "fewshot.json").read_text())

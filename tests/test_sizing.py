@@ -30,8 +30,8 @@ def rgb_npz(path, height=24, width=40):
     """A 3-class RGB dataset of ``height`` x ``width`` images, as an .npz file."""
     rng = np.random.default_rng(0)
     arrays = {f"x_{split}": rng.integers(0, 256, (n, height, width, 3), dtype=np.uint8)
-              for split, n in (("train", 24), ("test", 6))}
-    arrays.update(y_train=np.arange(24) % 3, y_test=np.arange(6) % 3, classes=np.array(CLASSES))
+              for split, n in (("train", 48), ("test", 6))}
+    arrays.update(y_train=np.arange(48) % 3, y_test=np.arange(6) % 3, classes=np.array(CLASSES))
     np.savez(path, **arrays)
     return f"npz:{path}"
 
@@ -165,7 +165,7 @@ def test_input_conversions_are_put_in_words(have, to, expected):
     assert input_conversion(have[0], have[1], to[0], to[1]) == expected
 
 
-def test_eval_without_a_dataset_uses_the_runs_and_writes_into_the_run(tmp_path, monkeypatch, capsys):
+def test_eval_and_fewshot_without_a_dataset_use_the_runs_and_write_into_the_run(tmp_path, monkeypatch, capsys):
     data = rgb_npz(tmp_path / "d.npz", 8, 8)
     run = tmp_path / "run"
     checkpoint(run / "model", in_chans=3)
@@ -179,6 +179,8 @@ def test_eval_without_a_dataset_uses_the_runs_and_writes_into_the_run(tmp_path, 
     assert f"dataset {data}, as recorded by the run in {run}" in captured.err
     assert f"(6 images); report and confusion matrix in {run}" in captured.out
     assert (run / "eval-test.json").is_file() and (run / "confusion-test.png").is_file()
+    assert main(["fewshot", str(run / "model"), "--shots", "1", "--seeds", "1"]) == 0
+    assert f"numbers in {run / 'fewshot.json'}" in capsys.readouterr().out
     assert main(["eval", str(tmp_path / "lone" / "model")]) == 2
     assert one_line(capsys.readouterr().err).endswith("no run beside it records the dataset it was trained on; pass "
                                                       "--dataset (digits, mnist, cifar10, npz:PATH, imagefolder:PATH, "

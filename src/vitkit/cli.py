@@ -400,7 +400,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     model, device, dtype = inference_model(args)
     config = model.config
-    _eval_defaults(args)
+    _run_defaults(args)
     dataset = load_dataset(args.dataset, args.split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
@@ -441,23 +441,26 @@ def run_folder(checkpoint: str) -> Path | None:
     return next((folder for folder in (path.parent, path.parent.parent) if (folder / RECIPE_FILE).is_file()), None)
 
 
-def _eval_defaults(args: argparse.Namespace) -> None:
-    """What ``eval`` was not told, from the checkpoint's run: the dataset it was trained on (with its data
-    folder and held-out fraction) and the run folder as ``--out``; without a run, ``--dataset`` is needed."""
+def _run_defaults(args: argparse.Namespace) -> None:
+    """What ``eval`` or ``fewshot`` was not told, from the checkpoint's run: the dataset it was trained on (with
+    its data folder and, for eval, held-out fraction) and the run folder as ``--out``; without a run,
+    ``--dataset`` is needed."""
     from .train.run import RECIPE_FILE
 
     run_dir = run_folder(args.checkpoint)
+    held_out = "val_fraction" in args  # eval's: fewshot holds nothing out
     if args.dataset is None:
         if run_dir is None:
             raise ConfigError(f"{args.checkpoint}: no run beside it records the dataset it was trained on; pass "
                               f"--dataset (digits, mnist, cifar10, npz:PATH, imagefolder:PATH, ...)")
         recipe = Recipe.from_dict(read_config_file(run_dir / RECIPE_FILE), str(run_dir / RECIPE_FILE))
         args.dataset, args.data_dir = recipe.dataset, args.data_dir or recipe.data_dir
-        args.val_fraction = recipe.val_fraction if args.val_fraction is None else args.val_fraction
+        if held_out and args.val_fraction is None:
+            args.val_fraction = recipe.val_fraction
         print(f"dataset {args.dataset}, as recorded by the run in {run_dir}", file=sys.stderr)
     if args.out is None:
         args.out = run_dir
-    if args.val_fraction is None:
+    if held_out and args.val_fraction is None:
         args.val_fraction = DEFAULT_VAL_FRACTION
 
 
@@ -484,6 +487,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     device = select_device(args.device)
     model = load_checkpoint(args).to(device)
     config = model.config
+    _run_defaults(args)
     transform = checkpoint_transform(config, args.resize)
     splits = load_splits(args.dataset, ("train", "test"), args.data_dir, SplitSpec(0.0))
     if args.knn:  # before the features are computed: a bank too small for k is known from the split's size
@@ -743,7 +747,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     fewshot = sub.add_parser("fewshot", help="few-shot linear evaluation of frozen representations")
     _checkpoint_flags(fewshot)
-    fewshot.add_argument("--dataset", default="digits")
+    fewshot.add_argument("--dataset", help="digits, mnist, cifar10, npz:PATH, imagefolder:PATH, ... (default: the "
+                         "dataset of the checkpoint's run)")
     fewshot.add_argument("--data-dir")
     fewshot.add_argument("--shots", type=_positive, nargs="+",
                          help=f"training images per class (default: {' '.join(map(str, DEFAULT_SHOTS))}); with "
@@ -759,7 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"T of the k-NN votes (default: {DEFAULT_TEMPERATURE:g}, DINO's): lower trusts the "
                               "nearest neighbours more")
     fewshot.add_argument("--batch-size", "-b", type=_positive, default=256)
-    fewshot.add_argument("--out", metavar="DIR", help=f"folder that receives the numbers as {FEWSHOT_FILE}")
+    fewshot.add_argument("--out", metavar="DIR", help=f"folder that receives the numbers as {FEWSHOT_FILE} "
+                         f"(default: the checkpoint's run folder, else none)")
     _resize_flag(fewshot)
     _runtime_flags(fewshot)
     fewshot.set_defaults(run=cmd_fewshot)
