@@ -46,11 +46,11 @@ RECIPE_FILE = "recipe.json"
 TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what threads=0 stands for
 
 
-def build_model(recipe: Recipe, classes: list[str], geometry: Geometry) -> VisionTransformer:
+def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: bool = True) -> VisionTransformer:
     """A fresh model, or (``recipe.init``) a checkpoint prepared for fine-tuning as in section 3.2:
     position embeddings interpolated to the new resolution, pre-logits dropped, a new zero head unless the
     checkpoint's classes are the data's. What the recipe leaves open is sized from the data's ``geometry``
-    (``train.sizing``), and said."""
+    (``train.sizing``), and said (where ``say``: by one rank of several)."""
     kept_head = False
     if recipe.init:
         config, state, source = read_checkpoint(recipe.init, recipe.model_args)
@@ -64,7 +64,8 @@ def build_model(recipe: Recipe, classes: list[str], geometry: Geometry) -> Visio
     else:
         model = create_model(recipe.model or ViTConfig(), num_classes=len(classes),
                              **fresh_model_args(recipe, geometry))
-    say_sizing(recipe, model.config, geometry, kept_head)
+    if say:
+        say_sizing(recipe, model.config, geometry, kept_head)
     family = recipe.normalization or (model.config.provenance.normalization if recipe.init else "google")
     # vitkit's presets train on the whole image brought to the model's size, so it is evaluated whole too.
     provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family, crop_pct=1.0)
@@ -82,14 +83,15 @@ def total_steps(recipe: Recipe, train_size: int) -> int:
     return recipe.steps or max(1, math.ceil(recipe.epochs * (train_size // recipe.batch_size)))
 
 
-def fitted_warmup(warmup_steps: int, steps: int) -> int:
+def fitted_warmup(warmup_steps: int, steps: int, say: bool = True) -> int:
     """The warm-up of a run of ``steps``: as asked, unless it is as long as the run or longer (the learning
-    rate would never peak), then a tenth of the run, said in one line."""
+    rate would never peak), then a tenth of the run, said in one line (where ``say``)."""
     if warmup_steps < steps:
         return warmup_steps
     fitted = steps // 10
-    logger.info(f"warm-up of {warmup_steps} steps in a run of {steps}: a tenth of the run ({fitted}) instead, so "
-                f"that the learning rate peaks; set --warmup-steps to choose")
+    if say:
+        logger.info(f"warm-up of {warmup_steps} steps in a run of {steps}: a tenth of the run ({fitted}) instead, so "
+                    f"that the learning rate peaks; set --warmup-steps to choose")
     return fitted
 
 
@@ -136,7 +138,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         keep = np.sort(seeded_permutation(len(train_set), recipe.seed).numpy()[:recipe.train_subset])
         train_set = train_set.subset(keep, f"{train_set.name}[subset]")
     classes = train_set.classes
-    model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set))
+    model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
     recipe = recipe.replace(image_size=config.image_size)  # saved with the run: a resumed run is sized alike
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
@@ -150,7 +152,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
                                       recipe.aug_level)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
-    recipe = recipe.replace(warmup_steps=fitted_warmup(recipe.warmup_steps, steps))
+    recipe = recipe.replace(warmup_steps=fitted_warmup(recipe.warmup_steps, steps, env.is_main))
     if recipe.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
