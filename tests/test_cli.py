@@ -68,8 +68,9 @@ def test_set_changes_what_the_commands_run(checkpoint, tmp_path, capsys):
     assert converted.config.num_classes == 7
     assert torch.equal(converted.patch_embed.proj.weight, original.patch_embed.proj.weight)
     # A 3-class checkpoint evaluated on the 10 digits: refused as it is, run with a 10-class head.
-    assert main(["eval", str(checkpoint), "--out", str(tmp_path / "eval")]) == 2
-    assert main(["eval", str(checkpoint), "--set", "num_classes=10", "--out", str(tmp_path / "eval")]) == 0
+    assert main(["eval", str(checkpoint), "--dataset", "digits", "--out", str(tmp_path / "eval")]) == 2
+    assert main(["eval", str(checkpoint), "--dataset", "digits", "--set", "num_classes=10", "--out",
+                 str(tmp_path / "eval")]) == 0
     assert json.loads((tmp_path / "eval" / "eval-test.json").read_text())["images"] == 359
     assert main(["bench", str(checkpoint), "--set", "image_size=8x16", "--runtimes", "eager", "--precision", "fp32",
                  "--repeats", "1", "--peak-size", "64", "-b", "2", "--out", str(tmp_path / "bench")]) == 0
@@ -90,8 +91,8 @@ def test_out_is_a_folder_on_every_command(checkpoint, tmp_path, capsys):
               if "--out" in action.option_strings}
     assert set(having) >= {"eval", "analyze", "fewshot", "bench"}
     assert all(action.metavar == "DIR" for action in having.values())
-    assert main(["fewshot", str(checkpoint), "--set", "num_classes=10", "--shots", "1", "--seeds", "1",
-                 "--out", str(tmp_path / "fs")]) == 0
+    assert main(["fewshot", str(checkpoint), "--dataset", "digits", "--set", "num_classes=10", "--shots", "1",
+                 "--seeds", "1", "--out", str(tmp_path / "fs")]) == 0
     assert json.loads((tmp_path / "fs" / "fewshot.json").read_text())["fewshot"]["1"]["per_seed"]
 
 

@@ -92,7 +92,7 @@ def test_int8_keeps_digits_accuracy_and_eval_runs_onnx(tmp_path, capsys):
     top1 = {}
     for name in ("model", "fp32.onnx", "int8.onnx", "fp32.xml"):
         path = run / name if name == "model" else tmp_path / name
-        assert main(["eval", str(path), "--out", str(tmp_path / name.replace(".", "-"))]) == 0
+        assert main(["eval", str(path), "--dataset", "digits", "--out", str(tmp_path / name.replace(".", "-"))]) == 0
         top1[name] = json.loads((tmp_path / name.replace(".", "-") / "eval-test.json").read_text())["top1"]
     assert top1["model"] > 0.6, top1  # learned something: the comparison means something
     assert top1["fp32.onnx"] == top1["fp32.xml"] == top1["model"]

@@ -7,6 +7,7 @@ import torch
 import vitkit
 from vitkit.cli import main
 from vitkit.train import resolve
+from vitkit.data.survey import Geometry
 from vitkit.train.run import build_model
 
 timm = pytest.importorskip("timm")
@@ -30,7 +31,7 @@ def test_family_checkpoints_are_prepared_for_finetuning(tmp_path, name):
 
     source = pretrained(name, tmp_path / "pre")
     recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=24, dataset="digits"))
-    model = build_model(recipe, [str(d) for d in range(10)])
+    model = build_model(recipe, [str(d) for d in range(10)], Geometry((8, 8), {1: "digits #0"}))
     prefix = source.config.pos_prefix_tokens
     expected = resample_abs_pos_embed(source.pos_embed.weight, (6, 6), (4, 4), num_prefix_tokens=prefix,
                                       interpolation="bicubic", antialias=False)

@@ -100,10 +100,11 @@ def test_fewshot_command_reports_knn(tmp_path, capsys):
                               num_classes=10)
     torch.manual_seed(0)
     vitkit.create_model(config).save(tmp_path / "ckpt")
-    command = ["fewshot", str(tmp_path / "ckpt"), "--shots", "1", "--seeds", "1"]
+    command = ["fewshot", str(tmp_path / "ckpt"), "--dataset", "digits", "--shots", "1", "--seeds", "1"]
     assert main([*command, "--out", str(tmp_path / "plain")]) == 0
     assert "knn" not in json.loads((tmp_path / "plain" / "fewshot.json").read_text())
-    assert main(["fewshot", str(tmp_path / "ckpt"), "--seeds", "1", "--knn", "1", "20", "--out", str(tmp_path)]) == 0
+    assert main(["fewshot", str(tmp_path / "ckpt"), "--dataset", "digits", "--seeds", "1", "--knn", "1", "20",
+                 "--out", str(tmp_path)]) == 0
     assert "k-NN on frozen representations" in capsys.readouterr().out
     knn = json.loads((tmp_path / "fewshot.json").read_text())["knn"]
     assert knn["temperature"] == 0.07 and [(r["k"], r["shots"]) for r in knn["results"]] == [(1, None), (20, None)]

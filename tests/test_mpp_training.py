@@ -9,6 +9,7 @@ from test_train_loop import crash_at, state, tiny_recipe
 import vitkit
 from vitkit.cli import main
 from vitkit.train.checkpointing import OBJECTIVE_FILE, list_checkpoints
+from vitkit.train import RECIPE_PRESETS
 from vitkit.train.mpp import MaskedPatchPrediction
 from vitkit.train.run import prepare
 
@@ -57,8 +58,8 @@ def test_cli_fewshot_reports_every_shot(tmp_path, capsys):
     model = vitkit.create_model(vitkit.ViTConfig(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2,
                                                  mlp_dim=32, in_chans=1, num_classes=10))
     model.save(tmp_path / "m")
-    assert main(["fewshot", str(tmp_path / "m"), "--shots", "1", "5", "--seeds", "2", "--linear-probe",
-                 "--out", str(tmp_path / "fs")]) == 0
+    assert main(["fewshot", str(tmp_path / "m"), "--dataset", "digits", "--shots", "1", "5", "--seeds", "2",
+                 "--linear-probe", "--out", str(tmp_path / "fs")]) == 0
     out = capsys.readouterr().out
     assert "shots" in out and "all" in out
     report = json.loads((tmp_path / "fs" / "fewshot.json").read_text())
@@ -71,4 +72,5 @@ def test_pretrain_starts_from_the_default_preset_not_the_fine_tuning_one():
     from vitkit.cli import build_parser, recipe_from_args
 
     recipe = recipe_from_args(build_parser().parse_args(["pretrain"]))
-    assert recipe.objective == "mpp" and recipe.dataset == "digits" and recipe.image_size == 8
+    assert recipe.objective == "mpp" and recipe.dataset == "digits" and recipe.lr == RECIPE_PRESETS["digits"]["lr"]
+    assert recipe.image_size is None  # sized from the data

@@ -9,8 +9,12 @@ import vitkit
 from vitkit.models import Provenance
 from vitkit.models.position import resample_with_prefix
 from vitkit.cli import main
+from vitkit.data.survey import Geometry
 from vitkit.train import resolve
 from vitkit.train.run import build_model, prepare, run
+
+
+DIGITS = Geometry((8, 8), {1: "digits #0"})  # what the digits' images are: the data a model is sized from
 
 
 def _pretrained(path):
@@ -23,7 +27,7 @@ def _pretrained(path):
 def test_checkpoint_prepared_for_finetuning(tmp_path):
     source = _pretrained(tmp_path / "pre")
     recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=16, dataset="digits"))
-    model = build_model(recipe, [str(d) for d in range(10)])
+    model = build_model(recipe, [str(d) for d in range(10)], DIGITS)
     assert model.config.image_size == (16, 16) and model.config.grid_size == (8, 8)
     expected = resample_with_prefix(source.pos_embed.weight, 1, (4, 4), (8, 8), "bicubic")
     torch.testing.assert_close(model.pos_embed.weight, expected)
@@ -31,7 +35,7 @@ def test_checkpoint_prepared_for_finetuning(tmp_path):
     assert model.head.out_features == 10 and not model.head.weight.any() and not model.head.bias.any()
     torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)
 
-    trainer = prepare(recipe.replace(steps=2, batch_size=16, run_dir=str(tmp_path / "ft"))).trainer
+    trainer = prepare(recipe.replace(steps=1000, batch_size=16, run_dir=str(tmp_path / "ft"))).trainer
     assert isinstance(trainer.optimizer, torch.optim.SGD)
     assert all(group["weight_decay"] == 0.0 and group["momentum"] == 0.9 for group in trainer.optimizer.param_groups)
     assert trainer.lr_at(500) == recipe.lr and trainer.lr_at(250) == recipe.lr / 2  # 500 warm-up steps
@@ -62,6 +66,6 @@ def test_finetuning_normalises_as_the_checkpoint_was_trained(tmp_path):
     source.save(tmp_path / "pre")
     recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=16, dataset="digits"))
     classes = [str(d) for d in range(10)]
-    assert build_model(recipe, classes).config.provenance.normalization == "imagenet"
-    assert build_model(recipe.replace(normalization="google"), classes).config.provenance.normalization == "google"
-    assert build_model(resolve("digits"), classes).config.provenance.normalization == "google"  # a fresh model
+    assert build_model(recipe, classes, DIGITS).config.provenance.normalization == "imagenet"
+    assert build_model(recipe.replace(normalization="google"), classes, DIGITS).config.provenance.normalization == "google"
+    assert build_model(resolve("digits"), classes, DIGITS).config.provenance.normalization == "google"  # a fresh model

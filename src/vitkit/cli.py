@@ -37,8 +37,8 @@ from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import DTYPES, PRECISIONS, autocast, resolve_precision, select_device
-from .train.recipes import (FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least, field_types,
-                            fraction, image_size, merge, read_config_file, resolve)
+from .train.recipes import (DEFAULT_PRESETS, FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least,
+                            field_types, fraction, image_size, merge, read_config_file, resolve)
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -102,6 +102,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
     timm state dict, ONNX (checked by ONNX Runtime after writing) or OpenVINO IR (checked by OpenVINO)."""
+    args.to = output_format(args.dst, args.to)
     model = load_checkpoint(args)
     written = export(model, args.dst, args.to, args.quantize, select_device(args.device), args.naflex)
     print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
@@ -117,6 +118,25 @@ def cmd_convert(args: argparse.Namespace) -> int:
                   f"{100 * written.quantized_agreement:.0f}% of the probe images (random; check accuracy with "
                   f"`vitkit eval {args.dst}`)")
     return 0
+
+
+# The format a destination's extension names; any other destination is a folder: native, hf or timm.
+EXTENSION_FORMATS = {".onnx": "onnx", ".xml": "openvino", ".npz": "npz", ".safetensors": "timm"}
+
+
+def output_format(destination: str, asked: str | None) -> str:
+    """What ``convert`` writes: ``--to``, else the format the destination's extension names, else native (a
+    folder); ``--to`` and an extension that disagree are refused."""
+    suffix = Path(destination).suffix.lower()
+    implied = EXTENSION_FORMATS.get(suffix)
+    if asked is None:
+        return implied or "native"
+    if implied not in (None, asked):
+        fitting = {value: key for key, value in EXTENSION_FORMATS.items()}.get(asked)
+        instead = f"a destination ending in {fitting}" if fitting else "a folder"
+        raise ConfigError(f"--to {asked} and {destination}: a {suffix} file holds {implied}; pass --to {implied}, "
+                          f"or {instead} for {asked}")
+    return asked
 
 
 def load_checkpoint(args: argparse.Namespace):
@@ -308,8 +328,9 @@ def recipe_from_args(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores);
-    ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: new resolution, new zero head, SGD)."""
+    """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores; on another
+    dataset, a small one sized from its images); ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: the
+    data's resolution unless asked, a new zero head unless the classes are the checkpoint's, SGD)."""
     from .train import run
     from .train.distributed import leave
 
@@ -327,6 +348,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
     return 0
+
+
+def _preset_help(command: str) -> str:
+    """``--preset``'s help: what a run starts from without one."""
+    default = DEFAULT_PRESETS[command == "finetune"]
+    return (f"named recipe to start from, listed below (default: the {default} preset's training settings, the "
+            f"input's size, channels and patch from the data{' and the checkpoint' if command == 'finetune' else ''})")
+
+
+def _presets_epilog() -> str:
+    """The end of the training commands' help: every preset with its values, one paragraph each."""
+    import textwrap
+
+    def shown(value: object) -> str:
+        return "(" + " ".join(f"{k}={v}" for k, v in value.items()) + ")" if isinstance(value, dict) else str(value)
+
+    paragraphs = [textwrap.fill(f"{name}: " + ", ".join(f"{key}={shown(value)}" for key, value in values.items()),
+                                width=100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+                  for name, values in RECIPE_PRESETS.items()]
+    return "\n".join(["A recipe flag overrides the --config file, which overrides the --preset. Presets:", *paragraphs])
 
 
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
@@ -404,17 +445,23 @@ def say_whole(args: argparse.Namespace, split: str, images: int) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
     from .data import SplitSpec, default_split, evaluation_loader, load_dataset
+    from .data.survey import conversions, image_geometry
     from .evaluate.metrics import evaluate, write_report
 
     model, device, dtype = inference_model(args)
     config = model.config
-    split = args.split or default_split(args.dataset)
+    from_run = args.dataset is None
+    _run_defaults(args)
+    split = args.split or ("test" if from_run else default_split(args.dataset))  # a run's own: its held-out split
     dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
     say_whole(args, split, len(dataset))
     check_eval_size(args, model, device, dtype, len(dataset))
     if config.num_classes != len(dataset.classes):
         raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
                           f"{len(dataset.classes)}")
+    for conversion in [] if args.max_patches else conversions(image_geometry(dataset), config.in_chans,
+                                                               config.image_size):
+        print(f"{args.dataset}: {conversion}", file=sys.stderr)
     check_graph_inputs(model, args.checkpoint, args.max_patches)
     if args.max_patches:
         from .evaluate.preprocessing import naflex_loader
@@ -429,8 +476,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           split)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
                                         for name, acc in report["per_class"].items()])
+    kept = f"report and confusion matrix in {args.out}" if args.out else "pass --out DIR to keep the report and " \
+        "confusion matrix"
     print(f"{args.dataset} [{split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
-          f"({report['images']} images); report and confusion matrix in {args.out}")
+          f"({report['images']} images); {kept}")
     return 0
 
 
@@ -449,6 +498,41 @@ def check_eval_size(args: argparse.Namespace, model, device: torch.device, dtype
     plan = Plan(min(args.batch_size, max(images, 1)), config.image_size, stride=config.effective_patch_size,
                 image_flag="--set image_size={}" if native and not args.max_patches else None)
     check(plan, measure, f"vitkit {args.command}", device=device)
+
+
+DEFAULT_VAL_FRACTION = 0.1  # eval's held-out fraction where neither --val-fraction nor a run gives one
+
+
+def run_folder(checkpoint: str) -> Path | None:
+    """The run a checkpoint was written by (its ``model``, ``best`` or ``checkpoints/step-N`` folder lies in
+    a folder holding the run's recipe), or None."""
+    from .train.run import RECIPE_FILE
+
+    path = Path(checkpoint)
+    return next((folder for folder in (path.parent, path.parent.parent) if (folder / RECIPE_FILE).is_file()), None)
+
+
+def _run_defaults(args: argparse.Namespace) -> None:
+    """What ``eval`` or ``fewshot`` was not told, from the checkpoint's run: the dataset it was trained on (with
+    its data folder and, for eval, held-out fraction) and the run folder as ``--out``; without a run,
+    ``--dataset`` is needed."""
+    from .train.run import RECIPE_FILE
+
+    run_dir = run_folder(args.checkpoint)
+    held_out = "val_fraction" in args  # eval's: fewshot holds nothing out
+    if args.dataset is None:
+        if run_dir is None:
+            raise ConfigError(f"{args.checkpoint}: no run beside it records the dataset it was trained on; pass "
+                              f"--dataset (digits, mnist, cifar10, npz:PATH, imagefolder:PATH, ...)")
+        recipe = Recipe.from_dict(read_config_file(run_dir / RECIPE_FILE), str(run_dir / RECIPE_FILE))
+        args.dataset, args.data_dir = recipe.dataset, args.data_dir or recipe.data_dir
+        if held_out and args.val_fraction is None:
+            args.val_fraction = recipe.val_fraction
+        print(f"dataset {args.dataset}, as recorded by the run in {run_dir}", file=sys.stderr)
+    if args.out is None:
+        args.out = run_dir
+    if held_out and args.val_fraction is None:
+        args.val_fraction = DEFAULT_VAL_FRACTION
 
 
 FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
@@ -474,6 +558,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     device = select_device(args.device)
     model = load_checkpoint(args).to(device)
     config = model.config
+    _run_defaults(args)
     transform = checkpoint_transform(config, args.resize)
     split = args.split or default_split(args.dataset)
     drawn = split in (ALL, "train")  # support and query are drawn from the same images
@@ -810,6 +895,8 @@ def _describe(parser: argparse.ArgumentParser) -> None:
             if isinstance(action, argparse._SubParsersAction):
                 commands += [(f"{name} {sub}".removeprefix("vitkit "), choice) for sub, choice in action.choices.items()]
         command.description, command.epilog = COMMAND_HELP[name]
+        if name in ("train", "pretrain", "finetune"):  # every preset's values, after the examples
+            command.epilog = f"{command.epilog}\n\n{_presets_epilog()}" if command.epilog else _presets_epilog()
         command.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
@@ -833,8 +920,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="convert a checkpoint between formats")
     _checkpoint_flags(conv, help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
-    conv.add_argument("dst", metavar="DST", help="the file or directory to write (its kind is given by --to)")
-    conv.add_argument("--to", choices=FORMATS, default="native")
+    conv.add_argument("dst", metavar="DST", help="the file or folder to write: .onnx, .xml (OpenVINO), .npz "
+                      "(Google), .safetensors (timm), or a folder (vitkit's own unless --to says hf or timm)")
+    conv.add_argument("--to", choices=FORMATS, help="the format (default: the one DST's extension names)")
     conv.add_argument("--quantize", choices=QUANTIZATIONS, help="ONNX only: int8 weights (dynamic quantisation)")
     conv.add_argument("--naflex", action="store_true",
                       help="ONNX and OpenVINO: a graph taking NaFlex batches (patches, coords, mask, grids: images at "
@@ -881,9 +969,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser_ = sub.add_parser(name, help=helptext)
         if name == "finetune":
             parser_.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
-        parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS),
-                             default="paper-finetune" if name == "finetune" else None,
-                             help="named recipe to start from (default: digits / paper-finetune)")
+        parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS), help=_preset_help(name))
         parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
         parser_.add_argument("--resume", action="store_true",
                              help="continue the run in --run-dir from its last checkpoint")
@@ -893,15 +979,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
     _checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")
-    evaluate_.add_argument("--dataset", default="digits", help=f"{DATASET_FORMS} (default: digits)")
+    evaluate_.add_argument("--dataset", help=f"{DATASET_FORMS} (default: the dataset of the checkpoint's run)")
     evaluate_.add_argument("--data-dir")
     evaluate_.add_argument("--split", choices=SPLIT_CHOICES, help=SPLIT_HELP)
-    evaluate_.add_argument("--val-fraction", type=_fraction, default=0.1)
+    evaluate_.add_argument("--val-fraction", type=_fraction, help=f"images held out where the dataset lacks the "
+                           f"split (default: the run's, else {DEFAULT_VAL_FRACTION})")
     evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
     evaluate_.add_argument("--batch-size", "-b", type=_positive, default=256)
     evaluate_.add_argument("--num-workers", "-j", type=_count, default=0)
-    evaluate_.add_argument("--out", default=".", metavar="DIR",
-                           help="folder for eval-<split>.json and confusion-<split>.png")
+    evaluate_.add_argument("--out", metavar="DIR", help="folder for eval-<split>.json and confusion-<split>.png "
+                           "(default: the checkpoint's run folder, else none)")
     _resize_flag(evaluate_)
     _max_patches_flag(evaluate_)
     _runtime_flags(evaluate_)
@@ -909,7 +996,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fewshot = sub.add_parser("fewshot", help="few-shot linear evaluation of frozen representations")
     _checkpoint_flags(fewshot)
-    fewshot.add_argument("--dataset", default="digits", help=f"{DATASET_FORMS} (default: digits)")
+    fewshot.add_argument("--dataset", help=f"{DATASET_FORMS} (default: the dataset of the checkpoint's run)")
     fewshot.add_argument("--data-dir")
     fewshot.add_argument("--split", choices=SPLIT_CHOICES, help=SPLIT_HELP + "; the support images come from the "
                          "train split, or are drawn from the images measured when that is train or all")
@@ -927,7 +1014,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"T of the k-NN votes (default: {DEFAULT_TEMPERATURE:g}, DINO's): lower trusts the "
                               "nearest neighbours more")
     fewshot.add_argument("--batch-size", "-b", type=_positive, default=256)
-    fewshot.add_argument("--out", metavar="DIR", help=f"folder that receives the numbers as {FEWSHOT_FILE}")
+    fewshot.add_argument("--out", metavar="DIR", help=f"folder that receives the numbers as {FEWSHOT_FILE} "
+                         f"(default: the checkpoint's run folder, else none)")
     _resize_flag(fewshot)
     _runtime_flags(fewshot)
     fewshot.set_defaults(run=cmd_fewshot)

@@ -63,6 +63,27 @@ class ToChannels(torch.nn.Module):
                            f"in_chans): give the model {have} input channels, or images with {self.channels}")
 
 
+# Resizing by more than this factor (either way) is said, not done silently: an 8 px model fed 32 px photos,
+# or 32 px images blown up to 384, is most often a default nobody chose.
+NOTED_SCALE = 2.0
+
+
+def input_conversion(channels: int, size: Sequence[int], to_channels: int, to_size: Sequence[int]) -> str:
+    """What happens to images of ``channels`` x ``size`` on their way to a model of ``to_channels`` x
+    ``to_size``, in words (empty when nothing worth saying: same channels, resized by at most 2x): the
+    channel mapping of ``ToChannels`` and a resize beyond ``NOTED_SCALE``."""
+    changes = []
+    if channels != to_channels:
+        how = "turned grey (luminance)" if to_channels == 1 else "repeated" if channels == 1 else "converted"
+        changes.append(f"{channels}-channel images {how} for a {to_channels}-channel model")
+    scale = max(to / have for to, have in zip(to_size, size))
+    if scale > NOTED_SCALE or scale < 1 / NOTED_SCALE:
+        verb = "upscaled" if scale > 1 else "downscaled"
+        factor = scale if scale > 1 else 1 / scale
+        changes.append(f"{size[0]}x{size[1]} images {verb} {factor:.3g}x to {to_size[0]}x{to_size[1]}")
+    return "; ".join(changes)
+
+
 class ResizeToCover(torch.nn.Module):
     """Scale an image, aspect ratio kept, to the smallest size that covers ``size`` (height, width): for a
     square size the shorter side becomes ``size`` (torchvision's ``Resize(int)``), otherwise the side whose

@@ -127,19 +127,21 @@ def confusion_plot(confusion: torch.Tensor, classes: list[str], title: str = "")
     return figure
 
 
-def write_report(evaluation: Evaluation, classes: list[str], out_dir: str | Path, split: str) -> dict:
+def write_report(evaluation: Evaluation, classes: list[str], out_dir: str | Path | None, split: str) -> dict:
     """``eval-<split>.json`` (top-1, top-5, loss, per-class accuracy, confusion matrix) and
-    ``confusion-<split>.png`` in ``out_dir``; returns the JSON content."""
+    ``confusion-<split>.png`` in ``out_dir`` (None: nowhere); returns the JSON content."""
     import json
 
     from ..atomic import atomic_file
 
-    out_dir = Path(out_dir)
     report = {"split": split, "images": evaluation.count, "top1": evaluation.top1, "top5": evaluation.top5,
               "loss": evaluation.loss,
               "per_class": {name: (None if acc != acc else acc)
                             for name, acc in zip(classes, evaluation.per_class.tolist())},
               "confusion": evaluation.confusion.tolist()}
+    if out_dir is None:
+        return report
+    out_dir = Path(out_dir)
     with atomic_file(out_dir / f"eval-{split}.json") as handle:
         json.dump(report, handle, indent=1)
     confusion_figure(evaluation.confusion, classes, out_dir / f"confusion-{split}.png",

@@ -32,6 +32,9 @@ from .patch_resize import resample_patch_kernel
 from .position import make_position_embedding, make_rope
 from .resnet import make_backbone
 
+# Weights of R, G and B in grey (ITU-R 601-2, as torchvision's rgb_to_grayscale and PIL's convert('L')).
+LUMINANCE = (0.2989, 0.587, 0.114)
+
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -306,6 +309,28 @@ class VisionTransformer(nn.Module):
         if self.pos_embed is not None:
             self.pos_embed.resize(config.grid_size)
         self.config = config
+
+    @torch.no_grad()
+    def map_channels(self, in_chans: int) -> None:
+        """Take ``in_chans`` (1 or 3) input channels from now on, the patch kernel mapped so that the model
+        sees what it saw before: from 3 to 1 the colour kernels are summed (a grey image repeated in RGB gives
+        the same embedding), from 1 to 3 the grey kernel is split by ITU-R 601-2 luminance (a colour image
+        gives the embedding its grey version gave: ``ToChannels``'s conversion)."""
+        have, proj = self.config.in_chans, self.patch_embed.proj
+        if in_chans == have:
+            return
+        if self.config.backbone is not None or {have, in_chans} != {1, 3}:
+            raise ConfigError(f"map_channels({in_chans!r}): maps the pixel patch kernel of a plain ViT between 1 "
+                              f"and 3 channels; this model takes {have}"
+                              + (" through a ResNet stem" if self.config.backbone is not None else ""))
+        weight = proj.weight
+        if in_chans == 1:
+            kernel = weight.sum(dim=1, keepdim=True)
+        else:
+            kernel = weight * torch.tensor(LUMINANCE, dtype=weight.dtype, device=weight.device).view(1, 3, 1, 1)
+        proj.weight = nn.Parameter(kernel, requires_grad=weight.requires_grad)
+        proj.in_channels = self.patch_embed.in_chans = in_chans
+        self.config = self.config.replace(in_chans=in_chans)
 
     # ----------------------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:

@@ -33,6 +33,7 @@ from .optim import SCHEDULES
 OBJECTIVES = ("classification", "mpp")
 NORMALIZATIONS = ("", *NORMALIZATION)
 OPTIMIZERS = ("adamw", "sgd")
+CHANNEL_CHOICES = ("", "rgb", "grey")
 # The groups of `vitkit train --help`, in order; every recipe field belongs to one.
 CONCERNS = ("data", "model", "objective", "augmentation", "optimiser", "schedule", "runtime", "checkpoints and logging")
 
@@ -64,7 +65,11 @@ class Recipe:
         "a named variant such as ViT-B/16 (see `vitkit models`), or empty for a custom one")
     model_args: dict[str, Any] = setting({}, "model",
         "a model config field, e.g. depth=8 or dropout=0.1 (repeatable); from a checkpoint, changes its config")
-    image_size: int | tuple[int, int] = setting(8, "model", "input size, H or HxW pixels")
+    image_size: int | tuple[int, int] | None = setting(None, "model",
+        "input size, H or HxW pixels (default: the data's; when fine-tuning, the data's at the checkpoint's patch)")
+    channels: Literal[CHANNEL_CHOICES] = setting("", "model",
+        "the model's input channels, the images converted to them: rgb or grey (default: the data's; a checkpoint "
+        "of other channels is refused until this says which way to convert)")
     init: str | None = setting(None, "model", "start from this checkpoint (finetune's CHECKPOINT)")
     objective: Literal[OBJECTIVES] = setting("classification", "objective",
         "classification, or mpp: masked patch prediction (self-supervised, labels unused)")
@@ -268,7 +273,12 @@ def image_size(value: Any) -> int | tuple[int, int]:
 
 
 # Fields read by a parser of their own rather than by their annotation.
-PARSERS: dict[str, typing.Callable[[Any], Any]] = {"image_size": image_size}
+def image_size_or_data(value: Any) -> int | tuple[int, int] | None:
+    """A recipe's ``image_size``: a size, or null for the data's (see ``train.sizing``)."""
+    return None if value is None else image_size(value)
+
+
+PARSERS: dict[str, typing.Callable[[Any], Any]] = {"image_size": image_size_or_data}
 
 # Ranges of the fields beyond their types.
 RANGES: dict[str, Rule] = {
@@ -370,20 +380,38 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
 
 # What a preset says about the architecture; a run from a checkpoint (``init``) has the checkpoint's.
 ARCHITECTURE = ("model", "model_args")
+# The presets whose training settings a run starts from when none is named: from scratch, and from a checkpoint.
+DEFAULT_PRESETS = {False: "digits", True: "paper-finetune"}
+# What a default preset leaves to the data (and to the checkpoint): the input's size and channels, the patch.
+SIZED_MODEL_ARGS = ("patch_size", "in_chans")
+
+
+def unsized(preset: dict[str, Any], named_model: bool) -> dict[str, Any]:
+    """A preset without its input geometry (and, where the run names a model, without its model), so that
+    the run's model is sized from the data: the preset of a command run without ``--preset``."""
+    kept = {key: value for key, value in preset.items() if key != "image_size"}
+    if named_model:
+        kept.pop("model_args", None)
+    elif "model_args" in kept:
+        kept["model_args"] = {key: value for key, value in kept["model_args"].items() if key not in SIZED_MODEL_ARGS}
+    return kept
 
 
 def resolve(preset: str | None = None, config_file: str | Path | None = None,
             overrides: dict[str, Any] | None = None) -> Recipe:
     """Preset, then config file, then overrides. When the run starts from a checkpoint, the preset's
-    architecture is left out: it describes a fresh model, and a fine-tuning run may start from any preset."""
+    architecture is left out: it describes a fresh model, and a fine-tuning run may start from any preset.
+    Without a preset, the training settings are digits' (paper-finetune's from a checkpoint) and the input's
+    size, channels and patch are left to the data and the checkpoint."""
     layers = [read_config_file(config_file)] if config_file else []
-    name = preset or (layers[0].pop("preset", None) if layers else None) or "digits"
-    if not isinstance(name, str) or name not in RECIPE_PRESETS:
+    name = preset or (layers[0].pop("preset", None) if layers else None)
+    if name is not None and (not isinstance(name, str) or name not in RECIPE_PRESETS):
         raise ConfigError(f"{config_file or 'recipe'}: unknown preset {name!r}; expected one of "
                           f"{sorted(RECIPE_PRESETS)}")
     layers.append(overrides or {})
-    merged = merge(RECIPE_PRESETS[name], *layers)
-    if merged.get("init"):
-        merged = merge({key: value for key, value in RECIPE_PRESETS[name].items() if key not in ARCHITECTURE},
-                       *layers)
-    return Recipe.from_dict(merged, str(config_file) if config_file else None)
+    asked = merge(*layers)
+    base = RECIPE_PRESETS[name] if name else unsized(RECIPE_PRESETS[DEFAULT_PRESETS[bool(asked.get("init"))]],
+                                                     bool(asked.get("model")))
+    if asked.get("init"):
+        base = {key: value for key, value in base.items() if key not in ARCHITECTURE}
+    return Recipe.from_dict(merge(base, *layers), str(config_file) if config_file else None)

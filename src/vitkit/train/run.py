@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import time
@@ -18,10 +19,11 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_file
-from ..checkpoints import load
+from ..checkpoints.loading import build, read_checkpoint
 from ..data import (ALL, STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, default_split,
                     evaluation_loader, load_splits, split_names, training_loader)
 from ..data.splits import seeded_permutation
+from ..data.survey import Geometry, image_geometry
 from ..data.transforms import augreg_level
 from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
@@ -34,23 +36,36 @@ from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
 from .recipes import Recipe, read_config_file
+from .sizing import fresh_model_args, finetune_channels, finetune_size, say_sizing
 from .skipped import SkippedFiles
+
+logger = logging.getLogger(__name__)
 
 RECIPE_FILE = "recipe.json"
 
 TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what threads=0 stands for
 
 
-def build_model(recipe: Recipe, classes: list[str]) -> VisionTransformer:
+def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: bool = True) -> VisionTransformer:
     """A fresh model, or (``recipe.init``) a checkpoint prepared for fine-tuning as in section 3.2:
-    position embeddings interpolated to the new resolution, pre-logits dropped, a new zero head."""
-    size = recipe.image_size
+    position embeddings interpolated to the new resolution, pre-logits dropped, a new zero head unless the
+    checkpoint's classes are the data's. What the recipe leaves open is sized from the data's ``geometry``
+    (``train.sizing``), and said (where ``say``: by one rank of several)."""
+    kept_head = False
     if recipe.init:
-        model = load(recipe.init, image_size=size, **recipe.model_args)
-        model.reset_head(len(classes))
+        config, state, source = read_checkpoint(recipe.init, recipe.model_args)
+        size = finetune_size(recipe, config, geometry)
+        channels = finetune_channels(recipe, config, geometry)
+        model = build(config, state, {**recipe.model_args, "image_size": size}, source)
+        model.map_channels(channels)
+        kept_head = model.config.provenance.classes == tuple(classes) and model.config.num_classes == len(classes)
+        if not kept_head:
+            model.reset_head(len(classes))
     else:
-        model = create_model(recipe.model or ViTConfig(), image_size=size, num_classes=len(classes),
-                             **recipe.model_args)
+        model = create_model(recipe.model or ViTConfig(), num_classes=len(classes),
+                             **fresh_model_args(recipe, geometry))
+    if say:
+        say_sizing(recipe, model.config, geometry, kept_head)
     family = recipe.normalization or (model.config.provenance.normalization if recipe.init else "google")
     # vitkit's presets train on the whole image brought to the model's size, so it is evaluated whole too.
     provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family, crop_pct=1.0)
@@ -66,6 +81,18 @@ def default_run_dir(recipe: Recipe) -> str:
 
 def total_steps(recipe: Recipe, train_size: int) -> int:
     return recipe.steps or max(1, math.ceil(recipe.epochs * (train_size // recipe.batch_size)))
+
+
+def fitted_warmup(warmup_steps: int, steps: int, say: bool = True) -> int:
+    """The warm-up of a run of ``steps``: as asked, unless it is as long as the run or longer (the learning
+    rate would never peak), then a tenth of the run, said in one line (where ``say``)."""
+    if warmup_steps < steps:
+        return warmup_steps
+    fitted = steps // 10
+    if say:
+        logger.info(f"warm-up of {warmup_steps} steps in a run of {steps}: a tenth of the run ({fitted}) instead, so "
+                    f"that the learning rate peaks; set --warmup-steps to choose")
+    return fitted
 
 
 def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
@@ -114,8 +141,9 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         keep = np.sort(seeded_permutation(len(train_set), recipe.seed).numpy()[:recipe.train_subset])
         train_set = train_set.subset(keep, f"{train_set.name}[subset]")
     classes = train_set.classes
-    model = build_model(recipe, [] if pretraining else classes)
+    model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
+    recipe = recipe.replace(image_size=config.image_size)  # saved with the run: a resumed run is sized alike
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
                                       recipe.mpp_mask_prob, recipe.mpp_random_prob, *config.input_statistics)
@@ -127,6 +155,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
                                       recipe.aug_level)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
+    recipe = recipe.replace(warmup_steps=fitted_warmup(recipe.warmup_steps, steps, env.is_main))
     if recipe.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
