@@ -32,11 +32,12 @@ from .errors import ConfigError, VitkitError
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
-from .memory import Limit, Plan, available_memory, check, check_workers, estimate, usable_cpus
+from .memory import Plan, check, check_workers, estimate, usable_cpus
 from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import DTYPES, PRECISIONS, autocast, resolve_precision, select_device
+from .train.run import check_run_memory
 from .train.recipes import (DEFAULT_PRESETS, FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least,
                             field_types, fraction, image_size, merge, read_config_file, resolve)
 
@@ -375,28 +376,18 @@ _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "de
 
 def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
     """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
-    peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit."""
+    peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit. A run sized
+    from its data is checked once the data has said its size (``train.run.prepare``)."""
     check_workers(recipe.num_workers)
+    if recipe.image_size is None:
+        return
     size = pair(recipe.image_size)
     if recipe.init:
         config = source_config(recipe.init, {"image_size": size, **recipe.model_args})
     else:
         config = (model_config(recipe.model, image_size=size, **recipe.model_args) if recipe.model
                   else ViTConfig().replace(image_size=size, **recipe.model_args))
-    optimizer = recipe.optimizer if recipe.optimizer == "adamw" or recipe.momentum else None
-    ranks = int(os.environ.get("WORLD_SIZE", 1))
-
-    def measure(plan: Plan):
-        return estimate(config, plan.micro_batch, plan.image_size, training=True, optimizer=optimizer,
-                        workers=max(recipe.num_workers, 0), dtype=DTYPES.get(recipe.precision, torch.float32),
-                        grad_checkpointing=plan.grad_checkpointing, device=device.type,
-                        weight_copies=2 if recipe.ema_decay else 1)
-
-    plan = Plan(max(1, recipe.batch_size // ranks), size, recipe.accum_steps, recipe.grad_checkpointing,
-                config.effective_patch_size, checkpointing_flag="--grad-checkpointing")
-    machine, here = available_memory(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's ranks on this machine
-    share = Limit(machine.bytes // here, f"{machine.source}, shared by {here} ranks") if here > 1 else machine
-    check(plan, measure, command, share, device=device)
+    check_run_memory(recipe, config, device, command)
 
 
 def source_config(source: str, overrides: dict[str, typing.Any]) -> ViTConfig:

@@ -28,7 +28,10 @@ from ..data.transforms import augreg_level
 from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..evaluate.preprocessing import checkpoint_transform
+from ..memory import Limit, Plan, available_memory, check, estimate
 from ..models import ViTConfig, VisionTransformer, create_model
+from ..models.config import pair
+from ..runtime import DTYPES
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
 from .loop import LoopConfig, Trainer
@@ -122,6 +125,26 @@ class Experiment:
     final_split: str | None  # the split the final numbers come from (None when pre-training)
 
 
+def check_run_memory(recipe: Recipe, config: ViTConfig, device: torch.device, command: str) -> None:
+    """Refuse a run of ``config`` whose peak memory (``vitkit.memory``: a training step at the recipe's batch per
+    rank, its optimiser, precision, loader workers and checkpointing) is above what the machine has (shared by
+    torchrun's ranks on it), naming the flags that would fit."""
+    optimizer = recipe.optimizer if recipe.optimizer == "adamw" or recipe.momentum else None
+    ranks = int(os.environ.get("WORLD_SIZE", 1))
+
+    def measure(plan: Plan):
+        return estimate(config, plan.micro_batch, plan.image_size, training=True, optimizer=optimizer,
+                        workers=max(recipe.num_workers, 0), dtype=DTYPES.get(recipe.precision, torch.float32),
+                        grad_checkpointing=plan.grad_checkpointing, device=device.type,
+                        weight_copies=2 if recipe.ema_decay else 1)
+
+    plan = Plan(max(1, recipe.batch_size // ranks), pair(recipe.image_size), recipe.accum_steps,
+                recipe.grad_checkpointing, config.effective_patch_size, checkpointing_flag="--grad-checkpointing")
+    machine, here = available_memory(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's ranks on this machine
+    share = Limit(machine.bytes // here, f"{machine.source}, shared by {here} ranks") if here > 1 else machine
+    check(plan, measure, command, share, device=device)
+
+
 def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     """Data, model, optimiser, schedule and objective of ``recipe``, wired into a ``Trainer`` on ``device``
     (default: a GPU when there is one)."""
@@ -143,6 +166,9 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     classes = train_set.classes
     model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
+    if recipe.image_size is None:  # sized from the data: checked now that the data has said its size
+        command = "vitkit " + ("pretrain" if pretraining else "finetune" if recipe.init else "train")
+        check_run_memory(recipe.replace(image_size=config.image_size), config, env.device, command)
     recipe = recipe.replace(image_size=config.image_size)  # saved with the run: a resumed run is sized alike
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
         model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
