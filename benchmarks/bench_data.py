@@ -350,7 +350,7 @@ def markdown(result: dict, large: int) -> str:
         f"{result['workers']} workers",
         "",
         f"JPEGs: CIFAR-10 upscaled to 256-500 px, quality 90 ({result['jpeg_kb_mean']} kB on average). "
-        f"Load average {result['loadavg_before'][0]:.1f} before, {result['loadavg_after'][0]:.1f} after, "
+        f"Load average {result['loadavg_before'][0]:.1f} at the start, {result['loadavg_after'][0]:.1f} at the end, "
         f"{result['cpu_count']} cores. One loader alive at a time; medians of "
         f"{len(result['rounds']['concurrent_processes'])} interleaved rounds.",
         "",

@@ -1,7 +1,6 @@
-"""Deployment runtimes that vitkit does not ship, measured against those it does (issue 11, items 4 and 5):
-static int8 through ONNX Runtime (``quantize_static``, calibrated) against dynamic int8, and OpenVINO
-(fp32, bf16, int8 from a static QDQ graph) against ONNX Runtime and torch eager, on one ViT with the same
-weights, timed in turn within each repeat (medians; ratios are medians of per-repeat ratios).
+"""Deployment runtimes side by side: static int8 through ONNX Runtime (``quantize_static``, calibrated) against
+dynamic int8, and OpenVINO (fp32, bf16, int8 from a static QDQ graph) against ONNX Runtime and torch eager, on one
+ViT with the same weights, timed in turn within each repeat (medians; ratios are medians of per-repeat ratios).
 
     OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/bench_deploy.py speed [--model ViT-S/16] [--repeats 9]
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_deploy.py accuracy runs/digits/model

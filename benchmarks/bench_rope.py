@@ -96,8 +96,7 @@ def main() -> None:
              f"{threads}, load {load_before[0]:.1f} -> {machine['loadavg_after'][0]:.1f}. "
              f"224 px, batch {args.batch}, fp32, median of {args.repeats} interleaved repeats. `vs timm fp32` is the "
              "median per-repeat ratio of timm's time to vitkit's in the same phase (above 1: vitkit faster): eager "
-             "against timm eager, compiled against timm compiled. Where the time goes, and the model changes measured "
-             "on a local copy: rope_profile.md.", "",
+             "against timm eager, compiled against timm compiled. Where the time goes: rope_profile.md.", "",
              "| model | timm architecture | " + " | ".join(TABLE_HEADER) + " |",
              "|---|---|---|---|---|" + "---:|" * (len(TABLE_HEADER) - 3)]
     for architecture, (rows, skipped) in measured.items():

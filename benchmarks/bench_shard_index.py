@@ -1,9 +1,10 @@
-"""The shard index cache of an ``hf:`` parquet file: entry size, index pass and cached load, this tree against
-another commit's, measured in one run (the machine may be shared: compare the ratios, not the seconds).
+"""The shard index cache of an ``hf:`` parquet file: entry size, index pass and cached load of the current code,
+and with ``--before COMMIT`` of that commit's code beside it, measured in one run (the machine may be shared:
+compare the ratios, not the seconds).
 
-    PYTHONPATH=src python benchmarks/bench_shard_index.py --before COMMIT [--rows 1000000] [--repeats 5]
+    PYTHONPATH=src python benchmarks/bench_shard_index.py [--rows 1000000] [--repeats 5] [--before COMMIT]
 
-Writes benchmarks/results/shard_index.md. Each tree runs in its own process, in turn, on the same file.
+Writes benchmarks/results/shard_index.md. Each version runs in its own process, in turn, on the same file.
 """
 
 from __future__ import annotations
@@ -60,39 +61,54 @@ def measure(tree: Path, root: Path, repeats: int, cache: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="the commit to compare with")
+    parser.add_argument("--before", help="a commit whose code to time beside the current code (optional)")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        before = scratch / "before"
-        before.mkdir()
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.before, "src"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+        trees = {"vitkit": REPO}
+        if args.before:
+            trees = {args.before: extract_src(args.before, scratch / "before"), **trees}
         (scratch / "hub").mkdir()
         write_parquet(scratch / "hub" / "train.parquet", args.rows)
         load = os.getloadavg()
-        found = {name: measure(tree, scratch / "hub", args.repeats, scratch / f"cache-{name}")
-                 for name, tree in (("before", before), ("after", REPO))}
-    median = {name: statistics.median(result["cached_s"]) for name, result in found.items()}
-    rows = found["after"]["rows"]
-    lines = [f"# Shard index cache of one {rows:,}-row hf: parquet file",
-             "", f"`PYTHONPATH=src python benchmarks/bench_shard_index.py --before {args.before} --rows {args.rows}`"
-             f" (before: that commit's src; after: this tree), load average {load[0]:.1f} at the start, "
-             f"{os.getloadavg()[0]:.1f} at the end.", "",
-             "| | before | after | after / before |", "|---|---:|---:|---:|"]
-    for label, before_value, after_value, unit in (
-            ("cache entry", found["before"]["entry_bytes"] / 1e6, found["after"]["entry_bytes"] / 1e6, "MB"),
-            ("index pass (first load)", found["before"]["index_s"], found["after"]["index_s"], "s"),
-            (f"cached load (median of {args.repeats})", median["before"], median["after"], "s")):
-        lines.append(f"| {label} | {before_value:.3f} {unit} | {after_value:.3f} {unit} | "
-                     f"{after_value / before_value:.3f} |")
-    text = "\n".join(lines) + "\n"
+        found = {name: measure(tree, scratch / "hub", args.repeats, scratch / f"cache-{index}")
+                 for index, (name, tree) in enumerate(trees.items())}
+    text = report(found, args, load, os.getloadavg())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "shard_index.md").write_text(text)
     print(text)
+
+
+def extract_src(commit: str, into: Path) -> Path:
+    """``commit``'s ``src`` folder written under ``into`` (which is returned), to run that version's code."""
+    into.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "src"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def report(found: dict, args: argparse.Namespace, load_start: tuple, load_end: tuple) -> str:
+    """The markdown table: one column per version timed, and their ratio when there are two."""
+    names = list(found)
+    rows = found[names[-1]]["rows"]
+    command = "PYTHONPATH=src python benchmarks/bench_shard_index.py --rows " + str(args.rows)
+    if args.before:
+        command += f" --before {args.before}"
+    header = "| | " + " | ".join(names) + (f" | {names[1]} / {names[0]} |" if len(names) == 2 else " |")
+    lines = [f"# Shard index cache of one {rows:,}-row hf: parquet file", "",
+             f"`{command}`, load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end.", "",
+             header, "|---|" + "---:|" * (len(names) + (len(names) == 2))]
+    for label, key, unit in (("cache entry", "entry_bytes", "MB"), ("index pass (first load)", "index_s", "s"),
+                             (f"cached load (median of {args.repeats})", "cached_s", "s")):
+        values = [found[name][key] / 1e6 if unit == "MB" else found[name][key] for name in names]
+        values = [statistics.median(value) if isinstance(value, list) else value for value in values]
+        cells = [f"{value:.3f} {unit}" for value in values] + ([f"{values[1] / values[0]:.3f}"] if len(values) == 2
+                                                                 else [])
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
