@@ -10,6 +10,7 @@ call, so a run's validation images never leak into its training images.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from contextvars import ContextVar
@@ -26,6 +27,7 @@ from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DatasetError
+from ..paths import NotAFileError, open_regular
 from .folders import class_folders, folder_listing
 from .splits import held_out
 
@@ -123,7 +125,9 @@ def read_image(source: str | Path | BinaryIO, name: str | None = None) -> torch.
     Errors name the image ``name`` (default: the path)."""
     name = name or str(source)
     try:
-        with Image.open(source) as image:
+        # A path is opened as a regular file only: a FIFO or a device in its place is refused, never waited on.
+        with open_regular(source) if isinstance(source, str | Path) else contextlib.nullcontext(source) as handle, \
+                Image.open(handle) as image:
             if image.width * image.height > MAX_PIXELS:
                 raise DatasetError(f"{name}: refusing to decode a {image.width}x{image.height} image "
                                    f"({image.width * image.height:,} pixels, more than {MAX_PIXELS:,}): "
@@ -134,6 +138,8 @@ def read_image(source: str | Path | BinaryIO, name: str | None = None) -> torch.
         raise
     except Image.DecompressionBombError as error:
         raise DatasetError(f"{name}: refusing to decode a decompression bomb ({error})") from error
+    except NotAFileError as error:
+        raise DatasetError(f"{name}: {error.strerror}") from error
     except (OSError, ValueError, SyntaxError) as error:
         raise DatasetError(f"{name}: not a readable image ({error})") from error
 

@@ -17,6 +17,7 @@ import torch
 
 from ..atomic import atomic_file
 from ..cache import cache_entry, sweep_cache
+from ..paths import regular_file
 
 FORMAT = "kept-then-held-1"  # an entry's layout: kept rows, then held-out rows, each sorted
 CACHED_FROM_SIZE = 100_000  # smaller partitions are drawn in under half a millisecond: not worth an entry
@@ -39,6 +40,7 @@ def held_out(size: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndar
         return _drawn(size, count, seed)
     entry = cache_entry("held-out", f"{FORMAT} {size} {count} {seed} torch {torch.__version__}".encode(), ".npy")
     with contextlib.suppress(Exception):  # absent, torn or someone else's file: draw it again
+        regular_file(entry)  # a FIFO there would block the load
         both = np.load(entry, mmap_mode="r", allow_pickle=False)
         if both.shape == (size,) and both.dtype == (np.int32 if size < 2**31 else np.int64):
             return both[:size - count], both[size - count:]
