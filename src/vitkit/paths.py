@@ -55,7 +55,7 @@ def _refuse_special(path: str | os.PathLike, mode: int) -> None:
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a file")
         raise NotAFileError(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
-                            f"{kind}, not a regular file; expected a file", os.fsdecode(path))
+                            f"{kind}, not a regular file", os.fsdecode(path))
 
 
 def regular_file(path: str | os.PathLike) -> os.stat_result:
@@ -91,7 +91,7 @@ def read_capped(path: str | os.PathLike, what: str, limit: int = TEXT_LIMIT) -> 
     with open_regular(path) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than {limit // 2**20} MiB, the most a {what} may hold", os.fsdecode(path))
+        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes, the most a {what} may hold", os.fsdecode(path))
     return data
 
 

@@ -127,9 +127,9 @@ def load_torch_file(path: Path) -> Any:
             handle.seek(0)
             return torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[0]
+        first_line = str(error).strip().splitlines()[0]
         raise CheckpointError(f"{path}: refusing to unpickle a file that holds Python objects other than "
-                              f"tensors ({reason}); convert it to .safetensors with code you trust") from error
+                              f"tensors ({first_line}); convert it to .safetensors with code you trust") from error
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
         raise CheckpointError(f"{path}: not a valid {path.suffix or 'PyTorch'} file ({reason(error)})") from error
 

@@ -78,7 +78,7 @@ def class_folders(root: Path) -> list[str]:
 def _entries(folder: bytes, real_root: Path) -> list[tuple[bytes, bytes, bool]]:
     """``(path, name, is a directory)`` of the entries of ``folder`` that are not hidden; a symbolic link is
     followed if it stays inside ``real_root`` (the resolved folder being listed) and refused otherwise, naming
-    both; one that cannot be followed (a loop, a missing target) is listed as a file, refused when read."""
+    both (a link to itself, or one that cannot be followed, is an error naming it)."""
     try:
         with os.scandir(folder) as entries:
             found = [(entry.path, entry.name, entry.is_dir(), entry.is_symlink()) for entry in entries

@@ -318,7 +318,7 @@ def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSpl
     if not files:
         raise DatasetError(f"{spec}: no {split} shards ({split}-NNNNNN.tar)")
     root = spec if os.path.isdir(spec) else os.path.dirname(files[0])
-    names = read_class_names(Path(root) / "classes.txt")
+    names = read_class_names(within(resolved(root), "classes.txt", DatasetError, "the class list"))
     return indexed_split(f"{spec}[{split}]", files, "tar", tar_index, names, read_tar, decode_tar_sample, corrupt)
 
 

@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..evaluate.preprocessing import checkpoint_transform
 from ..models import ViTConfig, VisionTransformer, create_model
+from ..paths import own_folder
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
 from .loop import LoopConfig, Trainer
@@ -37,6 +39,10 @@ from .recipes import Recipe, read_config_file
 from .skipped import SkippedFiles
 
 RECIPE_FILE = "recipe.json"
+# What a run writes into its folder besides RECIPE_FILE (which marks a run): a folder holding only these is a run
+# cut short before its recipe was saved, which may be used again; one holding anything else is not a run's.
+RUN_ENTRIES = re.compile(r"metrics\.jsonl|summary\.json|checkpoints|model|best|skipped|eval-.+\.json|"
+                         r"confusion-.+\.png|events\.out\.tfevents\..+")
 
 TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what threads=0 stands for
 
@@ -99,6 +105,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     torch.set_num_threads(recipe.threads or TORCH_THREADS)  # 0 restores torch's own, whatever a run before set
     torch.manual_seed(recipe.seed)
     run_dir = Path(recipe.run_dir or default_run_dir(recipe))
+    own_folder(run_dir, RECIPE_FILE, RUN_ENTRIES, "a training run", ConfigError)
     spec = SplitSpec(recipe.val_fraction, seed=0)
     pretraining = recipe.objective == "mpp"
     evaluated = evaluated_splits(recipe, pretraining)
