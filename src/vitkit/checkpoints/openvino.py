@@ -23,6 +23,7 @@ from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
+from ..paths import regular_file
 from ..runtime import precision_name
 from .onnx import CONFIG_KEY, TOLERANCE, probe_batch, trace
 
@@ -108,8 +109,7 @@ class OpenVinoModel(nn.Module):
         openvino = _require_openvino()
         self.path = Path(path)
         for needed in (self.path, self.path.with_suffix(".bin")):
-            if not needed.is_file():
-                raise FileNotFoundError(f"no OpenVINO {needed.suffix[1:]} file at {needed}")
+            regular_file(needed)  # a FIFO would block OpenVINO's reader
         try:  # OpenVINO raises its own RuntimeError subclasses for unreadable graphs
             graph = openvino.Core().read_model(self.path)
         except RuntimeError as error:

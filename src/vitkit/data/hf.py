@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
-from ..paths import id_segments, read_text, regular_file, resolved, within
+from ..paths import TEXT_LIMIT, id_segments, read_text, regular_file, resolved, within
 from .datasets import SPLITS, read_image
 from .index_cache import ShardIndex
 from .shards import Shard, ShardedSplit, indexed_split, label_problem
@@ -105,6 +105,8 @@ def class_names(path: Path, schema) -> list[str] | None:
     if meta is None:
         return None
     where = f"{path}: schema metadata 'huggingface'"
+    if len(meta) > TEXT_LIMIT:
+        raise DatasetError(f"{where} holds {len(meta):,} bytes, more than the {TEXT_LIMIT:,} bytes metadata may hold")
     try:
         node = json.loads(meta)
     except ValueError as error:  # not UTF-8, or not JSON
