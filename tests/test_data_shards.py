@@ -195,7 +195,7 @@ def test_workers_finish_cpu_batches_in_slots_and_send_uint8_for_an_accelerator(t
 
 @pytest.mark.parametrize("content, expected", [
     (b"ant\n\xff\xfe\n", "not a readable class list .*utf-8.* expected UTF-8 text"),
-    ("folder", "not a readable class list .*a folder, not a regular file"),
+    ("folder", "not a readable class list .*Is a directory"),
     (b"", "names no class"),
 ])
 def test_a_class_list_that_is_not_one_is_named(tmp_path, content, expected):

@@ -28,7 +28,7 @@ from .errors import VitkitError, abridged
 # class names of 60 characters fit; /dev/zero or a stray dataset file given as a config does not.
 TEXT_LIMIT = 64 * 2**20
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
@@ -52,10 +52,11 @@ def within(root: Path, path: str | os.PathLike, error: type[VitkitError], what: 
 
 
 def _refuse_special(path: str | os.PathLike, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise NotAFileError(errno.EISDIR, os.strerror(errno.EISDIR), os.fsdecode(path))
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-        raise NotAFileError(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
-                            f"{kind}, not a regular file", os.fsdecode(path))
+        raise NotAFileError(errno.EINVAL, f"{kind}, not a regular file", os.fsdecode(path))
 
 
 def regular_file(path: str | os.PathLike) -> os.stat_result:
@@ -116,13 +117,12 @@ def id_segments(name: str, what: str, error: type[VitkitError]) -> list[str]:
 
 
 def own_folder(folder: Path, marker: str, own: re.Pattern[str], what: str, error: type[VitkitError]) -> None:
-    """Refuse ``folder`` as a place to write ``what`` unless it does not exist yet, is empty, holds ``marker``
-    (it is one already), or holds only entries whose names ``own`` matches (one begun and cut short). A link
-    to a folder is judged by what that folder holds; hidden entries (writers' temporaries) are not counted."""
-    if not os.path.lexists(folder):
-        return
+    """Refuse the folder ``folder`` as a place to write ``what`` unless it is empty, holds ``marker`` (it is one
+    already), or holds only entries whose names ``own`` matches (one begun and cut short). A link to a folder is
+    judged by what that folder holds; hidden entries (writers' temporaries) are not counted. A path that is no
+    folder (new, or a file) is left to the writer, which makes it or fails naming it."""
     if not folder.is_dir():
-        raise error(f"{folder}: not a folder; expected a new or empty folder for {what}, or one holding {marker}")
+        return
     try:
         names = [entry.name for entry in os.scandir(folder) if not entry.name.startswith(".")]
     except OSError as failure:

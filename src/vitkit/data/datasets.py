@@ -27,7 +27,7 @@ from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DatasetError
-from ..paths import NotAFileError, open_regular
+from ..paths import open_regular
 from .folders import class_folders, folder_listing
 from .splits import held_out
 
@@ -138,8 +138,6 @@ def read_image(source: str | Path | BinaryIO, name: str | None = None) -> torch.
         raise
     except Image.DecompressionBombError as error:
         raise DatasetError(f"{name}: refusing to decode a decompression bomb ({error})") from error
-    except NotAFileError as error:
-        raise DatasetError(f"{name}: {error.strerror}") from error
     except (OSError, ValueError, SyntaxError) as error:
         raise DatasetError(f"{name}: not a readable image ({error})") from error
 
