@@ -36,7 +36,7 @@ from .memory import Plan, check, check_workers, estimate, usable_cpus
 from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
-from .runtime import DTYPES, PRECISIONS, autocast, resolve_precision, select_device
+from .runtime import PRECISIONS, autocast, resolve_precision, select_device
 from .train.run import check_run_memory
 from .train.recipes import (DEFAULT_PRESETS, FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least,
                             field_types, fraction, image_size, merge, read_config_file, resolve)

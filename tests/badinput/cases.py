@@ -387,7 +387,20 @@ CASES = [
     Case("ONNX file whose config names a list for its normalisation", lambda t: ["eval", str(_onnx_with_config(
         t, {"provenance": {"normalization": []}}))], 1, "m.onnx: bad 'vitkit.config' metadata (invalid provenance: "
          "normalization=[], expected one of"),
+    Case("gs:// id climbing out of the cache", lambda t: ["info", "gs://vit_models/../../../outside.npz"], 1,
+         "'gs://vit_models/../../../outside.npz': the id holds a '..' segment"),
+    Case("run folder that links to a folder of other files", lambda t: [*TRAIN, "--run-dir", str(_linked_folder(
+        t))], 2, "{tmp}/run: holds 'passwd', which a training run does not write"),
+    Case("recipe that is /dev/zero", lambda t: ["train", "--config", "/dev/zero"], 1,
+         "/dev/zero: a character device, not a regular file"),
 ]
+
+
+def _linked_folder(tmp: Path) -> Path:
+    """``tmp/run``: a link to a folder of someone else's files (as a run folder linked to /etc would be)."""
+    write(tmp / "etc" / "passwd", "root:x:0:0")
+    (tmp / "run").symlink_to(tmp / "etc")
+    return tmp / "run"
 
 
 def _tiny_colour_model():

@@ -4,6 +4,7 @@ a hub directory. Each reader opens its file once; nothing here knows a format's 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import pickle
@@ -19,15 +20,25 @@ from safetensors.torch import load_file
 
 from ..errors import CheckpointError, abridged
 from ..models.config import is_int, is_real
+from ..paths import NotAFileError, open_regular, read_text, reason, regular_file
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
 
 def read_json_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``; None when the file is absent or holds something else (format sniffing)."""
+    """The JSON object in ``path``; None when the file is absent or holds something else (format sniffing).
+    A FIFO, a device or a file past the text cap there is an error naming it, never waited on or read whole."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):  # absent, unreadable, not text (UnicodeDecodeError), not JSON
+        data = json.loads(read_text(path, "JSON config"))
+    except (NotAFileError, FileNotFoundError, NotADirectoryError) as error:
+        if isinstance(error, NotAFileError) and error.errno != errno.EISDIR:
+            raise CheckpointError(f"{path}: {error.strerror}") from None
+        return None
+    except OSError as error:
+        if error.errno == errno.EFBIG:
+            raise CheckpointError(f"{path}: {error.strerror}") from None
+        return None
+    except ValueError:  # not text (UnicodeDecodeError), not JSON
         return None
     return data if isinstance(data, dict) else None
 
@@ -38,8 +49,8 @@ def read_side_file(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:  # a directory of that name, no permission
+        data = json.loads(read_text(path, "JSON file"))
+    except OSError as error:  # a directory or a FIFO of that name, no permission, past the cap
         raise CheckpointError(f"{path}: unreadable ({error.strerror or error}); expected a JSON file") from error
     except UnicodeDecodeError as error:
         raise CheckpointError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); expected a JSON "
@@ -98,31 +109,29 @@ def hub_weights_file(directory: Path, kind: str, names: tuple[str, ...] = HUB_WE
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
+        regular_file(path)
         return load_file(path)
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({error})") from error
+        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({reason(error)})") from error
 
 
 def load_torch_file(path: Path) -> Any:
     """What a PyTorch file holds, unpickled with ``weights_only`` (tensors and plain values only). A file
     that is no PyTorch file at all (text, random bytes, a truncated archive) is told apart from one that
     needs code run to unpickle it. The file is opened once: the check and torch read the same handle."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not a valid {path.suffix or 'PyTorch'} file "
-                              f"({'not a regular file' if path.exists() else 'no such file'})")
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             problem = _not_torch_file(handle)
             if problem:
                 raise CheckpointError(f"{path}: not a valid {path.suffix or 'PyTorch'} file ({problem})")
             handle.seek(0)
             return torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[0]
+        first_line = str(error).strip().splitlines()[0]
         raise CheckpointError(f"{path}: refusing to unpickle a file that holds Python objects other than "
-                              f"tensors ({reason}); convert it to .safetensors with code you trust") from error
+                              f"tensors ({first_line}); convert it to .safetensors with code you trust") from error
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
-        raise CheckpointError(f"{path}: corrupt or unreadable PyTorch file ({error})") from error
+        raise CheckpointError(f"{path}: not a valid {path.suffix or 'PyTorch'} file ({reason(error)})") from error
 
 
 # torch.save's two layouts: a zip archive with ``<name>/data.pkl``, or (before 1.6) a pickle stream,
@@ -166,7 +175,7 @@ def read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
     has been checked against the bytes the archive really holds: a header that claims more (10^12
     floats in a small file) is refused before anything is allocated. The archive is opened once."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_regular(path) as file, zipfile.ZipFile(file) as archive:
             for member in archive.infolist():
                 _check_npy_header(path, archive, member)
             arrays = {}
@@ -179,7 +188,7 @@ def read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
     except ValueError as error:
         raise CheckpointError(f"{path}: not a valid .npz file of numeric arrays ({error})") from error
     except (OSError, EOFError) as error:
-        raise CheckpointError(f"{path}: corrupt or unreadable .npz file ({error})") from error
+        raise CheckpointError(f"{path}: corrupt or unreadable .npz file ({reason(error)})") from error
 
 
 # Deflate expands at most about 1032 times: the most data a compressed member can really hold.

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..atomic import atomic_file
 from ..cache import cache_dir
 from ..errors import CheckpointError
+from ..paths import id_segments, resolved, within
 
 HF_PREFIX = "hf-hub:"
 GS_PREFIX = "gs://"
@@ -42,6 +43,9 @@ def _from_hf_hub(repo: str) -> Path:
     except ImportError as error:
         raise CheckpointError("hf-hub: ids need the huggingface_hub package (pip install 'vitkit[hub]')") from error
     repo_id, _, revision = repo.partition("@")
+    id_segments(repo_id, HF_PREFIX, CheckpointError)
+    if revision:
+        id_segments(revision, f"{HF_PREFIX}{repo_id}@", CheckpointError)
     try:
         return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HF_FILES))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
@@ -49,7 +53,10 @@ def _from_hf_hub(repo: str) -> Path:
 
 
 def _from_bucket(blob: str) -> Path:
-    local = cache_dir() / "gs" / blob
+    """The cached copy of bucket object ``blob``; its name is parsed strictly and its copy kept inside the cache
+    (a link planted there is not followed out of it)."""
+    id_segments(blob, GS_PREFIX, CheckpointError)
+    local = within(resolved(cache_dir() / "gs"), blob, CheckpointError, f"{GS_PREFIX}{blob}: the cached copy")
     if local.exists():
         return local
     url = f"{os.environ.get('VITKIT_GS_URL', GS_PUBLIC_URL).rstrip('/')}/{blob}"

@@ -11,6 +11,7 @@ import torch
 from ..errors import CheckpointError, VitkitError, abridged
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
+from ..paths import read_text
 from . import hub
 from .files import read_json_object, read_safetensors, read_weights
 from .google import read_npz
@@ -121,7 +122,7 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[
     """A vitkit directory; ``parsed`` is its ``config.json`` when the caller has read it already."""
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
-        config = ViTConfig.from_dict(parsed if parsed is not None else json.loads(config_path.read_text()),
+        config = ViTConfig.from_dict(parsed if parsed is not None else json.loads(read_text(config_path, 'vitkit config')),
                                      str(config_path))
     except (TypeError, ValueError, ArithmeticError) as error:  # not JSON, not text, fields out of range
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error

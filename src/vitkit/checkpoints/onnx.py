@@ -31,6 +31,7 @@ from ..errors import CheckpointError, InputError
 from ..models.config import ViTConfig
 from ..models.naflex import PatchBatch, naflex_batch
 from ..models.vit import VisionTransformer
+from ..paths import regular_file, resolved, within
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"
@@ -227,6 +228,22 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     return report
 
 
+def _refuse_outside_data(path: Path) -> None:
+    """Refuse an ONNX file whose tensors name external-data files outside its folder (through ``..``, an absolute
+    location or a link): ONNX Runtime would read them, and only its newer releases check."""
+    onnx, _ = _require_runtime()
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not ONNX at all: ONNX Runtime says what is wrong with it
+        return
+    folder = resolved(path.parent)
+    for tensor in filter(uses_external_data, _get_all_tensors(graph)):
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+        within(folder, location, CheckpointError, f"{path}: the external data of tensor {tensor.name!r}")
+
+
 class ExportedModel(nn.Module):
     """An exported graph behind a module's face: ``model(images)`` (or, for a graph exported with ``naflex``,
     ``model(patch_batch)``) gives logits and ``model.config`` the exported ``ViTConfig``, so evaluation and
@@ -259,8 +276,8 @@ class OnnxModel(ExportedModel):
     def __init__(self, path: str | Path, device: torch.device | str = "cpu"):
         super().__init__()
         self.path, self.device = Path(path), torch.device(device)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"no ONNX file at {self.path}")
+        regular_file(self.path)
+        _refuse_outside_data(self.path)
         try:  # onnxruntime's own errors (InvalidProtobuf, ...) derive from Exception alone
             self.session = session(self.path, self.device)
         except Exception as error:

@@ -23,6 +23,7 @@ from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
+from ..paths import regular_file
 from ..runtime import precision_name
 from .onnx import CONFIG_KEY, INPUT, NAFLEX_INPUTS, ExportedModel, checked_difference, feeds, probe_logits, trace
 
@@ -120,8 +121,7 @@ class OpenVinoModel(ExportedModel):
         openvino = _require_openvino()
         self.path = Path(path)
         for needed in (self.path, self.path.with_suffix(".bin")):
-            if not needed.is_file():
-                raise FileNotFoundError(f"no OpenVINO {needed.suffix[1:]} file at {needed}")
+            regular_file(needed)  # a FIFO would block OpenVINO's reader
         weights = self.path.with_suffix(".bin")
         recorded = recorded_digest(self.path)  # before OpenVINO reads the weights: another export's may not parse
         if recorded is not None and recorded != weights_digest(weights):

@@ -23,6 +23,7 @@ from webdataset import ShardWriter
 from ..atomic import atomic_directory, sweep
 from ..classnames import format_class_list
 from ..errors import ConfigError, DatasetError
+from ..paths import open_regular
 from ..progress import track
 from .datasets import read_image
 from .shards import IMAGE_EXTENSIONS, ShardedSplit
@@ -63,7 +64,8 @@ def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
             path = dataset.path(index)
             extension = path.suffix.lower().lstrip(".")
             if extension in IMAGE_EXTENSIONS:
-                data = path.read_bytes()
+                with open_regular(path) as handle:
+                    data = handle.read()
                 read_image(io.BytesIO(data), str(path))  # decoded: an unreadable file stops the conversion
                 yield extension, data, int(dataset.labels[index])
                 continue

@@ -11,6 +11,7 @@ dataset, whatever its split: what a folder of images that names no split holds.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import os
@@ -28,6 +29,7 @@ from torchvision import datasets as tvd
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DatasetError, DatasetNameError
+from ..paths import open_regular
 from .folders import class_folders, folder_listing
 from .splits import ALL, SPLITS, held_out, split_of
 
@@ -139,7 +141,9 @@ def read_image(source: str | Path | BinaryIO, name: str | None = None) -> torch.
     Errors name the image ``name`` (default: the path)."""
     name = name or str(source)
     try:
-        with Image.open(source) as image:
+        # A path is opened as a regular file only: a FIFO or a device in its place is refused, never waited on.
+        with open_regular(source) if isinstance(source, str | Path) else contextlib.nullcontext(source) as handle, \
+                Image.open(handle) as image:
             if image.width * image.height > MAX_PIXELS:
                 raise DatasetError(f"{name}: refusing to decode a {image.width}x{image.height} image "
                                    f"({image.width * image.height:,} pixels, more than {MAX_PIXELS:,}): "

@@ -28,6 +28,7 @@ import numpy as np
 from ..atomic import atomic_file
 from ..cache import cache_dir, cache_entry, sweep_cache
 from ..errors import DatasetError
+from ..paths import open_regular, resolved, within
 
 FORMAT_VERSION = 1
 RACY_NS = 2_000_000_000  # the coarsest common mtime step (FAT's 2 s); ext4, xfs and btrfs keep nanoseconds
@@ -54,7 +55,8 @@ def _stamp(stat: os.stat_result) -> list[int]:
 
 
 def folder_listing(root: Path) -> Listing:
-    """The listing of ``root/<class>/...`` (hidden entries left out), from the cache when it still holds."""
+    """The listing of ``root/<class>/...`` (hidden entries left out), from the cache when it still holds. A link
+    in the folder that leads outside it is refused, naming both (see ``vitkit.paths``)."""
     root = root.absolute()
     try:
         entry = _entry(root)
@@ -70,15 +72,21 @@ def folder_listing(root: Path) -> Listing:
 
 
 def class_folders(root: Path) -> list[str]:
-    return sorted(os.fsdecode(name) for path, name, is_dir in _entries(os.fsencode(root)) if is_dir)
+    return sorted(os.fsdecode(name) for path, name, is_dir in _entries(os.fsencode(root), resolved(root)) if is_dir)
 
 
-def _entries(folder: bytes) -> list[tuple[bytes, bytes, bool]]:
+def _entries(folder: bytes, real_root: Path) -> list[tuple[bytes, bytes, bool]]:
     """``(path, name, is a directory)`` of the entries of ``folder`` that are not hidden; a symbolic link is
-    followed (a link to itself, or one that cannot be followed, is an error naming it)."""
+    followed if it stays inside ``real_root`` (the resolved folder being listed) and refused otherwise, naming
+    both (a link to itself, or one that cannot be followed, is an error naming it)."""
     try:
         with os.scandir(folder) as entries:
-            return [(entry.path, entry.name, entry.is_dir()) for entry in entries if not entry.name.startswith(b".")]
+            found = [(entry.path, entry.name, entry.is_dir(), entry.is_symlink()) for entry in entries
+                     if not entry.name.startswith(b".")]
+        for path, *_, link in found:
+            if link:
+                within(real_root, path, DatasetError, "a link")
+        return [entry[:3] for entry in found]
     except OSError as error:
         name = os.fsdecode(error.filename) if isinstance(error.filename, bytes | str) else os.fsdecode(folder)
         raise DatasetError(f"{name}: cannot list the folder ({error.strerror})") from error
@@ -92,7 +100,7 @@ def _stat(folder: bytes) -> os.stat_result:
 
 
 def _walk(root: Path) -> Listing:
-    directories, stamps = [], []
+    directories, stamps, real_root = [], [], resolved(root)
 
     def visit(folder: bytes, ancestors: frozenset) -> list[bytes]:
         """The files under ``folder``; its times are read before its entries, so a change made during the walk
@@ -104,7 +112,7 @@ def _walk(root: Path) -> Listing:
         directories.append(folder)
         stamps.append(_stamp(stat))
         found = []
-        for path, _, is_dir in _entries(folder):
+        for path, _, is_dir in _entries(folder, real_root):
             if is_dir:
                 found += visit(path, ancestors | {identity})
             else:
@@ -129,20 +137,28 @@ def _entry(root: Path) -> Path:
 def _cached(entry: Path, root: Path) -> Listing | None:
     """The cached listing of ``root``, or None when there is none to trust."""
     try:
-        with open(entry, "rb") as handle, np.load(handle, allow_pickle=False) as arrays:  # one file, if replaced
+        with open_regular(entry) as handle, np.load(handle, allow_pickle=False) as arrays:  # one file, if replaced
             if int(arrays["version"]) != FORMAT_VERSION or arrays["root"].item() != os.fsencode(root):
                 return None
             listing = Listing([os.fsdecode(name) for name in arrays["classes"]], _mapped(handle, "files"),
                               arrays["counts"], arrays["directories"], arrays["stamps"])
         if not (len(listing.directories) and listing.directories[0] == os.fsencode(root)
                 and listing.stamps.shape == (len(listing.directories), len(STAMP))
-                and len(listing.classes) == len(listing.counts) and int(listing.counts.sum()) == len(listing.files)):
+                and len(listing.classes) == len(listing.counts) and int(listing.counts.sum()) == len(listing.files)
+                and _inside(listing.directories[1:], root) and _inside(listing.files, root)):
             return None
         if any(_stamp(os.stat(folder)) != list(stamp) for folder, stamp in zip(listing.directories, listing.stamps)):
             return None
         return listing
     except Exception:  # absent, changed, torn, empty or someone else's file: walk the folder again
         return None
+
+
+def _inside(paths: np.ndarray, root: Path) -> bool:
+    """Whether every path is one a walk of ``root`` lists: below it, with no hidden part (so no ``..`` either,
+    since a walk leaves hidden entries out). A crafted entry naming a file elsewhere is not trusted."""
+    prefix = os.path.join(os.fsencode(root), b"")
+    return bool(np.char.startswith(paths, prefix).all() and (np.char.find(paths, b"/.", len(prefix) - 1) < 0).all())
 
 
 def _mapped(handle: BinaryIO, name: str) -> np.memmap:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
+from ..paths import TEXT_LIMIT, id_segments, read_text, regular_file, resolved, within
 from .datasets import read_image
 from .index_cache import ShardIndex
 from .shards import Shard, ShardedSplit, indexed_split, label_problem
@@ -41,10 +42,17 @@ def hf_root(spec: str) -> Path:
     return Path(spec) if Path(spec).is_dir() else hub_folder(spec)
 
 
+def held_to(spec: str, root: Path) -> Path:
+    """The resolved folder that ``hf:spec``'s files and row image paths must stay in: the folder the user named,
+    or for a hub dataset its repository's folder in the hub cache (whose snapshot files link into its blobs)."""
+    return resolved(root if Path(spec).is_dir() else root.parents[1])
+
+
 @functools.cache
 def hub_folder(name: str) -> Path:
     """The local copy of hub dataset ``ORG/NAME``'s parquet files (downloaded once, then cached). The hub is
     asked once per process: a run's splits and its split listing all read the same snapshot."""
+    id_segments(name, "hf:", DatasetError)
     try:
         from huggingface_hub import snapshot_download
     except ImportError as error:
@@ -59,9 +67,9 @@ def split_files(root: Path) -> dict[str, list[Path]]:
     """The arrow or parquet files of each split under ``root``."""
     if (root / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict
         try:
-            names = json.loads((root / "dataset_dict.json").read_text())["splits"]
+            names = json.loads(read_text(root / "dataset_dict.json", "dataset description"))["splits"]
             found = {named_split([name], root / name): sorted((root / name).glob("*.arrow")) for name in names}
-        except (ValueError, KeyError, TypeError) as error:
+        except (OSError, ValueError, KeyError, TypeError) as error:
             raise DatasetError(f"{root / 'dataset_dict.json'}: expected {{\"splits\": [names]}} ({error!r})") from None
         return {split: files for split, files in found.items() if split is not None}
     if (root / "state.json").is_file():  # save_to_disk of one Dataset: its only split is train
@@ -77,6 +85,7 @@ def split_files(root: Path) -> dict[str, list[Path]]:
 def open_table(path: Path):
     """A file's rows as record batches: parquet read in pieces, arrow memory-mapped."""
     pa, pq = _pyarrow()
+    regular_file(path)  # a FIFO would block pyarrow's open
     if path.suffix == ".parquet":
         return pq.ParquetFile(path)
     return pa.ipc.open_stream(pa.memory_map(str(path)))
@@ -90,6 +99,8 @@ def class_names(path: Path, schema) -> list[str] | None:
     if meta is None:
         return None
     where = f"{path}: schema metadata 'huggingface'"
+    if len(meta) > TEXT_LIMIT:
+        raise DatasetError(f"{where} holds {len(meta):,} bytes, more than the {TEXT_LIMIT:,} bytes metadata may hold")
     try:
         node = json.loads(meta)
     except ValueError as error:  # not UTF-8, or not JSON
@@ -156,8 +167,10 @@ def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | bytes | None, in
             row += 1
 
 
-def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | bytes | None, int | None]
+def decode_row(root: Path, classes: int, shard: Shard, key: str, row: tuple[dict | bytes | None, int | None]
                ) -> tuple[torch.Tensor, int]:
+    """A row's image and label; an image given by path is read only from inside the dataset's resolved
+    ``root`` (a path relative to it, or one that leads into it)."""
     image, label = row
     problem = label_problem(label, classes)
     if problem is not None:
@@ -165,7 +178,7 @@ def decode_row(classes: int, shard: Shard, key: str, row: tuple[dict | bytes | N
     encoded, path = (image.get("bytes"), image.get("path")) if isinstance(image, dict) else (image, None)
     if not (encoded or path):
         raise DatasetError(f"{shard.path}: {key}: no image (expected the Image feature's bytes or path)")
-    source = io.BytesIO(encoded) if encoded else Path(path)
+    source = io.BytesIO(encoded) if encoded else within(root, path, DatasetError, f"{shard.path}: {key}: the image path")
     return read_image(source, f"{shard.path}: {key}"), label
 
 
@@ -198,7 +211,10 @@ def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     files = sum(found.values(), []) if split == ALL else found.get(split)
     if not files:
         raise DatasetError(f"hf:{spec}: no {split} split (found {sorted(found) or 'none'})")
+    real_root = held_to(spec, root)
+    for file in files:
+        within(real_root, file, DatasetError, "a data file")
     with named_errors(files[0]):
         names = class_names(files[0], schema_of(open_table(files[0])))
     return indexed_split(f"hf:{spec}[{split}]", [str(path) for path in files], "hf-labels", label_index, names,
-                         read_rows, decode_row, corrupt)
+                         read_rows, functools.partial(decode_row, real_root), corrupt)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ..atomic import atomic_file
 from ..cache import cache_dir, cache_entry, sweep_cache
 from ..errors import DatasetError
+from ..paths import open_regular
 
 FORMAT_VERSION = 2  # 1 kept every sample's name and label in JSON
 
@@ -98,7 +99,7 @@ def _entry(stamp: dict, suffix: str = ".npz") -> Path:
 def _cached(stamp: dict) -> ShardIndex | None:
     """The cached index of the shard ``stamp`` describes, or None when there is none to trust."""
     try:
-        with np.load(_entry(stamp), allow_pickle=False) as arrays:
+        with open_regular(_entry(stamp)) as handle, np.load(handle, allow_pickle=False) as arrays:
             about = json.loads(arrays["about"].item())
             if about["stamp"] != stamp:
                 return None

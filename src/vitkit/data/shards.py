@@ -43,6 +43,7 @@ from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expan
 
 from ..classnames import parse_class_list
 from ..errors import DatasetError
+from ..paths import open_regular, read_capped, reason, regular_file, resolved, within
 from .datasets import read_image
 from .index_cache import ShardIndex, shard_indexes
 from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
@@ -211,15 +212,29 @@ def shard_files(spec: str) -> dict[str, list[str]]:
                 found[split].append(file)
         if not any(found.values()):
             raise DatasetError(f"{spec}: no shards (expected {spec}/train-000000.tar, val-..., test-...)")
+        root = resolved(spec)
+        for file in (file for files in found.values() for file in files):
+            within(root, file, DatasetError, "a shard")
+            regular_shard(file)
         return found
     files = list(braceexpand.braceexpand(spec))
-    missing = [f for f in files if not os.path.isfile(f)]
+    missing = [f for f in files if not os.path.lexists(f)]
     if missing:
         raise DatasetError(f"{spec}: {len(missing)} of {len(files)} shard(s) not found, e.g. {missing[0]}")
+    for file in files:
+        regular_shard(file)
     found = {split: [] for split in SPLITS}
     for file in sorted(files):
         found[named_split(re.split(r"[-_.]", os.path.basename(file)), file) or "train"].append(file)
     return found
+
+
+def regular_shard(path: str) -> None:
+    """Refuse a shard that is not a regular file (a FIFO would block its reader, a device never end)."""
+    try:
+        regular_file(path)
+    except OSError as error:
+        raise DatasetError(f"{path}: {error.strerror}; expected a shard file") from None
 
 
 def tar_members(tar: tarfile.TarFile, size: int) -> tuple[dict[str, dict[str, tarfile.TarInfo]], str | None]:
@@ -247,7 +262,7 @@ def tar_index(path: str) -> ShardIndex:
     """The samples of one tar shard and their labels, from its headers and ``.cls`` members."""
     names, labels, problems, cut = [], [], {}, None
     try:
-        with tarfile.open(path) as tar:
+        with open_regular(path) as handle, tarfile.open(fileobj=handle) as tar:
             keys, cut = tar_members(tar, os.path.getsize(path))
             if cut is not None:
                 keys.pop(cut, None)  # the sample cut in two is not used
@@ -297,7 +312,7 @@ def decode_tar_sample(classes: int, shard: Shard, key: str, sample: dict) -> tup
 def read_tar(shard: Shard) -> Iterator[tuple[str, dict]]:
     """The samples of a tar shard in file order (webdataset groups the members by key); a read error ends
     the stream, which ``ShardedSplit.raw`` then finds short."""
-    with open(shard.path, "rb") as handle:
+    with open_regular(shard.path) as handle:
         members = tar_file_expander([{"url": shard.path, "stream": handle}], handler=ignore_and_stop)
         for sample in group_by_keys(members, handler=ignore_and_stop):
             yield sample["__key__"], {k.lower(): v for k, v in sample.items() if not k.startswith("__")}
@@ -310,7 +325,7 @@ def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSpl
     if not files:
         raise DatasetError(f"{spec}: no {split} shards ({split}-NNNNNN.tar)")
     root = spec if os.path.isdir(spec) else os.path.dirname(files[0])
-    names = read_class_names(Path(root) / "classes.txt")
+    names = read_class_names(within(resolved(root), "classes.txt", DatasetError, "the class list"))
     return indexed_split(f"{spec}[{split}]", files, "tar", tar_index, names, read_tar, decode_tar_sample, corrupt)
 
 
@@ -320,10 +335,10 @@ def read_class_names(path: Path) -> list[str] | None:
     if not os.path.lexists(path):
         return None
     try:
-        names = parse_class_list(path.read_bytes().decode("utf-8", "surrogateescape"))
+        names = parse_class_list(read_capped(path, "class list").decode("utf-8", "surrogateescape"))
     except OSError as error:
-        raise DatasetError(f"{path}: not a readable class list ({error}); expected UTF-8 text, one class name "
-                           f"a line") from None
+        raise DatasetError(f"{path}: not a readable class list ({reason(error)}); expected UTF-8 text, one class "
+                           f"name a line") from None
     if not names:
         raise DatasetError(f"{path}: names no class; expected one class name a line")
     return names

@@ -24,6 +24,7 @@ import torch
 from ..atomic import atomic_file
 from ..cache import cache_entry, sweep_cache
 from ..errors import DatasetError
+from ..paths import regular_file
 
 SPLITS = ("train", "val", "test")
 """The splits a dataset can have: ``train``, ``val`` and ``test``."""
@@ -65,6 +66,7 @@ def held_out(size: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndar
         return _drawn(size, count, seed)
     entry = cache_entry("held-out", f"{FORMAT} {size} {count} {seed} torch {torch.__version__}".encode(), ".npy")
     with contextlib.suppress(Exception):  # absent, torn or someone else's file: draw it again
+        regular_file(entry)  # a FIFO there would block the load
         both = np.load(entry, mmap_mode="r", allow_pickle=False)
         if both.shape == (size,) and both.dtype == (np.int32 if size < 2**31 else np.int64):
             return both[:size - count], both[size - count:]

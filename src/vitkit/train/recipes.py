@@ -25,6 +25,7 @@ from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
 from ..errors import ConfigError
 from ..models import ViTConfig
 from ..normalization import NORMALIZATION
+from ..paths import read_text
 from .distributed import PARALLEL
 from .loop import TRAINING_PRECISIONS
 from .mpp import TARGETS as MPP_TARGETS
@@ -350,7 +351,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """A recipe (or part of one) from YAML or JSON; a ``preset`` key names the preset it starts from."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "recipe")
         if path.suffix in (".yaml", ".yml"):
             data = yaml.load(text, Loader=_YamlLoader)
         else:

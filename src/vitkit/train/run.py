@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from ..evaluate.preprocessing import checkpoint_transform
 from ..memory import Limit, Plan, available_memory, check, estimate
 from ..models import ViTConfig, VisionTransformer, create_model
 from ..models.config import pair
+from ..paths import own_folder
 from ..runtime import DTYPES
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
@@ -45,6 +47,10 @@ from .skipped import SkippedFiles
 logger = logging.getLogger(__name__)
 
 RECIPE_FILE = "recipe.json"
+# What a run writes into its folder besides RECIPE_FILE (which marks a run): a folder holding only these is a run
+# cut short before its recipe was saved, which may be used again; one holding anything else is not a run's.
+RUN_ENTRIES = re.compile(r"metrics\.jsonl|summary\.json|checkpoints|model|best|skipped|eval-.+\.json|"
+                         r"confusion-.+\.png|events\.out\.tfevents\..+")
 
 TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what threads=0 stands for
 
@@ -152,6 +158,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     torch.set_num_threads(recipe.threads or TORCH_THREADS)  # 0 restores torch's own, whatever a run before set
     torch.manual_seed(recipe.seed)
     run_dir = Path(recipe.run_dir or default_run_dir(recipe))
+    own_folder(run_dir, RECIPE_FILE, RUN_ENTRIES, "a training run", ConfigError)
     spec = SplitSpec(recipe.val_fraction, seed=0)
     pretraining = recipe.objective == "mpp"
     evaluated = evaluated_splits(recipe, pretraining)
