@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..errors import CheckpointError, abridged
+from ..errors import CheckpointError, abridged, parse_json
 from ..models.config import is_int, is_real
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
@@ -26,7 +26,7 @@ TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``; None when the file is absent or holds something else (format sniffing)."""
     try:
-        data = json.loads(path.read_text())
+        data = parse_json(path.read_text())
     except (OSError, ValueError):  # absent, unreadable, not text (UnicodeDecodeError), not JSON
         return None
     return data if isinstance(data, dict) else None
@@ -38,7 +38,7 @@ def read_side_file(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except OSError as error:  # a directory of that name, no permission
         raise CheckpointError(f"{path}: unreadable ({error.strerror or error}); expected a JSON file") from error
     except UnicodeDecodeError as error:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, VitkitError, abridged
+from ..errors import CheckpointError, VitkitError, abridged, parse_json
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from . import hub
@@ -121,7 +120,7 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[
     """A vitkit directory; ``parsed`` is its ``config.json`` when the caller has read it already."""
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
-        config = ViTConfig.from_dict(parsed if parsed is not None else json.loads(config_path.read_text()),
+        config = ViTConfig.from_dict(parsed if parsed is not None else parse_json(config_path.read_text()),
                                      str(config_path))
     except (TypeError, ValueError, ArithmeticError) as error:  # not JSON, not text, fields out of range
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error

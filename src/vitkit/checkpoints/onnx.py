@@ -183,7 +183,32 @@ class OnnxModel(nn.Module):
             self.config = ViTConfig.from_json(metadata[CONFIG_KEY], str(self.path))
         except ValueError as error:  # not JSON, or not a valid config
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' metadata ({error})") from error
+        self._check_signature()
+
+    def _check_signature(self) -> None:
+        """The graph takes what ``forward`` feeds it and gives what its config promises: one input
+        ``images`` (batch, C, H, W) and an output ``logits`` (batch, classes), as ``write_onnx`` makes them; a
+        size the graph fixes must be the config's (a bare tower's feature width is not checked)."""
+        config = self.config
+        expected = {INPUT: ("(batch, C, H, W)", [None, config.in_chans, *config.image_size]),
+                    OUTPUT: ("(batch, classes)", [None, config.num_classes or None])}
+        for kind, found, name in (("input", self.session.get_inputs(), INPUT),
+                                  ("output", self.session.get_outputs(), OUTPUT)):
+            wanted, sizes = expected[name]
+            node = next((node for node in found if node.name == name), None)
+            if node is None or kind == "input" and len(found) != 1:
+                raise CheckpointError(f"{self.path}: {kind}s {[node.name for node in found]}; expected "
+                                      f"{'one ' if kind == 'input' else 'among them '}'{name}' of shape {wanted}")
+            if len(node.shape) != len(sizes) or any(isinstance(size, int) and want is not None and size != want
+                                                    for size, want in zip(node.shape, sizes)):
+                raise CheckpointError(f"{self.path}: {kind} '{name}' of shape {node.shape}; expected {wanted} = "
+                                      f"{['batch' if want is None else want for want in sizes]}, as the file's "
+                                      f"'{CONFIG_KEY}' says")
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         logits = self.session.run([OUTPUT], {INPUT: images.detach().float().cpu().numpy()})[0]
+        if logits.ndim != 2 or len(logits) != len(images) or self.config.num_classes not in (0, logits.shape[1]):
+            raise CheckpointError(f"{self.path}: gave logits of shape {list(logits.shape)} for {len(images)} images; "
+                                  f"expected {[len(images), self.config.num_classes or 'features']}, as the file's '{CONFIG_KEY}' "
+                                  f"says")
         return torch.from_numpy(logits).to(images.device)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DatasetError
+from ..errors import DatasetError, parse_json
 from .datasets import SPLITS, read_image
 from .index_cache import ShardIndex
 from .shards import Shard, ShardedSplit, indexed_split, label_problem
@@ -64,7 +64,7 @@ def split_files(root: Path) -> dict[str, list[Path]]:
     """The arrow or parquet files of each split under ``root``."""
     if (root / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict
         try:
-            names = json.loads((root / "dataset_dict.json").read_text())["splits"]
+            names = parse_json((root / "dataset_dict.json").read_text())["splits"]
             found = {split_of(name): sorted((root / name).glob("*.arrow")) for name in names}
         except (ValueError, KeyError, TypeError) as error:
             raise DatasetError(f"{root / 'dataset_dict.json'}: expected {{\"splits\": [names]}} ({error!r})") from None
@@ -97,7 +97,7 @@ def class_names(path: Path, schema) -> list[str] | None:
         return None
     where = f"{path}: schema metadata 'huggingface'"
     try:
-        node = json.loads(meta)
+        node = parse_json(meta)
     except ValueError as error:  # not UTF-8, or not JSON
         raise DatasetError(f"{where} is not JSON ({error})") from None
     for trail in ("", "info", "info.features", "info.features.label"):

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, abridged
+from ..errors import ConfigError, abridged, parse_json
 from ..normalization import NORMALIZATION, normalization
 
 # "map": multi-head attention pooling with a learned probe (SigLIP's head).
@@ -342,7 +342,7 @@ class ViTConfig:
 
     @classmethod
     def from_json(cls, text: str, source: str = "config") -> "ViTConfig":
-        return cls.from_dict(json.loads(text), source)
+        return cls.from_dict(parse_json(text), source)
 
 
 def _without_stale_classes(provenance: Any, num_classes: Any, source: str) -> Any:
