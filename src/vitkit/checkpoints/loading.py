@@ -157,13 +157,10 @@ def load_state_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], so
     conflicts = [f"{key}: checkpoint {tuple(state[key].shape)} vs model {tuple(expected[key].shape)}"
                  for key in sorted(set(expected) & set(state)) if state[key].shape != expected[key].shape]
     if missing or unexpected or conflicts:
-        lines = [f"{source} does not fit the model it describes:"]
-        for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                             ("shape conflicts", conflicts)):
-            if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:20])
-                             + (" ..." if len(items) > 20 else ""))
-        raise CheckpointError("\n".join(lines))
+        parts = [f"{title} ({len(items)}): " + ", ".join(items[:20]) + (" ..." if len(items) > 20 else "")
+                 for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                                      ("shape conflicts", conflicts)) if items]
+        raise CheckpointError(f"{source} does not fit the model it describes: {'; '.join(parts)}")
     # Fresh allocations rather than the file's buffers: aligned memory keeps the kernels (and so the
     # logits, bit for bit) the same as those of a model built in the usual way.
     model.to_empty(device="cpu")

@@ -42,7 +42,7 @@ from webdataset.handlers import ignore_and_stop
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
 from ..errors import DatasetError
-from .datasets import SPLITS, read_image
+from .datasets import MAX_UNNAMED_CLASSES, SPLITS, read_image
 from .index_cache import ShardIndex, shard_indexes
 from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
                       seeded_transform)
@@ -51,9 +51,6 @@ from .transforms import Preset
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE_BUFFER = 1000
-# Without class names the classes are the labels 0..largest; a label beyond this is taken for a damaged one
-# rather than asking for that many classes (ImageNet-21k has 21,843, JFT 18,291).
-MAX_UNNAMED_CLASSES = 1_000_000
 MAX_SHARDS = 1_000_000  # a brace pattern naming more is taken for a mistake (LAION-5B's shards number ~500k)
 
 

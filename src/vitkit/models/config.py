@@ -204,6 +204,7 @@ class ViTConfig:
         def count(name: str, low: int) -> None:
             value = getattr(self, name)
             need(is_int(value) and value >= low, f"{name}={value!r}, expected an int >= {low}")
+            need(value < 2**63, f"{name}={value!r}, expected a 64-bit int (what torch sizes take)")
 
         def real(name: str, low: float, high: float | None = None) -> None:
             value = getattr(self, name)

@@ -348,6 +348,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not a text file ({error})") from error
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from error
+    except RecursionError:  # YAML's composer recurses once per level of nesting
+        raise ConfigError(f"{path}: not valid YAML (nested deeper than the YAML parser goes)") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}: not valid JSON ({error})") from error
     if not isinstance(data, dict):
