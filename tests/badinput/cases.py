@@ -385,7 +385,7 @@ CASES = [
          1, "train-000000.tar: not a readable tar shard (file could not be opened successfully: - method gz:"),
     Case("shard pattern with unbalanced braces", lambda t: ["data", "info", f"webdataset:{t}/train-{{0..9.tar"], 1,
          "train-{{0..9.tar: unbalanced braces; expected a folder, a shard file or a brace pattern"),
-    Case("shard pattern naming 10^11 shards", lambda t: ["data", "info", f"webdataset:{t}/train-{{0..99999999999}}.tar"],
+    Case("shard pattern naming 10^7 shards", lambda t: ["data", "info", f"webdataset:{t}/train-{{0..9999999}}.tar"],
          1, "names more than 1,000,000 shards; expected at most 1,000,000"),
     Case("ONNX graph taking a flat input", lambda t: ["eval", str(_tiny_onnx(t, input_shape=["N", 64]))], 1,
          "m.onnx: input 'images' of shape ['N', 64]; expected (batch, C, H, W) = ['batch', 1, 8, 8]"),
