@@ -208,7 +208,7 @@ class OnnxModel(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         logits = self.session.run([OUTPUT], {INPUT: images.detach().float().cpu().numpy()})[0]
         if logits.ndim != 2 or len(logits) != len(images) or self.config.num_classes not in (0, logits.shape[1]):
+            expected = [len(images), self.config.num_classes or "features"]
             raise CheckpointError(f"{self.path}: gave logits of shape {list(logits.shape)} for {len(images)} images; "
-                                  f"expected {[len(images), self.config.num_classes or 'features']}, as the file's '{CONFIG_KEY}' "
-                                  f"says")
+                                  f"expected {expected}, as the file's '{CONFIG_KEY}' says")
         return torch.from_numpy(logits).to(images.device)
