@@ -381,8 +381,9 @@ CASES = [
     # ------------------------------------------------------------- values past what a reader can hold
     Case(".cls label of 23 digits", lambda t: ["data", "info", _shards(t, {"a.png": png(), "a.cls": b"1" * 23})], 1,
          "train-000000.tar: sample a: .cls is b'11111111111111111111', out of range for a class index"),
-    Case("shard of noise", lambda t: ["data", "info", f"webdataset:{write(t / 'w' / 'train-000000.tar', RANDOM).parent}"],
-         1, "train-000000.tar: not a readable tar shard (file could not be opened successfully: - method gz:"),
+    Case("shard of noise", lambda t: ["data", "info", "webdataset:" + str(write(
+        t / "w" / "train-000000.tar", RANDOM).parent)], 1,
+         "train-000000.tar: not a readable tar shard (file could not be opened successfully: - method gz:"),
     Case("shard pattern with unbalanced braces", lambda t: ["data", "info", f"webdataset:{t}/train-{{0..9.tar"], 1,
          "train-{{0..9.tar: unbalanced braces; expected a folder, a shard file or a brace pattern"),
     Case("shard pattern naming 10^7 shards", lambda t: ["data", "info", f"webdataset:{t}/train-{{0..9999999}}.tar"],
@@ -434,7 +435,8 @@ CASES = [
         x_train=np.array([{}] * 4, object), y_train=np.zeros(4, np.int64))))], 1,
          "d.npz: array x_train is not readable (Object arrays cannot be loaded when allow_pickle=False)"),
     Case("dataset .npz with no images", lambda t: [*TRAIN, "--dataset", "npz:" + str(write(t / "d.npz", npz_of(
-        x_train=np.zeros((0, 8, 8), np.uint8), y_train=np.zeros(0, np.int64))))], 1, "d.npz[train]: the dataset is empty"),
+        x_train=np.zeros((0, 8, 8), np.uint8), y_train=np.zeros(0, np.int64))))], 1,
+         "d.npz[train]: the dataset is empty"),
     Case("dataset .npz with a label of 2^62", lambda t: ["data", "info", "npz:" + str(write(t / "d.npz", npz_of(
         x_train=np.zeros((4, 8, 8), np.uint8), y_train=np.full(4, 2**62))))], 1,
          "d.npz: y_train holds int64 of shape (4,) in 4611686018427387904..4611686018427387904; expected one class "
@@ -450,7 +452,8 @@ CASES = [
          "train-0.parquet: schema metadata 'huggingface' is not JSON (nested deeper than the JSON parser goes"),
     Case("dataset_dict.json nested 10^5 deep", lambda t: ["data", "info", "hf:" + str(write(
         t / "h" / "dataset_dict.json", "[" * 100_000).parent)], 1,
-         "dataset_dict.json: expected {{\"splits\": [names]}} (JSONDecodeError('nested deeper than the JSON parser goes"),
+         "dataset_dict.json: expected {{\"splits\": [names]}} (JSONDecodeError('nested deeper than the JSON "
+         "parser goes"),
     Case("HF processor nested 10^5 deep", lambda t: ["info", str(hf_with(t, "[" * 100_000))], 1,
          "preprocessor_config.json: not JSON (nested deeper than the JSON parser goes"),
     Case("ONNX file whose config names a list for its normalisation", lambda t: ["eval", str(_onnx_with_config(
