@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import math
 import os
 import sys
 import traceback
@@ -28,7 +29,7 @@ from .checkpoints.onnx import QUANTIZATIONS
 from .classnames import escape_name
 from .data import ALL, CORRUPT, RESIZE_MODES, SPLITS
 from .data.datasets import DATASET_FORMS
-from .errors import ConfigError, VitkitError
+from .errors import ConfigError, VitkitError, parse_json
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
@@ -154,7 +155,7 @@ def _override(text: str) -> dict[str, object]:
     if key == "image_size":
         return {key: _image_size(value)}
     try:
-        return {key: json.loads(value)}
+        return {key: parse_json(value)}
     except json.JSONDecodeError:
         return {key: value}
 
@@ -236,6 +237,8 @@ def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
 
     def parse(text: str) -> typing.Any:
         value = kind(text)
+        if kind is int and not -2**63 <= value < 2**63:  # what torch and numpy take
+            raise argparse.ArgumentTypeError(f"expected a 64-bit integer, got {text}")
         if not holds(value):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
         return value
@@ -247,7 +250,11 @@ def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
 _positive = _checked(int, at_least(1))
 _count = _checked(int, at_least(0))
 _fraction = _checked(float, fraction(open_top=True))
-_positive_number = _checked(float, ((lambda value: value > 0), "a positive number"))
+_positive_number = _checked(float, ((lambda value: 0 < value < math.inf), "a positive number"))
+_finite_number = _checked(float, (math.isfinite, "a finite number"))
+_regularizer = _checked(float, ((lambda value: 0 <= value < math.inf), "a finite number >= 0"))
+MAX_SEEDS = 1000  # few-shot repeats: each fits every shot count again
+_repeats = _checked(int, ((lambda value: 1 <= value <= MAX_SEEDS), f"an int in 1..{MAX_SEEDS}"))
 # Patches per image of a NaFlex batch: every image is padded to this many, so it bounds the batch's memory
 # (16384 patches of 16 px hold a 2048 x 2048 image; SigLIP 2 was trained with up to 1024).
 MAX_PATCHES_LIMIT = 16384
@@ -257,7 +264,7 @@ _patch_budget = _checked(int, ((lambda value: 1 <= value <= MAX_PATCHES_LIMIT), 
 def _json_object(text: str) -> dict:
     """A JSON object such as ``{"depth": 8}`` (``--model-args``)."""
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from error
     if not isinstance(value, dict):
@@ -935,9 +942,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", required=True, metavar="DIR", help="folder for figures, numbers and index.html")
     analyze.add_argument("--image-size", type=_image_size, metavar="HxW",
                          help="input size (default: the checkpoint's)")
-    analyze.add_argument("--mean", type=float, nargs="+",
+    analyze.add_argument("--mean", type=_finite_number, nargs="+",
                          help="per-channel input mean (default: the checkpoint's normalisation's)")
-    analyze.add_argument("--std", type=float, nargs="+",
+    analyze.add_argument("--std", type=_positive_number, nargs="+",
                          help="per-channel input std (default: the checkpoint's; each flag falls back on its own)")
     analyze.add_argument("--batch-size", "-b", type=_positive, default=8)
     analyze.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
@@ -949,7 +956,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "as vitkit.analysis.rollout: token under pool='token', mean under 'gap', probe under "
                               "'map'; prefix and register tokens are never on the image grid)")
     analyze.add_argument("--overlays", type=_count, default=8, help="how many rollout overlays to draw")
-    analyze.add_argument("--filters", type=_count, default=28, help="principal components of the patch filters")
+    analyze.add_argument("--filters", type=_positive, default=28, help="principal components of the patch filters")
     _resize_flag(analyze)
     _max_patches_flag(analyze)
     _runtime_flags(analyze)
@@ -994,8 +1001,8 @@ def build_parser() -> argparse.ArgumentParser:
     fewshot.add_argument("--shots", type=_positive, nargs="+",
                          help=f"training images per class (default: {' '.join(map(str, DEFAULT_SHOTS))}); with "
                               f"--knn, also the k-NN memory banks, which are otherwise every training image")
-    fewshot.add_argument("--seeds", type=_positive, default=5, help="repeats with different shots")
-    fewshot.add_argument("--l2", type=float, nargs="+", default=list(DEFAULT_L2_REGS),
+    fewshot.add_argument("--seeds", type=_repeats, default=5, help="repeats with different shots")
+    fewshot.add_argument("--l2", type=_regularizer, nargs="+", default=list(DEFAULT_L2_REGS),
                          help="regularisers tried; one is chosen on held-out training images")
     fewshot.add_argument("--linear-probe", action="store_true", help="also fit on every training image")
     fewshot.add_argument("--knn", type=_positive, nargs="+", metavar="K",

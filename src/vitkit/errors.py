@@ -1,6 +1,8 @@
 """The errors vitkit explains: one family, so that callers catch ``VitkitError`` and the command line
 prints the message as one line. Each subclasses the built-in error a caller would otherwise expect."""
 
+import json
+import sys
 from typing import Any
 
 
@@ -44,3 +46,17 @@ def abridged(value: Any, limit: int = 80) -> str:
     """``repr(value)`` cut to about ``limit`` characters: how a message quotes a bad value of any size."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads``, where arrays or objects nested deeper than the parser goes (Python's RecursionError) and
+    integers longer than Python converts fail as any other text that is not JSON does: with
+    ``json.JSONDecodeError``, a ValueError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested deeper than the JSON parser goes", "", 0) from None
+    except ValueError as error:
+        if isinstance(error, (json.JSONDecodeError, UnicodeDecodeError)):
+            raise
+        raise json.JSONDecodeError(f"an integer of more than {sys.get_int_max_str_digits()} digits", "", 0) from None

@@ -63,7 +63,8 @@ class StepProgress:
             self.bar.set_postfix_str(f"{metrics} | {images_per_s:,.0f} img/s")
             return
         eta = (time.perf_counter() - self.started) / max(step - self.first, 1) * (self.total - step)
-        eta_text = time.strftime('%H:%M:%S', time.gmtime(max(0.0, eta)))
+        hours, seconds = divmod(int(max(0.0, eta)), 3600)
+        eta_text = f"{hours:02d}:{seconds // 60:02d}:{seconds % 60:02d}"  # hours past a day counted on
         self.logger.info(f"step {step}/{self.total} {100 * step / self.total:3.0f}% | {metrics} | "
                          f"{images_per_s:,.0f} img/s | ETA {eta_text}")
 

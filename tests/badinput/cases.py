@@ -384,6 +384,84 @@ CASES = [
         t, {"mean": [0.5, 0.5], "std": 0.5}))], 1, "config.json: pretrained_cfg.mean=[0.5, 0.5]; expected"),
     Case("ONNX file whose config has backbone 5", lambda t: ["eval", str(_onnx_with_config(t, {"backbone": 5}))], 1,
          "m.onnx: bad 'vitkit.config' metadata (invalid ViTConfig: backbone=5, expected null or a list of positive"),
+    # ------------------------------------------------------------- values past what a reader can hold
+    Case(".cls label of 23 digits", lambda t: ["data", "info", _shards(t, {"a.png": png(), "a.cls": b"1" * 23})], 1,
+         "train-000000.tar: sample a: .cls is b'11111111111111111111', out of range for a class index"),
+    Case("shard of noise", lambda t: ["data", "info", "webdataset:" + str(write(
+        t / "w" / "train-000000.tar", RANDOM).parent)], 1,
+         "train-000000.tar: not a readable tar shard (file could not be opened successfully: - method gz:"),
+    Case("shard pattern with unbalanced braces", lambda t: ["data", "info", f"webdataset:{t}/train-{{0..9.tar"], 1,
+         "train-{{0..9.tar: unbalanced braces; expected a folder, a shard file or a brace pattern"),
+    Case("shard pattern naming 10^7 shards", lambda t: ["data", "info", f"webdataset:{t}/train-{{0..9999999}}.tar"],
+         1, "names more than 1,000,000 shards; expected at most 1,000,000"),
+    Case("ONNX graph taking a flat input", lambda t: ["eval", str(_tiny_onnx(t, input_shape=["N", 64]))], 1,
+         "m.onnx: input 'images' of shape ['N', 64]; expected (batch, C, H, W) = ['batch', 1, 8, 8]"),
+    Case("ONNX graph without a logits output", lambda t: ["eval", str(_tiny_onnx(t, output="probs"))], 1,
+         "m.onnx: outputs ['probs']; expected among them 'logits' of shape (batch, classes)"),
+    Case("ONNX graph with more outputs than the config's classes", lambda t: ["eval", str(_tiny_onnx(t, width=12))],
+         1, "m.onnx: output 'logits' of shape ['N', 12]; expected (batch, classes) = ['batch', 10]"),
+    Case("ONNX graph whose output width shows only when run", lambda t: ["predict", str(_tiny_onnx(
+        t, input_shape=["N", 1, "H", "W"], width=None)), str(write(t / "a.png", png()))], 1,
+         "m.onnx: gave logits of shape [1, 64] for 1 images; expected [1, 10]"),
+    Case("ONNX config nested 10^5 deep", lambda t: ["eval", str(_tiny_onnx(t, config="[" * 100_000))], 1,
+         "m.onnx: bad 'vitkit.config' metadata (nested deeper than the JSON parser goes"),
+    Case("JSON recipe nested 10^5 deep", config("r.json", "[" * 100_000), 2,
+         "r.json: not valid JSON (nested deeper than the JSON parser goes"),
+    Case("YAML recipe nested 10^5 deep", config("r.yaml", "[" * 100_000), 2,
+         "r.yaml: not valid YAML (nested deeper than the YAML parser goes)"),
+    Case("model args nested 10^5 deep", lambda t: [*TRAIN, "--model-args", "[" * 100_000], 2,
+         "argument --model-args: not valid JSON (nested deeper than the JSON parser goes"),
+    Case("recipe seed of 23 digits", config("r.yaml", "seed: " + "9" * 23), 2,
+         "recipe field seed=99999999999999999999999: expected a 64-bit integer"),
+    Case("threads of 23 digits", lambda t: [*TRAIN, "--threads", "9" * 23], 2,
+         "recipe field threads=99999999999999999999999: expected a 64-bit integer"),
+    Case("threads 5000", lambda t: [*TRAIN, "--threads", "5000"], 2, "threads=5000: expected 0 to 1024"),
+    Case("few-shot seeds of 23 digits", lambda t: ["fewshot", str(model_dir(t)), "--seeds", "9" * 23], 2,
+         "--seeds: expected a 64-bit integer, got 99999999999999999999999"),
+    Case("few-shot 5000 seeds", lambda t: ["fewshot", str(model_dir(t)), "--seeds", "5000"], 2,
+         "--seeds: expected an int in 1..1000, got 5000"),
+    Case("few-shot negative regulariser", lambda t: ["fewshot", str(model_dir(t)), "--l2", "-1"], 2,
+         "--l2: expected a finite number >= 0, got -1"),
+    Case("table of 10^23 classes", lambda t: ["models", "ViT-B/16", "--num-classes", "1" + "0" * 23], 2,
+         "--num-classes: expected a 64-bit integer"),
+    Case("analyze 0 filters", lambda t: ["analyze", str(model_dir(t)), "--out", str(t / "o"), "--filters", "0"], 2,
+         "--filters: expected >= 1, got 0"),
+    Case("analyze std 0", lambda t: ["analyze", str(model_dir(t)), "--out", str(t / "o"), "--std", "0"], 2,
+         "--std: expected a positive number, got 0"),
+    Case("analyze mean NaN", lambda t: ["analyze", str(model_dir(t)), "--out", str(t / "o"), "--mean", "nan"], 2,
+         "--mean: expected a finite number, got nan"),
+    Case("config.json depth of 31 digits", lambda t: ["info", str(_native_with(t, config=json.dumps(
+        {**json.loads((model_dir(t) / "config.json").read_text()), "depth": 10**30}).encode()))], 1,
+         "invalid ViTConfig: depth=1000000000000000000000000000000, expected a 64-bit int"),
+    Case("weights of another width", lambda t: ["info", str(_native_with(t, config=json.dumps(
+        {**json.loads((model_dir(t) / "config.json").read_text()), "dim": 32, "mlp_dim": 64}).encode()))], 1,
+         "broken does not fit the model it describes: shape conflicts (19): blocks.0.attn.proj.bias: checkpoint (16,) "
+         "vs model (32,)"),
+    Case("dataset .npz of Python objects", lambda t: [*TRAIN, "--dataset", "npz:" + str(write(t / "d.npz", npz_of(
+        x_train=np.array([{}] * 4, object), y_train=np.zeros(4, np.int64))))], 1,
+         "d.npz: array x_train is not readable (Object arrays cannot be loaded when allow_pickle=False)"),
+    Case("dataset .npz with no images", lambda t: [*TRAIN, "--dataset", "npz:" + str(write(t / "d.npz", npz_of(
+        x_train=np.zeros((0, 8, 8), np.uint8), y_train=np.zeros(0, np.int64))))], 1,
+         "d.npz[train]: the dataset is empty"),
+    Case("dataset .npz with a label of 2^62", lambda t: ["data", "info", "npz:" + str(write(t / "d.npz", npz_of(
+        x_train=np.zeros((4, 8, 8), np.uint8), y_train=np.full(4, 2**62))))], 1,
+         "d.npz: y_train holds int64 of shape (4,) in 4611686018427387904..4611686018427387904; expected one class "
+         "index in 0..999999 per image"),
+    Case("dataset .npz with fractional labels", lambda t: ["data", "info", "npz:" + str(write(t / "d.npz", npz_of(
+        x_train=np.zeros((4, 8, 8), np.uint8), y_train=np.full(4, 0.5))))], 1, "d.npz: y_train holds float64"),
+    Case("hf: with no path", lambda t: ["data", "info", "hf:"], 1, "dataset 'hf:': expected a path after 'hf:'"),
+    Case("imagefolder: with no path", lambda t: [*TRAIN, "--dataset", "imagefolder:"], 1,
+         "dataset 'imagefolder:': expected a path after 'imagefolder:'"),
+    Case("hf: folder without splits", lambda t: ["data", "info", f"hf:{(t / 'hf').mkdir() or t / 'hf'}"], 1,
+         "hf: no split found; expected parquet files of a train, validation or test split"),
+    Case("parquet metadata nested 10^5 deep", lambda t: ["data", "info", _parquet(t, b"[" * 100_000)], 1,
+         "train-0.parquet: schema metadata 'huggingface' is not JSON (nested deeper than the JSON parser goes"),
+    Case("dataset_dict.json nested 10^5 deep", lambda t: ["data", "info", "hf:" + str(write(
+        t / "h" / "dataset_dict.json", "[" * 100_000).parent)], 1,
+         "dataset_dict.json: expected {{\"splits\": [names]}} (JSONDecodeError('nested deeper than the JSON "
+         "parser goes"),
+    Case("HF processor nested 10^5 deep", lambda t: ["info", str(hf_with(t, "[" * 100_000))], 1,
+         "preprocessor_config.json: not JSON (nested deeper than the JSON parser goes"),
     Case("ONNX file whose config names a list for its normalisation", lambda t: ["eval", str(_onnx_with_config(
         t, {"provenance": {"normalization": []}}))], 1, "m.onnx: bad 'vitkit.config' metadata (invalid provenance: "
          "normalization=[], expected one of"),
@@ -481,3 +559,54 @@ def _native_with(tmp: Path, config: bytes | None = None, weights: bytes | None =
     write(target / "model.safetensors", weights if weights is not None else
           (source / "model.safetensors").read_bytes())
     return target
+
+
+def _shards(tmp: Path, members: dict[str, bytes]) -> str:
+    """``webdataset:`` of one train shard holding ``members``."""
+    import tarfile
+
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return f"webdataset:{write(tmp / 'wds' / 'train-000000.tar', archive.getvalue()).parent}"
+
+
+def _tiny_onnx(tmp: Path, input_shape: list | None = None, output: str = "logits", width: int | None = 10,
+               config: str | None = None) -> Path:
+    """A hand-built ONNX graph (the first ``width`` pixels of a flattened 8x8 grey image as logits, all of them for
+    None) carrying the metadata of a 10-class vitkit model: its input, output name and width as given."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shape = input_shape or ["N", 1, 8, 8]
+    nodes = [helper.make_node("Flatten", ["images"], ["flat" if width else output], axis=1)]
+    constants = []
+    if width:
+        nodes.append(helper.make_node("Slice", ["flat", "start", "end", "axis"], [output]))
+        constants = [helper.make_tensor(name, TensorProto.INT64, [1], [value])
+                     for name, value in (("start", 0), ("end", width), ("axis", 1))]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("images", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", width or "pixels"])],
+                              constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    settings = ViTConfig(image_size=8, num_classes=10, **TINY).to_json()
+    model.metadata_props.add(key="vitkit.config", value=settings if config is None else config)
+    path = tmp / "m.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _parquet(tmp: Path, metadata: bytes) -> str:
+    """``hf:`` of one train parquet file of two grey images whose schema's 'huggingface' metadata is ``metadata``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"image": [{"bytes": png(), "path": None}] * 2, "label": [0, 1]})
+    path = tmp / "hf" / "train" / "train-0.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(table.replace_schema_metadata({b"huggingface": metadata}), path)
+    return f"hf:{tmp / 'hf'}"

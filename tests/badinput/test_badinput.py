@@ -2,7 +2,9 @@
 wrong, never a traceback; no pickle payload ever runs. Plus what needs a process of its own: a full disk
 (a file size limit) and a read-only run directory."""
 
+import io
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -112,3 +114,29 @@ def test_debug_shows_the_traceback_and_bugs_are_not_hidden(tmp_path, capsys, mon
     monkeypatch.setattr("vitkit.cli.cmd_models", buggy)
     with pytest.raises(ZeroDivisionError):  # a genuine bug is no user error: it keeps its traceback
         main(["models"])
+
+
+def test_resume_leaves_out_metric_lines_no_parser_can_read(finished_run, tmp_path):
+    """A metrics.jsonl line nested past the JSON parser's depth, or holding an integer past Python's digit
+    limit, is a malformed line like any other: resume drops it and keeps the run's records."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    metrics = run / "metrics.jsonl"
+    kept = metrics.read_text()
+    metrics.write_text(kept + "[" * 100_000 + "\n" + '{"step": ' + "9" * 5000 + "}\n")
+    assert main(["train", "--resume", "--run-dir", str(run)]) == 0
+    assert metrics.read_text() == kept
+
+
+def test_the_eta_of_a_run_of_2_to_the_62_steps_is_printed(caplog):
+    """Past what a timestamp holds (and past a day) the hours are counted on: 2^62 - 1 steps left at 1 s a step."""
+    import logging
+
+    from vitkit.progress import StepProgress
+
+    progress = StepProgress(total=2**62, done=0, logger=logging.getLogger("vitkit.test"), stream=io.StringIO())
+    progress.started -= 1.0  # one step took a second
+    with caplog.at_level(logging.INFO, logger="vitkit.test"):
+        progress.report(1, {"loss": 1.0}, 10.0)
+    hours = re.search(r"ETA (\d+):\d\d:\d\d$", caplog.text.strip())  # about (2^62 - 1) / 3600: 1.28e15
+    assert hours and 1.28e15 <= int(hours[1]) < 1.29e15, caplog.text

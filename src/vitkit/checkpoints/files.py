@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..errors import CheckpointError, abridged
+from ..errors import CheckpointError, abridged, parse_json
 from ..models.config import is_int, is_real
 from ..paths import NotAFileError, open_regular, read_text, reason, regular_file
 
@@ -29,7 +29,7 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``; None when the file is absent or holds something else (format sniffing).
     A FIFO, a device or a file past the text cap there is an error naming it, never waited on or read whole."""
     try:
-        data = json.loads(read_text(path, "JSON config"))
+        data = parse_json(read_text(path, "JSON config"))
     except (NotAFileError, FileNotFoundError, NotADirectoryError) as error:
         if isinstance(error, NotAFileError) and error.errno != errno.EISDIR:
             raise CheckpointError(f"{path}: {error.strerror}") from None
@@ -49,7 +49,7 @@ def read_side_file(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(read_text(path, "JSON file"))
+        data = parse_json(read_text(path, "JSON file"))
     except OSError as error:  # a directory or a FIFO of that name, no permission, past the cap
         raise CheckpointError(f"{path}: unreadable ({error.strerror or error}); expected a JSON file") from error
     except UnicodeDecodeError as error:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, VitkitError, abridged
+from ..errors import CheckpointError, VitkitError, abridged, parse_json
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from ..paths import read_text
@@ -122,7 +121,7 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[
     """A vitkit directory; ``parsed`` is its ``config.json`` when the caller has read it already."""
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
-        config = ViTConfig.from_dict(parsed if parsed is not None else json.loads(read_text(config_path, 'vitkit config')),
+        config = ViTConfig.from_dict(parsed if parsed is not None else parse_json(read_text(config_path, 'vitkit config')),
                                      str(config_path))
     except (TypeError, ValueError, ArithmeticError) as error:  # not JSON, not text, fields out of range
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error
@@ -159,13 +158,10 @@ def load_state_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], so
     conflicts = [f"{key}: checkpoint {tuple(state[key].shape)} vs model {tuple(expected[key].shape)}"
                  for key in sorted(set(expected) & set(state)) if state[key].shape != expected[key].shape]
     if missing or unexpected or conflicts:
-        lines = [f"{source} does not fit the model it describes:"]
-        for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                             ("shape conflicts", conflicts)):
-            if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:20])
-                             + (" ..." if len(items) > 20 else ""))
-        raise CheckpointError("\n".join(lines))
+        parts = [f"{title} ({len(items)}): " + ", ".join(items[:20]) + (" ..." if len(items) > 20 else "")
+                 for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                                      ("shape conflicts", conflicts)) if items]
+        raise CheckpointError(f"{source} does not fit the model it describes: {'; '.join(parts)}")
     # Fresh allocations rather than the file's buffers: aligned memory keeps the kernels (and so the
     # logits, bit for bit) the same as those of a model built in the usual way.
     model.to_empty(device="cpu")

@@ -267,6 +267,10 @@ class ExportedModel(nn.Module):
             wanted = "NaFlex batches (eval/predict --max-patches N)" if self.naflex else "image tensors"
             raise InputError(f"{self.path} takes {wanted}; got {type(inputs).__name__}")
         logits = np.ascontiguousarray(self.run(feeds(inputs, self.inputs)))
+        count, classes = len(inputs), self.config.num_classes
+        if logits.ndim != 2 or len(logits) != count or classes not in (0, logits.shape[1]):
+            raise CheckpointError(f"{self.path}: gave logits of shape {list(logits.shape)} for {count} images; "
+                                  f"expected {[count, classes or 'features']}, as the exported config says")
         return torch.from_numpy(logits).to(inputs.patches.device if self.naflex else inputs.device)
 
 
@@ -292,6 +296,7 @@ class OnnxModel(ExportedModel):
         except ValueError as error:  # not JSON, or not a valid config
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' metadata ({error})") from error
         self._check_head_fits()
+        self._check_signature()
 
     def _check_head_fits(self) -> None:
         """Refuse metadata that claims a head larger than the file could hold (at least a byte a weight, int8),
@@ -301,6 +306,32 @@ class OnnxModel(ExportedModel):
         if weights > size:
             raise CheckpointError(f"{self.path}: '{CONFIG_KEY}' metadata says num_classes={config.num_classes}, a head "
                                   f"of {weights:,} weights, but the file holds {size:,} bytes")
+
+    def _check_signature(self) -> None:
+        """The graph takes what ``forward`` feeds it and gives what its config promises, as ``write_onnx`` makes
+        them: one input ``images`` (batch, C, H, W), or a NaFlex batch's inputs with ``patches`` (batch, N, P*P*C),
+        and an output ``logits`` (batch, classes); a size the graph fixes must be the config's (a bare tower's
+        feature width is not checked)."""
+        config = self.config
+        patch = config.patch_size ** 2 * config.in_chans
+        expected = {INPUT: ("(batch, C, H, W)", [None, config.in_chans, *config.image_size]),
+                    NAFLEX_INPUTS[0]: ("(batch, patches, P*P*C)", [None, None, patch]),
+                    OUTPUT: ("(batch, classes)", [None, config.num_classes or None])}
+        first = NAFLEX_INPUTS[0] if self.naflex else INPUT
+        allowed = set(NAFLEX_INPUTS) if self.naflex else {INPUT}
+        for kind, found, name in (("input", self.session.get_inputs(), first),
+                                  ("output", self.session.get_outputs(), OUTPUT)):
+            wanted, sizes = expected[name]
+            node = next((node for node in found if node.name == name), None)
+            if node is None or kind == "input" and not {node.name for node in found} <= allowed:
+                raise CheckpointError(f"{self.path}: {kind}s {[node.name for node in found]}; expected "
+                                      f"{'among them ' if kind == 'output' else ''}'{name}' of shape {wanted}"
+                                      f"{' and no other' if kind == 'input' and not self.naflex else ''}")
+            if len(node.shape) != len(sizes) or any(isinstance(size, int) and want is not None and size != want
+                                                    for size, want in zip(node.shape, sizes)):
+                raise CheckpointError(f"{self.path}: {kind} '{name}' of shape {node.shape}; expected {wanted} = "
+                                      f"{['batch' if want is None else want for want in sizes]}, as the file's "
+                                      f"'{CONFIG_KEY}' says")
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run([OUTPUT], arrays)[0]

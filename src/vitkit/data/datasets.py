@@ -15,6 +15,7 @@ import contextlib
 import difflib
 import functools
 import os
+import zipfile
 from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
@@ -33,6 +34,9 @@ from ..paths import open_regular
 from .folders import class_folders, folder_listing
 from .splits import ALL, SPLITS, held_out, split_of
 
+# Without class names the classes are the labels 0..largest; a label beyond this is taken for a damaged one
+# rather than asking for that many classes (ImageNet-21k has 21,843, JFT 18,291).
+MAX_UNNAMED_CLASSES = 1_000_000
 # The folders listed so far inside one load_splits call: a flat image folder gives every split from one listing.
 _LISTINGS: ContextVar[dict | None] = ContextVar("vitkit_folder_listings", default=None)
 TORCHVISION = {"mnist": tvd.MNIST, "fashion-mnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
@@ -193,6 +197,7 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     (``webdataset:``, ``hf:``) a ``shards.ShardedSplit``, whose index pass applies ``corrupt`` to the
     unusable samples it finds."""
     spec = spec or SplitSpec()
+    check_named_path(name)
     name = dataset_name(name)
     if split not in (*SPLITS, ALL):
         raise DatasetError(f"unknown split {split!r}; expected one of {(*SPLITS, ALL)}")
@@ -264,15 +269,27 @@ def _prefixed(path: Path) -> str | None:
     return f"imagefolder:{path}"
 
 
+def check_named_path(name: str) -> None:
+    """A dataset given by its path (``npz:PATH``, ...) names one: an empty one would read the working folder."""
+    kind, colon, path = name.partition(":")
+    if colon and kind in ("npz", "imagefolder", "webdataset", "hf") and not path:
+        raise DatasetError(f"dataset {name!r}: expected a path after '{kind}:' ({kind}:PATH)")
+
+
 def split_names(name: str) -> tuple[str, ...]:
     """The splits dataset ``name`` can give: every one, held out where need be, except for shards, which
     have the splits their files name."""
+    check_named_path(name)
     if name.startswith("webdataset:"):
         from .shards import shard_files
         return tuple(split for split, files in shard_files(name[len("webdataset:"):]).items() if files)
     if name.startswith("hf:"):
         from .hf import hf_root, split_files
-        return tuple(split_files(hf_root(name[len("hf:"):])))
+        found = tuple(split_files(hf_root(name[len("hf:"):])))
+        if not found:
+            raise DatasetError(f"{name}: no split found; expected parquet files of a train, validation or test "
+                               f"split (or a datasets save_to_disk folder)")
+        return found
     if name.startswith("imagefolder:"):
         folders = split_folders(Path(name[len("imagefolder:"):]))
         if folders and "test" not in folders:  # ImageNet's layout: train/ and val/
@@ -348,16 +365,27 @@ def _npz_split(path: Path, split: str, spec: SplitSpec) -> ArrayDataset:
     except (OSError, ValueError) as error:
         raise DatasetError(f"{path}: not a readable .npz file ({error})") from error
 
+    def array(name: str) -> np.ndarray:
+        try:
+            return arrays[name]
+        except (OSError, ValueError, zipfile.BadZipFile) as error:  # Python objects, a damaged member
+            raise DatasetError(f"{path}: array {name} is not readable ({error})") from None
+
     def part(key: str) -> ArrayDataset:
         if f"x_{key}" not in arrays or f"y_{key}" not in arrays:
             raise DatasetError(f"{path}: needs arrays x_{key} and y_{key}; it has {sorted(arrays.files)}")
-        images = torch.from_numpy(np.ascontiguousarray(arrays[f"x_{key}"]))
+        images = torch.from_numpy(np.ascontiguousarray(array(f"x_{key}")))
         if images.ndim == 4:
             images = images.permute(0, 3, 1, 2).contiguous()
-        labels = torch.from_numpy(arrays[f"y_{key}"].astype(np.int64))
-        classes = [str(c) for c in arrays["classes"]] if "classes" in arrays else \
-            [str(c) for c in range(int(labels.max()) + 1)]
-        return ArrayDataset(images, labels, classes, f"{path.name}[{key}]")
+        labels = array(f"y_{key}")
+        if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) and not (
+                labels.min() >= 0 and labels.max() < MAX_UNNAMED_CLASSES):
+            raise DatasetError(f"{path}: y_{key} holds {labels.dtype} of shape {labels.shape}"
+                               + (f" in {labels.min()}..{labels.max()}" if labels.size and labels.dtype.kind in "iuf"
+                                  else "") + f"; expected one class index in 0..{MAX_UNNAMED_CLASSES - 1} per image")
+        classes = [str(c) for c in array("classes")] if "classes" in arrays else \
+            [str(c) for c in range(int(labels.max(initial=-1)) + 1)]
+        return ArrayDataset(images, torch.from_numpy(labels.astype(np.int64)), classes, f"{path.name}[{key}]")
 
     if split == "test":
         return part("test")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DatasetError
+from ..errors import DatasetError, parse_json
 from ..paths import TEXT_LIMIT, id_segments, read_text, regular_file, resolved, within
 from .datasets import read_image
 from .index_cache import ShardIndex
@@ -67,7 +67,7 @@ def split_files(root: Path) -> dict[str, list[Path]]:
     """The arrow or parquet files of each split under ``root``."""
     if (root / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict
         try:
-            names = json.loads(read_text(root / "dataset_dict.json", "dataset description"))["splits"]
+            names = parse_json(read_text(root / "dataset_dict.json", "dataset description"))["splits"]
             found = {named_split([name], root / name): sorted((root / name).glob("*.arrow")) for name in names}
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise DatasetError(f"{root / 'dataset_dict.json'}: expected {{\"splits\": [names]}} ({error!r})") from None
@@ -102,7 +102,7 @@ def class_names(path: Path, schema) -> list[str] | None:
     if len(meta) > TEXT_LIMIT:
         raise DatasetError(f"{where} holds {len(meta):,} bytes, more than the {TEXT_LIMIT:,} bytes metadata may hold")
     try:
-        node = json.loads(meta)
+        node = parse_json(meta)
     except ValueError as error:  # not UTF-8, or not JSON
         raise DatasetError(f"{where} is not JSON ({error})") from None
     for trail in ("", "info", "info.features", "info.features.label"):

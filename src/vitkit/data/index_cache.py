@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ..atomic import atomic_file
 from ..cache import cache_dir, cache_entry, sweep_cache
-from ..errors import DatasetError
+from ..errors import DatasetError, parse_json
 from ..paths import open_regular
 
 FORMAT_VERSION = 2  # 1 kept every sample's name and label in JSON
@@ -100,7 +100,7 @@ def _cached(stamp: dict) -> ShardIndex | None:
     """The cached index of the shard ``stamp`` describes, or None when there is none to trust."""
     try:
         with open_regular(_entry(stamp)) as handle, np.load(handle, allow_pickle=False) as arrays:
-            about = json.loads(arrays["about"].item())
+            about = parse_json(arrays["about"].item())
             if about["stamp"] != stamp:
                 return None
             names = arrays["names"].tolist() if "names" in arrays.files else None

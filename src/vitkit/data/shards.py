@@ -44,7 +44,7 @@ from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expan
 from ..classnames import parse_class_list
 from ..errors import DatasetError
 from ..paths import open_regular, read_capped, reason, regular_file, resolved, within
-from .datasets import read_image
+from .datasets import MAX_UNNAMED_CLASSES, read_image
 from .index_cache import ShardIndex, shard_indexes
 from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
                       seeded_transform)
@@ -54,9 +54,7 @@ from .transforms import Preset
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE_BUFFER = 1000
-# Without class names the classes are the labels 0..largest; a label beyond this is taken for a damaged one
-# rather than asking for that many classes (ImageNet-21k has 21,843, JFT 18,291).
-MAX_UNNAMED_CLASSES = 1_000_000
+MAX_SHARDS = 1_000_000  # a brace pattern naming more is taken for a mistake (LAION-5B's shards number ~500k)
 
 
 @dataclass(frozen=True)
@@ -217,7 +215,13 @@ def shard_files(spec: str) -> dict[str, list[str]]:
             within(root, file, DatasetError, "a shard")
             regular_shard(file)
         return found
-    files = list(braceexpand.braceexpand(spec))
+    if pattern_size(spec) > MAX_SHARDS:
+        raise DatasetError(f"{spec}: names more than {MAX_SHARDS:,} shards; expected at most {MAX_SHARDS:,}")
+    try:
+        files = list(braceexpand.braceexpand(spec))
+    except braceexpand.UnbalancedBracesError:
+        raise DatasetError(f"{spec}: unbalanced braces; expected a folder, a shard file or a brace pattern such as "
+                           f"train-{{000000..000009}}.tar") from None
     missing = [f for f in files if not os.path.lexists(f)]
     if missing:
         raise DatasetError(f"{spec}: {len(missing)} of {len(files)} shard(s) not found, e.g. {missing[0]}")
@@ -235,6 +239,20 @@ def regular_shard(path: str) -> None:
         regular_file(path)
     except OSError as error:
         raise DatasetError(f"{path}: {error.strerror}; expected a shard file") from None
+
+
+_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.-?\d+)?\}")
+
+
+def pattern_size(spec: str) -> int:
+    """An upper bound of the names a brace pattern expands to, found without expanding it (``braceexpand``
+    builds each numeric range whole, so ``{0..99999999999}`` would fill the memory first)."""
+    size = 1
+    for low, high in _RANGE.findall(spec):
+        size *= abs(int(high) - int(low)) + 1 if max(len(low), len(high)) < 19 else 10**19
+    for group in re.findall(r"\{([^{}]*)\}", spec):
+        size *= group.count(",") + 1
+    return size
 
 
 def tar_members(tar: tarfile.TarFile, size: int) -> tuple[dict[str, dict[str, tarfile.TarInfo]], str | None]:
@@ -279,16 +297,19 @@ def tar_index(path: str) -> ShardIndex:
                 names.append(f"sample {key}")
                 labels.append(label)
     except (tarfile.TarError, OSError) as error:
-        raise DatasetError(f"{path}: not a readable tar shard ({error})") from error
+        raise DatasetError(f"{path}: not a readable tar shard ({' '.join(str(error).split())})") from error
     return ShardIndex.of(labels, names, problems, None if cut is None else f"sample {cut}")
 
 
 def parse_label(text: bytes) -> tuple[int | None, str | None]:
-    """The integer of a ``.cls`` member, or None and why there is none."""
+    """The integer of a ``.cls`` member, or None and why there is none (a label must fit the index's int64)."""
     try:
-        return int(text.decode().strip()), None
+        label = int(text.decode().strip())
     except (UnicodeDecodeError, ValueError):
         return None, f".cls is {text[:20]!r}, not an integer"
+    if not -2**63 <= label < 2**63:
+        return None, f".cls is {text[:20]!r}, out of range for a class index"
+    return label, None
 
 
 def label_problem(label: int | None, classes: int) -> str | None:

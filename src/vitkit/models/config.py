@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, abridged
+from ..errors import ConfigError, abridged, parse_json
 from ..normalization import NORMALIZATION, normalization
 
 # "map": multi-head attention pooling with a learned probe (SigLIP's head).
@@ -210,6 +210,7 @@ class ViTConfig:
         def count(name: str, low: int) -> None:
             value = getattr(self, name)
             need(is_int(value) and value >= low, f"{name}={value!r}, expected an int >= {low}")
+            need(value < 2**63, f"{name}={value!r}, expected a 64-bit int (what torch sizes take)")
 
         def real(name: str, low: float, high: float | None = None) -> None:
             value = getattr(self, name)
@@ -354,7 +355,7 @@ class ViTConfig:
     @classmethod
     def from_json(cls, text: str, source: str = "config") -> "ViTConfig":
         """The config that JSON ``text`` (read from ``source``, named in errors and warnings) describes."""
-        return cls.from_dict(json.loads(text), source)
+        return cls.from_dict(parse_json(text), source)
 
 
 def _without_stale_classes(provenance: Any, num_classes: Any, source: str) -> Any:

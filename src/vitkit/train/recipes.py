@@ -22,7 +22,7 @@ import yaml
 
 from ..data.loading import CORRUPT
 from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
-from ..errors import ConfigError
+from ..errors import ConfigError, parse_json
 from ..models import ViTConfig
 from ..normalization import NORMALIZATION
 from ..paths import read_text
@@ -225,9 +225,9 @@ def _typed(name: str, value: Any, kind: Any) -> Any:
         if not isinstance(value, bool):
             fail("true or false")
         return value
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            fail("an integer")
+    if kind is int:  # 64 bits: what torch takes (a seed, a step count)
+        if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
+            fail("an integer" if not isinstance(value, int) or isinstance(value, bool) else "a 64-bit integer")
         return value
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -273,6 +273,8 @@ def image_size(value: Any) -> int | tuple[int, int]:
     return size
 
 
+MAX_THREADS = 1024  # intra-op threads: more than the largest machines have cores (torch itself takes up to 2**31)
+
 # Fields read by a parser of their own rather than by their annotation.
 def image_size_or_data(value: Any) -> int | tuple[int, int] | None:
     """A recipe's ``image_size``: a size, or null for the data's (see ``train.sizing``)."""
@@ -284,7 +286,7 @@ PARSERS: dict[str, typing.Callable[[Any], Any]] = {"image_size": image_size_or_d
 # Ranges of the fields beyond their types.
 RANGES: dict[str, Rule] = {
     "val_fraction": fraction(open_top=True), "train_subset": at_least(0), "num_workers": at_least(-1),
-    "threads": at_least(0),
+    "threads": ((lambda v: 0 <= v <= MAX_THREADS), f"0 to {MAX_THREADS}"),
     "mpp_bits": ((lambda v: 1 <= v <= 8), "1 to 8 bits"),
     "mpp_ratio": ((lambda v: 0 < v <= 1), "a number in (0, 1]"), "mpp_mask_prob": fraction(),
     "mpp_random_prob": fraction(), "crop_scale": ((lambda v: 0 < v[0] <= v[1] <= 1), "0 < low <= high <= 1"),
@@ -355,11 +357,13 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         if path.suffix in (".yaml", ".yml"):
             data = yaml.load(text, Loader=_YamlLoader)
         else:
-            data = json.loads(text)
+            data = parse_json(text)
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not a text file ({error})") from error
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from error
+    except RecursionError:  # YAML's composer recurses once per level of nesting
+        raise ConfigError(f"{path}: not valid YAML (nested deeper than the YAML parser goes)") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}: not valid JSON ({error})") from error
     if not isinstance(data, dict):

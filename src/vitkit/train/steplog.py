@@ -21,7 +21,8 @@ def step_records(path: Path) -> list[dict[str, Any]]:
         raise FileExistsError(f"{path} is not a regular file; expected a run's records (JSON lines)")
     found = []
     for line in path.read_text(errors="replace").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
+        # not JSON, an integer past Python's digit limit, arrays nested past the parser's depth: all malformed alike
+        with contextlib.suppress(ValueError, RecursionError):
             record = json.loads(line)
             if isinstance(record, dict) and type(record.get("step")) is int:
                 found.append(record)
