@@ -2,11 +2,11 @@
 
 import json
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from browser import CHROMIUM, NO_CHROMIUM, chromium
 import torch
 from PIL import Image
 
@@ -180,18 +180,11 @@ def test_missing_plotting_and_photo_libraries_are_named(tmp_path, monkeypatch, c
     assert "vitkit's figures need matplotlib: pip install 'vitkit[analysis]'" in capsys.readouterr().err
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def chromium(tmp_path, *args):
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
-    done = subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_page_renders_every_figure_in_headless_chromium(report, tmp_path):
     page = (report / "out" / "index.html").as_uri()
     dom = chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", page)

@@ -6,19 +6,18 @@ import ast
 import importlib
 import inspect
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, NO_CHROMIUM, chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "vitkit"
 # The public API: the package's exports and the __all__ of these modules (what docs/reference/api.md renders).
 PUBLIC_MODULES = ("vitkit", "vitkit.models", "vitkit.checkpoints", "vitkit.train", "vitkit.data", "vitkit.evaluate",
                   "vitkit.analysis")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def documented_constants() -> set[str]:
@@ -156,12 +155,6 @@ PROBE = """<script>window.addEventListener("load", () => {
 });</script>"""
 
 
-def chromium(tmp_path, *args):
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
-    done = subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def rendered(tmp_path, page: Path) -> dict[str, int]:
@@ -173,7 +166,7 @@ def rendered(tmp_path, page: Path) -> dict[str, int]:
     return {key: int(value) for key, value in re.findall(r'data-(images|shown|code)="(\d+)"', body)}
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 @pytest.mark.parametrize("page", ["index.html", "guide/analysis/index.html"])
 def test_page_renders_its_images_and_code_in_headless_chromium(site, tmp_path, page):
     counts = rendered(tmp_path, site / page)
