@@ -15,7 +15,8 @@ import pytest
 from launch import start_until_ready
 
 from vitkit import atomic
-from vitkit.atomic import atomic_directory, atomic_file, retire, staging_beside, sweep
+from vitkit.atomic import (GROUP_FILE, atomic_directory, atomic_file, move_group_into_place, retire, staging_beside,
+                           sweep)
 from vitkit.train.loop import MetricsLog
 
 
@@ -465,3 +466,32 @@ def test_without_flock_writes_land_and_sweep_goes_by_age(tmp_path, monkeypatch, 
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     assert sweep(tmp_path, min_age_s=3600) == [old] and recent.exists()
     assert sweep(tmp_path) == [recent]
+
+
+def test_a_group_set_aside_is_put_back_whole_and_names_nothing_outside_its_folder(tmp_path):
+    """A kill between the renames of a group leaves its ``.old`` folder: sweep puts every file it kept back over
+    the new one and removes a new file the group did not have; a listed name that climbs out moves nothing."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (tmp_path / "outside").write_text("keep")
+    (folder / "g.bin").write_text("new weights")  # renamed in before the kill
+    (folder / "g.xml").write_text("old graph")  # not yet replaced
+    (folder / "g.extra").write_text("new, of a group that had none")
+    aside = folder / ".g.xml.abc.old"
+    aside.mkdir()
+    (aside / "g.bin").write_text("old weights")
+    (aside / "g.xml").write_text("old graph")
+    (aside / GROUP_FILE).write_text("g.bin\ng.extra\n../outside\ng.xml\n")
+    assert sweep(folder) == [aside]
+    assert sorted(p.name for p in folder.iterdir()) == ["g.bin", "g.xml"]
+    assert (folder / "g.bin").read_text() == "old weights" and (folder / "g.xml").read_text() == "old graph"
+    assert (tmp_path / "outside").read_text() == "keep"
+
+
+def test_a_group_moved_into_place_leaves_nothing_aside(tmp_path):
+    (tmp_path / "g.bin").write_text("old")
+    for name, text in (("new.bin", "new weights"), ("new.xml", "new graph")):
+        (tmp_path / name).write_text(text)
+    move_group_into_place((tmp_path / "new.bin", tmp_path / "g.bin"), (tmp_path / "new.xml", tmp_path / "g.xml"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.bin", "g.xml"]
+    assert (tmp_path / "g.bin").read_text() == "new weights" and (tmp_path / "g.xml").read_text() == "new graph"

@@ -1,6 +1,7 @@
 """ONNX export: logits equal to PyTorch's through ONNX Runtime at any batch, metadata, int8 accuracy, the CLI."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,7 +189,10 @@ def test_an_onnx_export_killed_before_its_rename_keeps_the_old_file_and_its_left
     torch.testing.assert_close(OnnxModel(tmp_path / "m.onnx")(images), new(images).detach(), atol=1e-4, rtol=0)
 
 
-def test_an_openvino_pair_torn_by_a_kill_never_runs_the_wrong_weights(tmp_path, capsys):
+def test_an_openvino_pair_is_replaced_as_one_unit_and_never_runs_another_exports_weights(tmp_path, capsys):
+    """A kill between the renames of the weights and the graph leaves the previous pair set aside; reading the
+    graph puts it back whole (or, for a first export, takes the lone weights away). A pair of two exports put
+    together by hand is refused by the digest the graph records."""
     pytest.importorskip("openvino")
     old, new = small_model(), small_model()
     old.save(tmp_path / "old")
@@ -197,9 +201,19 @@ def test_an_openvino_pair_torn_by_a_kill_never_runs_the_wrong_weights(tmp_path, 
     images = torch.randn(2, 3, 16, 24)
     torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), old(images).detach(), atol=1e-4, rtol=0)
     convert_killed(tmp_path / "new", tmp_path / "m.xml", "openvino", ".bin", after=True)
-    [leftover] = hidden(tmp_path)  # the killed export's staging folder, with the graph it did not put in place
-    assert leftover.startswith(".m.xml.") and (tmp_path / leftover / "model.xml").is_file()
-    # killed after the weights' rename, before the graph's: a clear refusal, never the old graph on the new weights
+    aside, staging = sorted(hidden(tmp_path), key=lambda name: name.endswith(".tmp"))  # the previous pair set
+    assert staging.startswith(".m.xml.") and staging.endswith(".tmp")  # aside, and the killed export's work
+    assert (tmp_path / staging / "model.xml").is_file() and aside.startswith(".m.xml.") and aside.endswith(".old")
+    assert sorted(p.name for p in (tmp_path / aside).iterdir()) == [".group", "m.bin", "m.xml"]
+    torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), old(images).detach(), atol=1e-4, rtol=0)
+    assert hidden(tmp_path) == []  # put back whole, the leftovers swept
+    convert_killed(tmp_path / "new", tmp_path / "first.xml", "openvino", ".bin", after=True)  # no previous pair
+    assert (tmp_path / "first.bin").is_file() and not (tmp_path / "first.xml").exists()
+    with pytest.raises(FileNotFoundError):
+        OpenVinoModel(tmp_path / "first.xml")
+    assert not (tmp_path / "first.bin").exists() and hidden(tmp_path) == []  # the lone weights taken away
+    assert main(["convert", str(tmp_path / "new"), str(tmp_path / "n.xml"), "--to", "openvino"]) == 0
+    shutil.copy(tmp_path / "n.bin", tmp_path / "m.bin")  # another export's weights beside m.xml
     with pytest.raises(CheckpointError, match="m.bin is not the weights file this graph was exported with"):
         OpenVinoModel(tmp_path / "m.xml")
     capsys.readouterr()
@@ -209,5 +223,4 @@ def test_an_openvino_pair_torn_by_a_kill_never_runs_the_wrong_weights(tmp_path, 
                                                     "export interrupted between writing the two, or files of two "
                                                     "exports); convert the model again")
     assert main(["convert", str(tmp_path / "new"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0  # mended
-    assert hidden(tmp_path) == []  # and the killed export's staging folder swept
     torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), new(images).detach(), atol=1e-4, rtol=0)

@@ -121,6 +121,34 @@ def move_into_place(*moves: tuple[Path, Path]) -> None:
         fsync_directory(parent)
 
 
+GROUP_FILE = ".group"  # in an ``.old`` folder of a group of files: the names of the group, one a line
+
+
+def move_group_into_place(*moves: tuple[Path, Path]) -> None:
+    """Put finished files, written beside their targets in one folder, in place as one unit (an OpenVINO graph and
+    its weights): the previous versions are hard-linked into a held ``.old`` folder named after the last target,
+    with the group's names, then the new files renamed in, in order, then the folder dropped. A kill between two
+    renames leaves that folder, from which ``sweep`` puts the whole previous group back (and takes away the new
+    files of a group that had no previous version): a reader finds the old group or the new one, never a mix."""
+    for source, _ in moves:
+        _fsync_file(source)
+    last = moves[-1][1]
+    with _held_folder(last, "old") as old:
+        for _, target in moves:
+            if target.exists():
+                os.link(target, old / target.name)
+        (old / GROUP_FILE).write_text("".join(f"{target.name}\n" for _, target in moves))
+        _fsync_file(old / GROUP_FILE)
+        fsync_directory(old)
+        for source, target in moves:
+            os.replace(source, target)
+        fsync_directory(last.parent)
+        doomed = old.with_suffix(".tmp")  # still held; from its rename on, nothing is put back
+        os.replace(old, doomed)
+        fsync_directory(last.parent)
+        remove_tree(doomed)
+
+
 def name_the_file(error: BaseException, path: Path) -> None:
     """A failed write (ENOSPC, EIO) names no file by itself: name the one being written."""
     if isinstance(error, OSError) and error.errno is not None and error.filename is None:
@@ -294,8 +322,11 @@ def _clear(entry: Path, match: re.Match, min_age_s: float, directory_fd: int) ->
         if not _abandoned(entry, fd, min_age_s):
             return False
         folder = stat.S_ISDIR(os.fstat(fd).st_mode)
-        if folder and match["kind"] == "old" and not _put_back(match["name"], fd, directory_fd):
-            return False
+        if folder and match["kind"] == "old":
+            group = _group_names(fd)
+            put_back = _put_back_group(group, fd, directory_fd) if group else _put_back(match["name"], fd, directory_fd)
+            if not put_back:
+                return False
         return remove_tree(entry) if folder else _unlink(entry)
     finally:
         os.close(fd)
@@ -327,6 +358,34 @@ def _put_back(name: str, old_fd: int, directory_fd: int) -> bool:
         return True
     try:
         os.replace(name, name, src_dir_fd=old_fd, dst_dir_fd=directory_fd)
+    except OSError:
+        return False
+    return True
+
+
+def _group_names(old_fd: int) -> list[str] | None:
+    """The names of the group of files an ``.old`` folder holds (see ``move_group_into_place``), or None for an
+    ``.old`` of a directory; plain names only (no ``/``, ``.`` or ``..``), so nothing outside the folder moves."""
+    try:
+        handle = os.open(GROUP_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=old_fd)
+    except OSError:
+        return None
+    with os.fdopen(handle, "rb") as group:
+        names = group.read(65536).decode("utf-8", "replace").splitlines()
+    return [name for name in names if name not in ("", ".", "..", GROUP_FILE) and "/" not in name] or None
+
+
+def _put_back_group(names: list[str], old_fd: int, directory_fd: int) -> bool:
+    """Put back the group ``names`` as the locked ``.old`` folder ``old_fd`` holds it: each file it kept renamed
+    back over the new one, each it did not (the group had none) removed. False if a move failed (the ``.old`` is
+    kept for a later sweep)."""
+    try:
+        for name in names:
+            kept = _lstat(name, old_fd)
+            if kept is not None and stat.S_ISREG(kept.st_mode):
+                os.replace(name, name, src_dir_fd=old_fd, dst_dir_fd=directory_fd)
+            elif kept is None and _lstat(name, directory_fd) is not None:
+                os.unlink(name, dir_fd=directory_fd)
     except OSError:
         return False
     return True

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic import move_into_place, staging_beside
+from ..atomic import move_group_into_place, staging_beside, sweep
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
@@ -61,8 +61,9 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     batches), checked by OpenVINO in fp32; ``traced`` is an ONNX export of this very model to convert instead of
     tracing again.
 
-    The two files are replaced one after the other, the weights first; the graph records the SHA-256 of its
-    weights, so that a pair cut apart by a kill between the two renames is refused when read, never run."""
+    The two files are replaced as one unit (``atomic.move_group_into_place``): a kill between their renames leaves
+    the previous pair set aside, put back by the next export or read of ``path``. The graph also records the
+    SHA-256 of its weights, so that a pair of two exports (copied by hand) is refused when read, never run."""
     openvino = _require_openvino()
     path = Path(path)
     if path.suffix != ".xml":
@@ -86,7 +87,7 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
         compiled = _compiled(openvino, openvino.Core().read_model(ir_path), "fp32")
         names = input_names(compiled)
         difference = checked_difference(lambda inputs: compiled(feeds(inputs, names))[0], probes, path, "OpenVINO")
-        move_into_place((bin_path, path.with_suffix(".bin")), (ir_path, path))  # the weights, then their graph
+        move_group_into_place((bin_path, path.with_suffix(".bin")), (ir_path, path))  # the weights, then their graph
     return OpenVinoExport(path, difference)
 
 
@@ -120,6 +121,8 @@ class OpenVinoModel(ExportedModel):
         super().__init__()
         openvino = _require_openvino()
         self.path = Path(path)
+        if self.path.parent.is_dir():  # an export of this pair cut short: its previous pair is put back first
+            sweep(self.path.parent, only=self.path.name)
         for needed in (self.path, self.path.with_suffix(".bin")):
             regular_file(needed)  # a FIFO would block OpenVINO's reader
         weights = self.path.with_suffix(".bin")
