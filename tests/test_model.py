@@ -239,3 +239,12 @@ def test_resample_weights_are_torchs_interpolate(mode):
             expected = F.interpolate(image, size=(size, 3), mode=mode, antialias=antialias, **options)[0, 0, :, 1]
             weights = resample_weights(torch.arange(size), size, length, mode, antialias, align)
             torch.testing.assert_close(weights @ column, expected, atol=2e-5, rtol=0)
+
+
+def test_a_config_cannot_ask_for_more_modules_than_can_be_built():
+    """A config.json or --set asking for 10^9 blocks is refused at once, not built block by block on the meta
+    device before any weight is compared (a hang)."""
+    with pytest.raises(vitkit.ConfigError, match=r"depth=1000000000, expected at most 4096"):
+        vitkit.ViTConfig(depth=10**9)
+    with pytest.raises(vitkit.ConfigError, match=r"reg_tokens=5000, expected at most 4096"):
+        vitkit.ViTConfig(reg_tokens=5000)

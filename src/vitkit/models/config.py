@@ -32,6 +32,7 @@ ROPES = ("none", "axial", "mixed")
 # The patch coordinates RoPE turns: "index", the patch's row and column (+ rope_offset, rescaled to rope_ref_grid
 # cells when set); "centered", patch centres normalised to [-1, 1] per axis, angles in turns (DINOv3).
 ROPE_GRIDS = ("index", "centered")
+MOST_MODULES = {"depth": 4096, "reg_tokens": 4096}  # far beyond any published ViT (48 blocks, 16 registers)
 POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 # The options of the families built on the skeleton (DeiT, DeiT-III, DINOv2, CLIP, SigLIP) and their off values.
 FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
@@ -211,6 +212,9 @@ class ViTConfig:
             value = getattr(self, name)
             need(is_int(value) and value >= low, f"{name}={value!r}, expected an int >= {low}")
             need(value < 2**63, f"{name}={value!r}, expected a 64-bit int (what torch sizes take)")
+            high = MOST_MODULES.get(name)
+            need(high is None or value <= high, f"{name}={value!r}, expected at most {high} (each is a module built "
+                                                f"before any weight is read)")
 
         def real(name: str, low: float, high: float | None = None) -> None:
             value = getattr(self, name)
