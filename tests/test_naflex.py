@@ -120,6 +120,22 @@ def test_timm_naflexvit_gives_timms_outputs_on_a_padded_batch(tmp_path, architec
         torch.testing.assert_close(model(batch), expected, atol=1e-5, rtol=0)
 
 
+def test_a_bare_naflexvit_told_its_pool_takes_that_pools_norm(tmp_path):
+    """pool='gap', as the refusal of a bare NaFlexViT suggests, reads timm's _gap definition: fc_norm after the
+    average, as timm sets it (not the final norm of the _map one)."""
+    timm = pytest.importorskip("timm")
+    from interop_helpers import randomised
+
+    theirs = randomised(timm.create_model("naflexvit_base_patch16_gap", img_size=32, embed_dim=64, depth=2,
+                                          num_heads=4, num_classes=5), std=0.1)
+    torch.save(theirs.state_dict(), tmp_path / "w.pth")
+    model = vitkit.load(tmp_path / "w.pth", pool="gap", num_heads=4)
+    assert model.config.fc_norm
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), theirs(x), atol=1e-5, rtol=0)
+
+
 def test_eval_with_max_patches_runs_each_image_at_its_own_aspect_ratio(tmp_path):
     """Images already sized in whole patches within the budget are not resized: `vitkit eval --max-patches`
     then scores each image as the model does alone at its size (images of 16x24, 24x8 and 8x8 px)."""

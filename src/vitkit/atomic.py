@@ -143,10 +143,7 @@ def move_group_into_place(*moves: tuple[Path, Path]) -> None:
         for source, target in moves:
             os.replace(source, target)
         fsync_directory(last.parent)
-        doomed = old.with_suffix(".tmp")  # still held; from its rename on, nothing is put back
-        os.replace(old, doomed)
-        fsync_directory(last.parent)
-        remove_tree(doomed)
+        _drop_old(old, last)
 
 
 def name_the_file(error: BaseException, path: Path) -> None:
@@ -169,13 +166,21 @@ def _replace_directory(staging: Path, path: Path) -> None:
         os.replace(path, old / path.name)
         os.replace(staging, path)
         fsync_directory(path.parent)
-        doomed = old.with_suffix(".tmp")  # still held: the lock is the folder's, whatever its name
-        try:
-            os.replace(old, doomed)
-        except OSError as error:  # the new version stands; the old one waits for the next sweep
-            warnings.warn(f"could not delete {old}: {error}; the next sweep of {path.parent} will", stacklevel=4)
-            return
-        remove_tree(doomed)
+        _drop_old(old, path)
+
+
+def _drop_old(old: Path, path: Path) -> None:
+    """Delete the held ``.old`` folder of ``path`` once the new version stands: renamed to a ``.tmp`` first (still
+    held: the lock is the folder's, whatever its name), so that a deletion cut short leaves nothing that ``sweep``
+    would put back half deleted."""
+    doomed = old.with_suffix(".tmp")
+    try:
+        os.replace(old, doomed)
+    except OSError as error:  # the new version stands; the old one waits for the next sweep
+        warnings.warn(f"could not delete {old}: {error}; the next sweep of {path.parent} will", stacklevel=4)
+        return
+    fsync_directory(path.parent)
+    remove_tree(doomed)
 
 
 @contextlib.contextmanager

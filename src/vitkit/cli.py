@@ -38,9 +38,10 @@ from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
-from .train.run import check_run_memory
 from .train.recipes import (DEFAULT_PRESETS, FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least,
                             field_types, fraction, image_size, merge, read_config_file, resolve)
+from .train.run import check_run_memory
+from .train.sizing import check_size, patch_for
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -391,9 +392,13 @@ def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
     size = pair(recipe.image_size)
     if recipe.init:
         config = source_config(recipe.init, {"image_size": size, **recipe.model_args})
-    else:
-        config = (model_config(recipe.model, image_size=size, **recipe.model_args) if recipe.model
-                  else ViTConfig().replace(image_size=size, **recipe.model_args))
+    elif recipe.model:
+        config = model_config(recipe.model, image_size=size, **recipe.model_args)
+    else:  # the patch a new model takes at this size (train.sizing), so that the estimate counts its tokens
+        args = {"patch_size": patch_for(size), **recipe.model_args}
+        if "patch_size" not in recipe.model_args:  # the chosen patch, refused as sizing refuses it
+            check_size(size, args["patch_size"], "--image-size")
+        config = ViTConfig().replace(image_size=size, **args)
     check_run_memory(recipe, config, device, command)
 
 
@@ -512,7 +517,7 @@ def run_folder(checkpoint: str) -> Path | None:
 
 def _run_defaults(args: argparse.Namespace) -> None:
     """What ``eval`` or ``fewshot`` was not told, from the checkpoint's run: the dataset it was trained on (with
-    its data folder and, for eval, held-out fraction) and the run folder as ``--out``; without a run,
+    its data folder and, for eval, held-out fraction) and then the run folder as ``--out``; without a run,
     ``--dataset`` is needed."""
     from .train.run import RECIPE_FILE
 
@@ -527,8 +532,8 @@ def _run_defaults(args: argparse.Namespace) -> None:
         if held_out and args.val_fraction is None:
             args.val_fraction = recipe.val_fraction
         print(f"dataset {args.dataset}, as recorded by the run in {run_dir}", file=sys.stderr)
-    if args.out is None:
-        args.out = run_dir
+        if args.out is None:  # the run's own measurement; another dataset's would overwrite the run's reports
+            args.out = run_dir
     if held_out and args.val_fraction is None:
         args.val_fraction = DEFAULT_VAL_FRACTION
 
@@ -852,17 +857,14 @@ COMMAND_HELP: dict[str, tuple[str, str | None]] = {
                 "  vitkit analyze runs/x/model --out analysis\n"
                 "  vitkit analyze runs/x/model --images cat.jpg photos/ --out analysis"),
     "train": ("Train a ViT from a recipe: a preset, a --config file and flags (no flags: digits).",
-              "A recipe flag overrides the --config file, which overrides the --preset.\n\n"
               "examples:\n"
               "  vitkit train\n"
               "  vitkit train --preset mnist --data-dir data --run-dir runs/mnist\n"
               "  vitkit train --resume --run-dir runs/mnist\n"
               "  torchrun --nproc_per_node=2 -m vitkit train --preset mnist"),
     "pretrain": ("Self-supervised pre-training by masked patch prediction (section 4.6); labels are not used.",
-                 "A recipe flag overrides the --config file, which overrides the --preset.\n\n"
                  "example:\n  vitkit pretrain --dataset fashion-mnist --data-dir data --steps 1500 --run-dir runs/mpp"),
-    "finetune": ("Fine-tune a checkpoint: new resolution, new zero-initialised head, the paper-finetune recipe.",
-                 "A recipe flag overrides the --config file, which overrides the --preset.\n\n"
+    "finetune": ("Fine-tune a checkpoint at the data's size: its head kept where the classes match, else a new one.",
                  "example:\n  vitkit finetune runs/fashion/model --dataset mnist --image-size 56 --steps 300"),
     "eval": ("Top-1/top-5 accuracy, per-class accuracy and a confusion matrix of a checkpoint on a dataset.",
              "examples:\n"

@@ -10,7 +10,7 @@ import torch
 from ..errors import CheckpointError, VitkitError, abridged, parse_json
 from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
-from ..paths import read_text
+from ..paths import read_text, reason
 from . import hub
 from .files import read_json_object, read_safetensors, read_weights
 from .google import read_npz
@@ -121,8 +121,10 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[
     """A vitkit directory; ``parsed`` is its ``config.json`` when the caller has read it already."""
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
-        config = ViTConfig.from_dict(parsed if parsed is not None else parse_json(read_text(config_path, 'vitkit config')),
-                                     str(config_path))
+        fields = parsed if parsed is not None else parse_json(read_text(config_path, "vitkit config"))
+        config = ViTConfig.from_dict(fields, str(config_path))
+    except OSError as error:  # not a regular file, past the cap, unreadable
+        raise CheckpointError(f"{config_path}: not a readable vitkit config ({reason(error)})") from None
     except (TypeError, ValueError, ArithmeticError) as error:  # not JSON, not text, fields out of range
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error
     return config, read_safetensors(weights_path)

@@ -152,9 +152,11 @@ def feeds(inputs: torch.Tensor | PatchBatch, names: list[str]) -> dict[str, np.n
     return {INPUT: inputs.detach().float().cpu().numpy()}
 
 
-def _logits(graph: Path, inputs: torch.Tensor | PatchBatch, device: torch.device) -> np.ndarray:
+def _runner(graph: Path, device: torch.device):
+    """``graph`` loaded into one ONNX Runtime session, as a function of images or a NaFlex batch to logits."""
     run = session(graph, device)
-    return run.run([OUTPUT], feeds(inputs, [i.name for i in run.get_inputs()]))[0]
+    names = [i.name for i in run.get_inputs()]
+    return lambda inputs: run.run([OUTPUT], feeds(inputs, names))[0]
 
 
 def probe_inputs(config: ViTConfig, naflex: bool = False, batch: int = _PROBE_BATCH
@@ -214,13 +216,12 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
         exported = tmp / "fp32.onnx"
         trace(model, exported, device, naflex=naflex)
-        report = OnnxExport(path, OPSET, checked_difference(lambda x: _logits(exported, x, device), probes, path,
-                                                            "ONNX Runtime"))
+        report = OnnxExport(path, OPSET, checked_difference(_runner(exported, device), probes, path, "ONNX Runtime"))
         if quantize:
             quantized = tmp / "int8.onnx"
             quantize_onnx(exported, quantized)
             probe, reference = probes[0]
-            logits = _logits(quantized, probe, device)
+            logits = _runner(quantized, device)(probe)
             report.quantized_difference = float(np.abs(logits - reference).max())
             report.quantized_agreement = float((logits.argmax(-1) == reference.argmax(-1)).mean())
             exported = quantized

@@ -141,8 +141,9 @@ def family_of_keys(state: dict[str, torch.Tensor], source: str, overrides: dict[
                      or any(key.endswith(".ls1.gamma") for key in keys))
         if plain and "attn_pool.latent" in keys:  # only SigLIP 2's NaFlexViTs have no prefix and no LayerScale
             return "NaFlexViT", NAFLEX_ARCHITECTURES[r"naflexvit_(base|so400m)_patch16_siglip"]
-        if "pool" in overrides:
-            return "NaFlexViT", {}
+        told = {"gap": "avg", "map": "map", "token": "token"}.get(overrides.get("pool"))
+        if told:  # the told pooling, with its fc_norm (timm's: after an average pool), as timm's definitions set it
+            return "NaFlexViT", {"global_pool": told}
         raise CheckpointError(f"{source}: a bare timm NaFlexViT state dict, whose pooling and table resampling "
                               f"(some keep the aspect ratio) its keys do not show; load its timm hub directory, or "
                               f"pass pool=... to read it as timm's naflexvit_base_patch16_gap or _map")

@@ -272,7 +272,7 @@ def _prefixed(path: Path) -> str | None:
 def check_named_path(name: str) -> None:
     """A dataset given by its path (``npz:PATH``, ...) names one: an empty one would read the working folder."""
     kind, colon, path = name.partition(":")
-    if colon and kind in ("npz", "imagefolder", "webdataset", "hf") and not path:
+    if colon and f"{kind}:" in PREFIXES and not path:
         raise DatasetError(f"dataset {name!r}: expected a path after '{kind}:' ({kind}:PATH)")
 
 

@@ -281,7 +281,7 @@ def tar_index(path: str) -> ShardIndex:
     names, labels, problems, cut = [], [], {}, None
     try:
         with open_regular(path) as handle, tarfile.open(fileobj=handle) as tar:
-            keys, cut = tar_members(tar, os.path.getsize(path))
+            keys, cut = tar_members(tar, os.fstat(handle.fileno()).st_size)
             if cut is not None:
                 keys.pop(cut, None)  # the sample cut in two is not used
             for position, (key, members) in enumerate(keys.items()):
@@ -346,7 +346,8 @@ def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSpl
     if not files:
         raise DatasetError(f"{spec}: no {split} shards ({split}-NNNNNN.tar)")
     root = spec if os.path.isdir(spec) else os.path.dirname(files[0])
-    names = read_class_names(within(resolved(root), "classes.txt", DatasetError, "the class list"))
+    listed = os.path.lexists(os.path.join(root, "classes.txt"))  # a broken link is a class list that fails, not none
+    names = read_class_names(within(resolved(root), "classes.txt", DatasetError, "the class list")) if listed else None
     return indexed_split(f"{spec}[{split}]", files, "tar", tar_index, names, read_tar, decode_tar_sample, corrupt)
 
 
