@@ -8,10 +8,10 @@ import torch
 from PIL import Image
 
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
-                         scan_folder, split_names)
-from vitkit.normalization import normalization
-from vitkit.data.datasets import ArrayDataset
+                         load_splits, scan_folder, split_names)
+from vitkit.data.map_style import ArrayDataset
 from vitkit.data.transforms import ToChannels
+from vitkit.normalization import normalization
 
 
 def test_embedded_digits_are_scikit_learns():
@@ -299,14 +299,14 @@ def test_normalisation_statistics_fit_the_channel_count():
 
 
 def test_load_splits_lists_a_flat_folder_once_and_gives_load_datasets_splits(tmp_path, monkeypatch):
-    import vitkit.data.datasets as datasets
+    import vitkit.data.sources.imagefolder as imagefolder
 
     root, spec = _folder(tmp_path), SplitSpec(0.2, seed=3)
     alone = {split: load_dataset(f"imagefolder:{root}", split, spec=spec) for split in ("train", "val", "test")}
     listed = []
-    real = datasets._list_folder
-    monkeypatch.setattr(datasets, "_list_folder", lambda *args: listed.append(args[0]) or real(*args))
-    together = datasets.load_splits(f"imagefolder:{root}", ("train", "val", "test"), spec=spec)
+    real = imagefolder._list_folder
+    monkeypatch.setattr(imagefolder, "_list_folder", lambda *args: listed.append(args[0]) or real(*args))
+    together = load_splits(f"imagefolder:{root}", ("train", "val", "test"), spec=spec)
     assert listed == [root]  # once, not once per split
     for split in together:
         assert list(together[split].files) == list(alone[split].files)
