@@ -313,3 +313,28 @@ def test_load_splits_lists_a_flat_folder_once_and_gives_load_datasets_splits(tmp
         assert torch.equal(together[split].labels, alone[split].labels)
     load_dataset(f"imagefolder:{root}", "train", spec=spec)
     assert len(listed) == 2  # outside load_splits nothing is kept: a folder that changes is listed afresh
+
+
+def test_a_source_registered_under_a_prefix_is_read_by_every_entry_point(monkeypatch):
+    """A source that writes only ``open`` (two splits of its own) is reached through load_dataset, load_splits,
+    split_names, default_split and dataset_info by its prefix alone; a split it does not have is refused."""
+    from vitkit.data import dataset_info, default_split, load_splits
+    from vitkit.data.sources import SOURCES, Source
+
+    class Toy(Source):
+        known_splits = ("train", "test")
+
+        def open(self, path, split, options):
+            labels = {"train": [0, 0, 1], "test": [1, 0]}[split]
+            images = torch.full((len(labels), 1, 2, 2), len(path), dtype=torch.uint8)
+            return ArrayDataset(images, torch.tensor(labels), ["a", "b"], f"{path}[{split}]")
+
+    monkeypatch.setitem(SOURCES, "toy:", Toy())
+    assert split_names("toy:abc") == ("train", "test") and default_split("toy:abc") == "test"
+    train = load_dataset("toy:abc", "train")
+    assert train.name == "abc[train]" and int(train[0][0].max()) == 3 and train.labels.tolist() == [0, 0, 1]
+    assert list(load_splits("toy:abc", ("test", "train"))) == ["test", "train"]
+    assert dataset_info("toy:abc") == {"classes": ["a", "b"], "splits": {
+        "train": {"images": 3, "per_class": {"a": 2, "b": 1}}, "test": {"images": 2, "per_class": {"a": 1, "b": 1}}}}
+    with pytest.raises(DatasetError, match=r"^unknown split 'val'; expected one of \('train', 'test', 'all'\)$"):
+        load_dataset("toy:abc", "val")

@@ -75,6 +75,7 @@ def default_split(name: str) -> str:
 
 
 def checked_split(source: Source, split: str) -> str:
+    """``split``, when datasets of ``source``'s kind may have it (or it is ``all``)."""
     if split not in (*source.known_splits, ALL):
         raise DatasetError(f"unknown split {split!r}; expected one of {(*source.known_splits, ALL)}")
     return split
