@@ -53,8 +53,9 @@ def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None 
 
 def dataset_info(name: str, data_dir: str | Path | None = None, spec: SplitSpec | None = None,
                  corrupt: str = "fail") -> dict:
-    """What ``vitkit data info`` prints of dataset ``name``: the images of each of its splits, its class names and
-    the images of each class per split (``splits`` and ``unusable`` samples too for shards); nothing is decoded."""
+    """What ``vitkit data info`` prints of dataset ``name``: its class names and, for each of its splits, the
+    images and the images of each class (and for shards their count and the unusable samples); nothing is
+    decoded."""
     source, path = source_of(name)
     return source.describe(path, ReadOptions(data_dir, spec or SplitSpec(), corrupt))
 
