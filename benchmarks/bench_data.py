@@ -47,9 +47,8 @@ from PIL import Image
 from torch.utils.data import default_collate
 from torchvision.transforms import v2
 
-from vitkit.data import Transformed, build_transform, load_dataset, training_loader
+from vitkit.data import Transformed, build_transform, load_dataset, read_image, training_loader
 from vitkit.data.convert import write_webdataset
-from vitkit.data.datasets import read_image
 from vitkit.data.folders import RACY_NS
 from vitkit.data.loading import collate_training
 from vitkit.data.shards import TrainingStream

@@ -8,10 +8,10 @@ import torch
 from PIL import Image
 
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
-                         scan_folder, split_names)
-from vitkit.normalization import normalization
-from vitkit.data.datasets import ArrayDataset
+                         load_splits, scan_folder, split_names)
+from vitkit.data.map_style import ArrayDataset
 from vitkit.data.transforms import ToChannels
+from vitkit.normalization import normalization
 
 
 def test_embedded_digits_are_scikit_learns():
@@ -299,17 +299,42 @@ def test_normalisation_statistics_fit_the_channel_count():
 
 
 def test_load_splits_lists_a_flat_folder_once_and_gives_load_datasets_splits(tmp_path, monkeypatch):
-    import vitkit.data.datasets as datasets
+    import vitkit.data.sources.imagefolder as imagefolder
 
     root, spec = _folder(tmp_path), SplitSpec(0.2, seed=3)
     alone = {split: load_dataset(f"imagefolder:{root}", split, spec=spec) for split in ("train", "val", "test")}
     listed = []
-    real = datasets._list_folder
-    monkeypatch.setattr(datasets, "_list_folder", lambda *args: listed.append(args[0]) or real(*args))
-    together = datasets.load_splits(f"imagefolder:{root}", ("train", "val", "test"), spec=spec)
+    real = imagefolder._list_folder
+    monkeypatch.setattr(imagefolder, "_list_folder", lambda *args: listed.append(args[0]) or real(*args))
+    together = load_splits(f"imagefolder:{root}", ("train", "val", "test"), spec=spec)
     assert listed == [root]  # once, not once per split
     for split in together:
         assert list(together[split].files) == list(alone[split].files)
         assert torch.equal(together[split].labels, alone[split].labels)
     load_dataset(f"imagefolder:{root}", "train", spec=spec)
     assert len(listed) == 2  # outside load_splits nothing is kept: a folder that changes is listed afresh
+
+
+def test_a_source_registered_under_a_prefix_is_read_by_every_entry_point(monkeypatch):
+    """A source that writes only ``open`` (two splits of its own) is reached through load_dataset, load_splits,
+    split_names, default_split and dataset_info by its prefix alone; a split it does not have is refused."""
+    from vitkit.data import dataset_info, default_split, load_splits
+    from vitkit.data.sources import SOURCES, Source
+
+    class Toy(Source):
+        known_splits = ("train", "test")
+
+        def open(self, path, split, options):
+            labels = {"train": [0, 0, 1], "test": [1, 0]}[split]
+            images = torch.full((len(labels), 1, 2, 2), len(path), dtype=torch.uint8)
+            return ArrayDataset(images, torch.tensor(labels), ["a", "b"], f"{path}[{split}]")
+
+    monkeypatch.setitem(SOURCES, "toy:", Toy())
+    assert split_names("toy:abc") == ("train", "test") and default_split("toy:abc") == "test"
+    train = load_dataset("toy:abc", "train")
+    assert train.name == "abc[train]" and int(train[0][0].max()) == 3 and train.labels.tolist() == [0, 0, 1]
+    assert list(load_splits("toy:abc", ("test", "train"))) == ["test", "train"]
+    assert dataset_info("toy:abc") == {"classes": ["a", "b"], "splits": {
+        "train": {"images": 3, "per_class": {"a": 2, "b": 1}}, "test": {"images": 2, "per_class": {"a": 1, "b": 1}}}}
+    with pytest.raises(DatasetError, match=r"^unknown split 'val'; expected one of \('train', 'test', 'all'\)$"):
+        load_dataset("toy:abc", "val")

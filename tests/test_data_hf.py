@@ -176,7 +176,7 @@ def test_a_hub_dataset_is_resolved_once_per_run(tmp_path, monkeypatch):
     import pyarrow as pa
 
     from vitkit.data import load_splits
-    from vitkit.data.hf import hub_folder
+    from vitkit.data.sources.hf import hub_folder
     commit = "1" * 40
     repo = tmp_path / "hub-cache" / "datasets--someone--numbers"
     parquet_folder(repo / "snapshots" / commit, image_structs(range(4)), pa.array([0, 1, 0, 1]))

@@ -11,7 +11,7 @@ import webdataset as wds
 from data_helpers import numbered_image, numbered_shards, png
 from launch import TORCHRUN, launch
 
-import vitkit.data.shards as shards
+import vitkit.data.sources.webdataset as webdataset
 from vitkit.data import DatasetError, load_dataset
 
 SIZES = [5, 7, 3, 6]
@@ -22,8 +22,8 @@ def passes(monkeypatch, tmp_path):
     """The shards the index pass reads (the real pass, counted), with a cache of this test's own."""
     monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
     read = []
-    index = shards.tar_index
-    monkeypatch.setattr(shards, "tar_index", lambda path: read.append(Path(path).name) or index(path))
+    index = webdataset.tar_index
+    monkeypatch.setattr(webdataset, "tar_index", lambda path: read.append(Path(path).name) or index(path))
     return read
 
 
@@ -99,12 +99,12 @@ def test_the_split_is_the_same_without_a_writable_cache(tmp_path, passes, monkey
 SHARE_OUT = """
 import json, os, sys
 import torch.distributed as dist
-import vitkit.data.shards as shards
+import vitkit.data.sources.webdataset as webdataset
 from vitkit.data import DatasetError, load_dataset
 
 dist.init_process_group("gloo")
-read, index = [], shards.tar_index
-shards.tar_index = lambda path: read.append(os.path.basename(path)) or index(path)
+read, index = [], webdataset.tar_index
+webdataset.tar_index = lambda path: read.append(os.path.basename(path)) or index(path)
 split = load_dataset("webdataset:" + sys.argv[1], "train")
 try:
     load_dataset("webdataset:" + sys.argv[2], "train")

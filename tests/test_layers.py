@@ -1,5 +1,6 @@
 """The layering of vitkit, checked on its import graph (ast over src/vitkit, imports that run: those under
-``if TYPE_CHECKING:`` are left out, those inside functions are not):
+``if TYPE_CHECKING:`` are left out, those inside functions are not), and the absence of import cycles between
+any two of its modules (an import inside a function is no way around one):
 
     leaf utilities <- models <- checkpoints <- {data, train, evaluate, analysis, benchmark, memory} <- cli
 
@@ -9,6 +10,7 @@ import one another, without a cycle. Nothing imports cli but ``python -m vitkit`
 """
 
 import ast
+import collections
 import graphlib
 from pathlib import Path
 
@@ -28,8 +30,9 @@ def file_unit(path: Path, root: Path) -> str:
     return unit(".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"))
 
 
-def runtime_imports(path: Path, root: Path) -> list[tuple[int, str]]:
-    """(line, module) of every import of ours in a file, skipping ``if TYPE_CHECKING:`` blocks."""
+def runtime_imports(path: Path, root: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, module, names taken from it) of every import of ours in a file, skipping ``if TYPE_CHECKING:``
+    blocks (``import a.b`` takes no name)."""
     package = list(path.relative_to(root.parent).parts[:-1])  # what a relative import starts from
     found = []
 
@@ -39,13 +42,15 @@ def runtime_imports(path: Path, root: Path) -> list[tuple[int, str]]:
                 visit(child)
             return
         if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == root.name)
+            found.extend((node.lineno, alias.name, ()) for alias in node.names
+                         if alias.name.split(".")[0] == root.name)
         elif isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names)
             if node.level:
                 base = package[:len(package) - node.level + 1] + ([node.module] if node.module else [])
-                found.append((node.lineno, ".".join(base)))
+                found.append((node.lineno, ".".join(base), names))
             elif node.module and node.module.split(".")[0] == root.name:
-                found.append((node.lineno, node.module))
+                found.append((node.lineno, node.module, names))
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -56,7 +61,7 @@ def runtime_imports(path: Path, root: Path) -> list[tuple[int, str]]:
 def layering_violations(root: Path) -> list[str]:
     """Every import against the layering, as 'file:line imports module: why'."""
     edges = [(path, line, file_unit(path, root), unit(module), module)
-             for path in sorted(root.rglob("*.py")) for line, module in runtime_imports(path, root)]
+             for path in sorted(root.rglob("*.py")) for line, module, _ in runtime_imports(path, root)]
     edges = [edge for edge in edges if edge[2] != edge[3]]
     units = {file_unit(path, root) for path in root.rglob("*.py")}
     leaves = {u for u in units if u not in TIERS}
@@ -87,6 +92,54 @@ def layering_violations(root: Path) -> list[str]:
     return problems
 
 
+def module_name(path: Path, root: Path) -> str:
+    return ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ours that importing it runs: each module it imports (``from pkg import sub``
+    runs ``pkg.sub``), and the packages above one that it is not itself inside (``from ..data.splits import x``
+    in train/run.py runs data/__init__.py first)."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        for _, target, names in runtime_imports(path, root):
+            while target not in paths:  # ``from vitkit.x import name``'s module, whichever part is a file
+                target = target.rsplit(".", 1)[0]
+            submodules = {f"{target}.{name}" for name in names if f"{target}.{name}" in paths}
+            targets = submodules | ({target} if len(submodules) < max(1, len(names)) else set())
+            for found in targets:
+                parts = found.split(".")
+                above = {".".join(parts[:end]) for end in range(1, len(parts))}
+                graph[module] |= {found} | {p for p in above if not (module == p or module.startswith(p + "."))}
+    return graph
+
+
+def shortest_circle(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """The modules on a shortest way from ``start`` back to it (breadth first), or None when there is none."""
+    paths, queue = {start: [start]}, collections.deque([start])
+    while queue:
+        module = queue.popleft()
+        if start in graph[module]:
+            return paths[module]
+        for following in sorted(graph[module] - paths.keys()):
+            paths[following] = paths[module] + [following]
+            queue.append(following)
+    return None
+
+
+def import_cycles(root: Path) -> list[str]:
+    """The circles of imports among the modules under ``root``, each as 'a -> b -> a': a shortest one through
+    each module not yet named in one."""
+    graph, cycles, named = import_graph(root), [], set()
+    for start in sorted(graph):
+        circle = None if start in named else shortest_circle(graph, start)
+        if circle:
+            cycles.append(" -> ".join([*circle, start]))
+            named |= set(circle)
+    return cycles
+
+
 def test_vitkit_keeps_its_layers():
     assert layering_violations(PACKAGE) == []
 
@@ -107,3 +160,24 @@ def test_the_check_names_the_offending_import(tmp_path):
         "(tier 4)",
         "a cycle of imports in the middle tier: analysis <- train <- analysis",
     ]
+
+
+def test_no_module_of_vitkit_is_in_an_import_cycle():
+    assert import_cycles(PACKAGE) == []
+
+
+def test_the_cycle_check_names_each_circle_through_functions_and_packages(tmp_path):
+    """A circle closed by an import inside a function, one closed through a package's __init__ (``from ..a.x``
+    runs a/__init__.py, which imports b), and imports that close none: one line each for the first two."""
+    root = tmp_path / "vitkit"
+    files = {"__init__.py": "", "errors.py": "",
+             "data/__init__.py": "from .front import load\n", "data/front.py": "from . import shards\n",
+             "data/shards.py": "def f():\n    from .front import load\n", "data/images.py": "from ..errors import E\n",
+             "a/__init__.py": "from .x import X\n", "a/x.py": "X = 1\n", "b.py": "from .a.x import X\n",
+             "c/__init__.py": "", "c/y.py": "from ..a import x\nfrom .. import b\n"}
+    files["a/__init__.py"] += "from .. import b\n"  # a -> b -> a (b runs a/__init__.py to reach a.x)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    assert import_cycles(root) == ["vitkit.a -> vitkit.b -> vitkit.a",
+                                   "vitkit.data.front -> vitkit.data.shards -> vitkit.data.front"]

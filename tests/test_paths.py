@@ -20,7 +20,7 @@ from vitkit import ViTConfig, VisionTransformer
 from vitkit.checkpoints import hub
 from vitkit.cli import main
 from vitkit.data import DatasetError, evaluation_loader, load_dataset
-from vitkit.data.datasets import scan_folder
+from vitkit.data import scan_folder
 from vitkit.data.survey import AS_IS
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.paths import NotAFileError, id_segments, read_text, within

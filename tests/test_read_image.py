@@ -73,7 +73,7 @@ def test_palette_with_transparency_and_cmyk_and_bilevel(tmp_path):
 
 def test_images_beyond_the_pixel_limit_are_refused_before_decoding(tmp_path, monkeypatch):
     Image.new("L", (40, 30)).save(tmp_path / "big.png")
-    monkeypatch.setattr("vitkit.data.datasets.MAX_PIXELS", 1000)
+    monkeypatch.setattr("vitkit.data.images.MAX_PIXELS", 1000)
     with pytest.raises(DatasetError, match=r"^\S*big.png: refusing to decode a 40x30 image \(1,200 pixels"):
         read_image(tmp_path / "big.png")
 

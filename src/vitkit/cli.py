@@ -627,9 +627,9 @@ def _data_splits(args: argparse.Namespace, corrupt: str) -> dict:
 
 def cmd_data_info(args: argparse.Namespace) -> int:
     """Split sizes, classes and images per class of a dataset (nothing decoded)."""
-    from .data.survey import describe
+    from .data import SplitSpec, dataset_info
 
-    report = describe(_data_splits(args, args.corrupt))
+    report = dataset_info(args.dataset, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

@@ -25,8 +25,9 @@ from ..classnames import format_class_list
 from ..errors import ConfigError, DatasetError
 from ..paths import open_regular
 from ..progress import track
-from .datasets import read_image
-from .shards import IMAGE_EXTENSIONS, ShardedSplit
+from .images import read_image
+from .shards import ShardedSplit
+from .sources.webdataset import IMAGE_EXTENSIONS
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import DatasetError
 from ..progress import track
-from .datasets import ArrayDataset
+from .map_style import ArrayDataset
 from .loading import Transformed, worker_options
 from .shards import EvaluationStream, ShardedSplit
 from .transforms import Preset, input_conversion

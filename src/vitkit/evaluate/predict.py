@@ -12,7 +12,7 @@ import torch
 
 from ..analysis.features import encode, grid_features
 from ..atomic import atomic_file
-from ..data.datasets import read_image
+from ..data.images import read_image
 from ..data.transforms import Preset
 from ..errors import ConfigError
 from ..models.naflex import patch_batch

@@ -18,15 +18,35 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DatasetError, parse_json
-from ..paths import TEXT_LIMIT, id_segments, read_text, regular_file, resolved, within
-from .datasets import read_image
-from .index_cache import ShardIndex
-from .shards import Shard, ShardedSplit, indexed_split, label_problem
-from .splits import ALL, SPLITS, named_split
+from ...errors import DatasetError, parse_json
+from ...paths import TEXT_LIMIT, id_segments, read_text, regular_file, resolved, within
+from ..images import read_image
+from ..index_cache import ShardIndex
+from ..shards import Shard, ShardedSplit, indexed_split, label_problem
+from ..splits import ALL, SPLITS, named_split
+from .base import ReadOptions, Source
 
 COLUMNS = ("image", "label")
 ROWS_PER_READ = 256
+
+
+class HuggingFace(Source):
+    """``hf:PATH`` or ``hf:ORG/NAME``: the splits its files say."""
+
+    streamed = True
+
+    def recognises(self, path: Path) -> int:
+        return 2 * (path.is_dir() and next(path.rglob("*.parquet"), None) is not None)
+
+    def splits(self, path: str) -> tuple[str, ...]:
+        found = tuple(split_files(hf_root(path)))
+        if not found:
+            raise DatasetError(f"hf:{path}: no split found; expected parquet files of a train, validation or test "
+                               f"split (or a datasets save_to_disk folder)")
+        return found
+
+    def open(self, path: str, split: str, options: ReadOptions) -> ShardedSplit:
+        return hf_split(path, split, options.corrupt)
 
 
 def _pyarrow():
