@@ -1,5 +1,5 @@
 """The analyses of section 4.5 against independent references: attention written out from the raw
-weights, rollout by a hand-written numpy loop and closed forms, distances by explicit loops, PCA by
+weights, rollout computed by hand on a two-layer example and closed forms, distances by explicit loops, PCA by
 numpy's SVD, cosine similarity pair by pair."""
 
 import itertools
@@ -69,31 +69,48 @@ def random_attention(layers, batch, heads, tokens, seed=0):
     return torch.randn(layers, batch, heads, tokens, tokens, generator=generator).mul(2).softmax(-1)
 
 
-def rollout_by_hand(attn, fusion, discard):
-    """Abnar & Zuidema for one image, written as a plain numpy loop."""
-    attn = attn.double().numpy()
-    tokens = attn.shape[-1]
-    result = np.eye(tokens)
-    for layer in attn:
-        fused = {"mean": layer.mean(0), "max": layer.max(0), "min": layer.min(0)}[fusion]
-        flat = fused.flatten()
-        flat[np.argsort(flat, kind="stable")[:int(tokens * tokens * discard)]] = 0
-        fused = (flat.reshape(tokens, tokens) + np.eye(tokens)) / 2
-        fused /= fused.sum(axis=1, keepdims=True)
-        result = fused @ result
-    return result
+# Two layers of two heads over two tokens, rolled out by hand as Abnar & Zuidema do: per layer, fuse the heads,
+# add the identity for the residual, (A + I) / 2, renormalise the rows; multiply the layers, the last on the left.
+TWO_LAYERS = [[[[1, 0], [1, 0]], [[1, 0], [0, 1]]],  # layer 1: head 1, head 2
+              [[[0, 1], [0, 1]], [[0.5, 0.5], [0, 1]]]]  # layer 2
+ROLLED_OUT = {
+    # layer 1: mean [[1, 0], [.5, .5]] -> [[1, 0], [.25, .75]]; layer 2: mean [[.25, .75], [0, 1]] -> [[.625, .375],
+    # [0, 1]]; layer 2 @ layer 1 = [[.625 + .375 * .25, .375 * .75], [.25, .75]]
+    "mean": [[0.71875, 0.28125], [0.25, 0.75]],
+    # layer 1: max [[1, 0], [1, 1]] -> (A + I) / 2 = [[1, 0], [.5, 1]] -> rows summing to 1: [[1, 0], [1/3, 2/3]];
+    # layer 2: max [[.5, 1], [0, 1]] -> [[.75, .5], [0, 1]] -> [[.6, .4], [0, 1]]; product [[.6 + .4/3, .8/3], ...]
+    "max": [[11 / 15, 4 / 15], [1 / 3, 2 / 3]],
+    # layer 1: min [[1, 0], [0, 0]] -> [[1, 0], [0, .5]] -> the identity; layer 2: min [[0, .5], [0, 1]] ->
+    # [[.5, .25], [0, 1]] -> [[2/3, 1/3], [0, 1]], the product
+    "min": [[2 / 3, 1 / 3], [0, 1]],
+}
 
 
 @pytest.mark.parametrize("fusion", ["mean", "max", "min"])
-@pytest.mark.parametrize("discard", [0.0, 0.6])
-def test_rollout_of_one_image_matches_a_hand_written_loop(fusion, discard):
-    attn = random_attention(4, 1, 3, 1 + 2 * 3)
-    expected = rollout_by_hand(attn[:, 0], fusion, discard)
-    torch.testing.assert_close(rollout_matrix(attn, fusion, discard)[0].double(), torch.from_numpy(expected),
-                               atol=1e-6, rtol=1e-5)
-    row = expected[0, 1:].reshape(2, 3)
-    torch.testing.assert_close(attention_rollout(attn, (2, 3), fusion, discard)[0].double(),
-                               torch.from_numpy(row / row.max()), atol=1e-6, rtol=1e-5)
+def test_rollout_of_two_layers_matches_the_hand_computed_one(fusion):
+    attn = torch.tensor(TWO_LAYERS)[:, None]  # (layers, images, heads, tokens, tokens)
+    expected = torch.tensor(ROLLED_OUT[fusion])
+    torch.testing.assert_close(rollout_matrix(attn, fusion)[0], expected)
+    torch.testing.assert_close(rollout_matrix([layer for layer in attn], fusion)[0], expected)  # a list of layers
+
+
+def test_rollout_discards_the_weakest_share_of_each_map_before_the_residual():
+    """A quarter of a 2x2 map is its one weakest entry, wherever it is (a rule row by row would drop none)."""
+    attn = torch.tensor([[[0.9, 0.1], [0.3, 0.7]], [[0.2, 0.8], [0.6, 0.4]]])[:, None, None]
+    # layer 1: 0.1 dropped -> (A + I) / 2 = [[.95, 0], [.15, .85]] -> [[1, 0], [.15, .85]]
+    # layer 2: 0.2 dropped -> [[.5, .4], [.3, .7]] -> [[5/9, 4/9], [.3, .7]]; product [[5/9 + 4/9 * .15, 4/9 * .85],
+    # [.3 + .7 * .15, .7 * .85]]
+    expected = torch.tensor([[28 / 45, 17 / 45], [0.405, 0.595]])
+    torch.testing.assert_close(rollout_matrix(attn, "mean", discard_ratio=0.25)[0], expected)
+
+
+@pytest.mark.parametrize("readout, expected", [("mean", [31 / 33, 1]), (torch.tensor([[0.0, 1.0]]), [1 / 3, 1])])
+def test_rollout_map_is_the_readout_of_the_rolled_out_rows_scaled_to_one(readout, expected):
+    """Two patch tokens, no prefix: the output reads the mean of the rows of the mean rollout above, [31/64, 33/64],
+    or the given weights (all on the second token: its row, [.25, .75]); the map's largest value is 1."""
+    attn = torch.tensor(TWO_LAYERS)[:, None]
+    maps = attention_rollout(attn, (1, 2), readout=readout)
+    torch.testing.assert_close(maps, torch.tensor([[expected]]))
 
 
 def test_rollout_of_a_batch_is_the_rollout_of_each_image():

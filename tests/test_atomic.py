@@ -17,7 +17,7 @@ from launch import start_until_ready
 from vitkit import atomic
 from vitkit.atomic import (GROUP_FILE, atomic_directory, atomic_file, move_group_into_place, retire, staging_beside,
                            sweep)
-from vitkit.train.loop import MetricsLog
+from vitkit.train.metrics_log import MetricsLog
 
 
 def test_sweep_puts_back_a_version_moved_aside_and_clears_temporaries(tmp_path):

@@ -15,7 +15,6 @@ import struct
 import subprocess
 import sys
 import termios
-import typing
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ import vitkit
 from launch import child_env, launch
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
-from vitkit.train.recipes import CONCERNS, IMAGE_SIZE_FORMS, Recipe, field_types, resolve
+from vitkit.train.recipes import CONCERNS, IMAGE_SIZE_FORMS, Recipe, resolve
 
 TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, in_chans=1, num_classes=3)
 TINY_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}
@@ -138,10 +137,21 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
     for action in train._actions:
         if action.dest in helps and action.option_strings[0] not in ("--model-args", "--drop-path"):  # --set's too
             assert action.help == helps[action.dest], action.dest
-    for action in train._actions:
-        kind = field_types().get(action.dest)
-        if typing.get_origin(kind) is typing.Literal:
-            assert tuple(action.choices) == typing.get_args(kind), action.dest
+    fields = {field.name for field in dataclasses.fields(Recipe)}
+    offered = {action.dest: tuple(action.choices) for action in train._actions
+               if action.dest in fields and action.choices}
+    assert offered == RECIPE_CHOICES
+    with pytest.raises(SystemExit):  # a precision of inference, not of training: fp16 has no loss scaling
+        build_parser().parse_args(["train", "--precision", "fp16"])
+
+
+# The values of the recipe fields that take one of a few, written out.
+RECIPE_CHOICES = {"corrupt": ("fail", "skip"), "channels": ("", "rgb", "grey"), "objective": ("classification", "mpp"),
+                  "mpp_target": ("mean-colour", "downsized", "pixels"), "transform": ("pretrain", "finetune", "eval"),
+                  "aug_level": ("none", "light1", "light2", "medium1", "medium2", "strong1", "strong2"),
+                  "normalization": ("", "google", "imagenet", "clip"), "optimizer": ("adamw", "sgd"),
+                  "schedule": ("cosine", "linear", "constant"), "precision": ("fp32", "bf16", "auto"),
+                  "parallel": ("ddp", "fsdp")}
 
 
 def test_library_code_logs_rather_than_prints():

@@ -155,9 +155,13 @@ def test_sigterm_and_sigint_save_then_stop(tmp_path):
     status, err = interrupt(run_dir, lambda d: len(records(d)) > step + 1, signal.SIGINT)
     assert status == 130, err[-2000:]
     assert "SIGINT: saved a checkpoint" in err and "interrupted" in err
-    # The hint is a command that can be pasted as it is: it names the run folder and finishes the run.
-    hint = shlex.split(err.split("continue with: ")[1].splitlines()[0])
-    assert hint == ["vitkit", "train", "--resume", "--run-dir", str(run_dir)]
+    # The advice names the newest checkpoint and a command that can be pasted as it is, which finishes the run.
+    second = int(err.split("SIGINT: saved a checkpoint at step ")[1].split()[0])
+    advice = err.split(f"SIGINT: saved a checkpoint at step {second} of 60; ")[1].splitlines()[0]
+    command, checkpoint = advice.split(" continues the run from ")
+    assert checkpoint == str(run_dir / "checkpoints" / f"step-{second:08d}") and second > step
+    hint = shlex.split(command)
+    assert hint == ["vitkit", "train", "--run-dir", str(run_dir), "--resume"]
     resumed = subprocess.run([sys.executable, "-m", *hint], env=ENV, capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0 and (run_dir / "summary.json").is_file(), resumed.stderr[-2000:]
 

@@ -6,7 +6,6 @@ import torch
 from vitkit import runtime
 from vitkit.cli import main
 from vitkit.errors import ConfigError, DeviceError
-from vitkit.train.loop import autocast_dtype
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 
@@ -58,7 +57,7 @@ def fake_cpu(monkeypatch, capability, flags):
 def test_auto_picks_bf16_only_where_the_cpu_runs_it_natively(monkeypatch, capability, flags, expected):
     fake_cpu(monkeypatch, capability, flags)
     assert runtime.resolve_precision("auto", torch.device("cpu")) == expected
-    assert autocast_dtype("auto", torch.device("cpu")) == expected
+    assert runtime.autocast_dtype("auto", torch.device("cpu")) == expected
     assert runtime.resolve_precision("fp32", torch.device("cpu")) == torch.float32
     assert runtime.resolve_precision("bf16", torch.device("cpu")) == torch.bfloat16  # asked for: given, if slow
 
@@ -76,7 +75,7 @@ def test_precision_errors():
     with pytest.raises(DeviceError, match="unknown precision 'int4'"):
         runtime.resolve_precision("int4", torch.device("cpu"))
     with pytest.raises(ConfigError, match="precision='fp16' for training"):
-        autocast_dtype("fp16", torch.device("cpu"))
+        runtime.autocast_dtype("fp16", torch.device("cpu"))
 
 
 def test_eval_in_bf16_stays_close_to_fp32(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The training loop: exact resume, divergence handling, accumulation, EMA, checkpoints, precision."""
 
+import importlib
 import json
 
 import pytest
@@ -225,3 +226,24 @@ def test_checkpoints_by_wall_time(tmp_path, minutes, expected):
                                   eval_every=0)).trainer
     trainer.fit()
     assert [int(p.name.split("-")[1]) for p in list_checkpoints(tmp_path)] == expected
+
+
+def test_resume_advice_is_a_command_to_paste_and_the_checkpoint_it_continues_from(tmp_path):
+    """The one wording after a signal and after a lost rank; a folder with a space in its name is quoted."""
+    run_dir = tmp_path / "a run"
+    trainer = prepare(tiny_recipe(run_dir, steps=2, checkpoint_every=1, eval_every=0)).trainer
+    command = f"vitkit train --run-dir '{run_dir}' --resume"
+    assert trainer.where_to_resume() == f"{run_dir} holds no checkpoint yet: {command} starts the run over"
+    trainer.fit()
+    assert trainer.where_to_resume() == f"{command} continues the run from {run_dir}/checkpoints/step-00000002"
+
+
+@pytest.mark.parametrize("name, home", [("Trainer", "vitkit.train.trainer"), ("LoopConfig", "vitkit.train.trainer"),
+                                        ("EMA", "vitkit.train.ema"), ("MetricsLog", "vitkit.train.metrics_log"),
+                                        ("StopRequest", "vitkit.train.signals"), ("autocast_dtype", "vitkit.runtime"),
+                                        ("TRAINING_PRECISIONS", "vitkit.runtime")])
+def test_the_names_of_the_old_loop_module_are_found_there_with_a_warning(name, home):
+    module = importlib.import_module(home)
+    with pytest.warns(DeprecationWarning, match=f"vitkit.train.loop.{name} is deprecated; import it from {home}$"):
+        found = getattr(importlib.import_module("vitkit.train.loop"), name)
+    assert found is getattr(module, name)

@@ -3,7 +3,7 @@ left out on resume, never a crash."""
 
 import json
 
-from vitkit.train.loop import MetricsLog
+from vitkit.train.metrics_log import MetricsLog
 from vitkit.train.skipped import SkippedFiles
 
 LINES = ['{"step": 1, "files": ["a.jpg"]}', "[1, 2]", "3", '"text"', "null", '{"files": ["no step"]}',

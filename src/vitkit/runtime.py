@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import DeviceError
+from .errors import ConfigError, DeviceError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+TRAINING_PRECISIONS = ("fp32", "bf16", "auto")  # fp16 is left out: without loss scaling its gradients underflow
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -86,6 +87,14 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     if precision == "auto":
         return torch.bfloat16 if native_bf16(device) else torch.float32
     return DTYPES[precision]
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The compute dtype of training in ``precision`` on ``device`` (one of ``TRAINING_PRECISIONS``; a recipe
+    checks its field against the same list)."""
+    if precision not in TRAINING_PRECISIONS:
+        raise ConfigError(f"precision={precision!r} for training; expected one of {', '.join(TRAINING_PRECISIONS)}")
+    return resolve_precision(precision, device)
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:

@@ -26,8 +26,8 @@ from ..errors import ConfigError, parse_json
 from ..models import ViTConfig
 from ..normalization import NORMALIZATION
 from ..paths import read_text
+from ..runtime import TRAINING_PRECISIONS
 from .distributed import PARALLEL
-from .loop import TRAINING_PRECISIONS
 from .mpp import TARGETS as MPP_TARGETS
 from .optim import SCHEDULES
 

@@ -36,13 +36,13 @@ from ..paths import own_folder
 from ..runtime import DTYPES
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
-from .loop import LoopConfig, Trainer
 from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
 from .recipes import Recipe, read_config_file
 from .sizing import fresh_model_args, finetune_channels, finetune_size, say_sizing
 from .skipped import SkippedFiles
+from .trainer import LoopConfig, Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         skipped.resume(start_step)
         for index, (images, labels, names) in enumerate(loader):
             if names:
-                skipped.record(start_step + index // recipe.accum_steps + 1, names, trainer.log)
+                skipped.record(start_step + index // recipe.accum_steps + 1, names, trainer.record)
             yield images, labels
 
     loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt,

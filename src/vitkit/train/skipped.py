@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from .steplog import append_record, keep_steps_up_to, step_records
@@ -32,10 +33,12 @@ class SkippedFiles:
         """Every rank's file, those of earlier runs on more ranks included."""
         return sorted(self.folder.glob("rank-*.jsonl")) if self.folder.is_dir() else []
 
-    def record(self, step: int, names: list[str], log) -> None:
+    def record(self, step: int, names: list[str], count: Callable[[int, dict[str, float]], None]) -> None:
+        """Note the files replaced at ``step`` in this rank's file, and their number with ``count(step, values)``
+        (``Trainer.record``: the run's metrics)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         append_record(self.path, {"step": step, "files": names})
-        log.write(step, {"data/skipped": len(names)})
+        count(step, {"data/skipped": len(names)})
 
     def all_ranks(self) -> list[str]:
         return [name for path in self.files() for record in step_records(path) if isinstance(record.get("files"), list)
