@@ -1,0 +1,51 @@
+"""Oxford Flowers-102 (``flowers102:DIR``) as torchvision's ``Flowers102`` downloads it: ``DIR/flowers-102/``
+with ``jpg/image_00001.jpg``..., ``imagelabels.mat`` (a class 1..102 per image) and ``setid.mat`` (the image
+numbers of ``trnid``, ``valid`` and ``tstid``). Splits ``train``, ``val`` and ``test`` as published, and
+``trainval`` (the paper trains on both). MATLAB files are read with SciPy (``pip install vitkit[suite]``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from torchvision import datasets as tvd
+
+from ..errors import DatasetError
+from .listed import inside, listed_dataset
+from .matlab import integers
+
+FOLDER = "flowers-102"
+SET_KEYS = {"train": "trnid", "val": "valid", "test": "tstid"}
+OWN_SPLITS = ("train", "val", "test", "trainval")
+DOWNLOAD = "torchvision.datasets.Flowers102(DIR, download=True) fetches it"
+
+
+def base(root: Path) -> Path:
+    """The dataset's own folder under ``root`` (``root`` itself when it is that folder)."""
+    for folder in (root / FOLDER, root):
+        if (folder / "setid.mat").is_file():
+            return folder
+    raise DatasetError(f"{root}: no {FOLDER}/setid.mat; expected Oxford Flowers-102 in torchvision's layout "
+                       f"({DOWNLOAD})")
+
+
+def class_names(count: int) -> list[str]:
+    """torchvision's names of the 102 flowers, or the numbers 1..count where they do not fit."""
+    names = list(getattr(tvd.Flowers102, "classes", []))
+    return names if len(names) == count else [str(label + 1) for label in range(count)]
+
+
+def read(root: Path, split: str):
+    """The ``split`` of the Flowers-102 folder ``root``."""
+    folder = base(root)
+    labels = integers(folder / "imagelabels.mat", "labels", folder / "imagelabels.mat") - 1
+    parts = ("train", "val") if split == "trainval" else (split,)
+    numbers = np.concatenate([integers(folder / "setid.mat", SET_KEYS[part], folder / "setid.mat") for part in parts])
+    if numbers.min() < 1 or numbers.max() > len(labels):
+        raise DatasetError(f"{folder / 'setid.mat'}: image numbers reach {int(numbers.max())}; expected 1.."
+                           f"{len(labels)} (the images imagelabels.mat labels)")
+    files = [inside(folder, f"jpg/image_{int(image):05d}.jpg") for image in numbers]
+    classes = class_names(int(labels.max()) + 1)
+    return listed_dataset(files, labels[numbers - 1], classes, f"{folder}[{split}]")

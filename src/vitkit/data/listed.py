@@ -1,0 +1,59 @@
+"""Datasets whose images and labels a file lists (the evaluation suite's layouts: Pets, Flowers-102, ImageNet's
+flat validation folder, VTAB-1k's file lists), as the same ``FileDataset`` a folder of class folders gives.
+
+A listed file must lie inside the dataset's folder (links resolved, see ``vitkit.paths``); the list files are
+read whole, capped like every text file vitkit reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DatasetError
+from ..paths import read_text, resolved, within
+from .datasets import FileDataset
+
+
+def listed_dataset(files: Sequence[Path], labels: Sequence[int], classes: list[str], name: str) -> FileDataset:
+    """A ``FileDataset`` of ``files`` with ``labels``, in the order listed. Its listing is grouped class by class
+    (how ``FileDataset`` finds a row's label) and its rows put the list's order back."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
+        bad = int(labels[(labels < 0) | (labels >= len(classes))][0])
+        raise DatasetError(f"{name}: label {bad} is out of range; expected 0..{len(classes) - 1}")
+    order = np.argsort(labels, kind="stable")
+    listing = np.array([os.fsencode(files[index]) for index in order]) if len(files) else np.array([], dtype="S1")
+    counts = np.bincount(labels, minlength=len(classes))
+    present = np.flatnonzero(counts)
+    rows = np.empty(len(order), dtype=np.int64)
+    rows[order] = np.arange(len(order))
+    return FileDataset(listing, np.cumsum(counts[present]), present, classes, name, rows)
+
+
+def list_lines(path: Path, what: str) -> list[list[str]]:
+    """The non-empty lines of the list file ``path``, each split on white space; a DatasetError naming it when
+    it is absent."""
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file; expected {what}")
+    try:
+        text = read_text(path, what)
+    except UnicodeDecodeError as error:
+        raise DatasetError(f"{path}: not UTF-8 text; expected {what}") from error
+    return [line.split() for line in text.splitlines() if line.strip()]
+
+
+def inside(root: Path, name: str) -> Path:
+    """The file ``name`` of a list, which must lie in the dataset's folder ``root``."""
+    return within(resolved(root), name, DatasetError, "a listed image")
+
+
+def number(text: str, path: Path, line: int, what: str) -> int:
+    """An integer field of line ``line`` of ``path``, or a DatasetError naming both."""
+    try:
+        return int(text)
+    except ValueError:
+        raise DatasetError(f"{path}:{line}: {what} {text!r} is not an integer") from None
