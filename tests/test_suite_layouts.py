@@ -12,7 +12,7 @@ from PIL import Image
 from scipy.io import savemat
 from torchvision import datasets as tvd
 
-from vitkit.data import flowers, imagenet, pets, vtab
+from vitkit.data.sources import flowers102 as flowers, imagenet, pets, vtab
 from vitkit.errors import DatasetError
 
 

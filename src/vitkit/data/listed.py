@@ -15,23 +15,33 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..paths import read_text, resolved, within
-from .datasets import FileDataset
+from .map_style import FileDataset
 
 
-def listed_dataset(files: Sequence[Path], labels: Sequence[int], classes: list[str], name: str) -> FileDataset:
-    """A ``FileDataset`` of ``files`` with ``labels``, in the order listed. Its listing is grouped class by class
-    (how ``FileDataset`` finds a row's label) and its rows put the list's order back."""
+def listed_dataset(files: Sequence[Path] | np.ndarray, labels: Sequence[int] | np.ndarray, classes: list[str],
+                   name: str) -> FileDataset:
+    """A ``FileDataset`` of ``files`` (paths, or a numpy array of their bytes) with ``labels``, in the order
+    listed. Its listing is grouped class by class (how ``FileDataset`` finds a row's label) and its rows put the
+    list's order back."""
     labels = np.asarray(labels, dtype=np.int64)
+    if not isinstance(files, np.ndarray):
+        files = np.array([os.fsencode(path) for path in files]) if len(files) else np.array([], dtype="S1")
     if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
         bad = int(labels[(labels < 0) | (labels >= len(classes))][0])
         raise DatasetError(f"{name}: label {bad} is out of range; expected 0..{len(classes) - 1}")
     order = np.argsort(labels, kind="stable")
-    listing = np.array([os.fsencode(files[index]) for index in order]) if len(files) else np.array([], dtype="S1")
+    listing = files[order]
     counts = np.bincount(labels, minlength=len(classes))
     present = np.flatnonzero(counts)
     rows = np.empty(len(order), dtype=np.int64)
     rows[order] = np.arange(len(order))
     return FileDataset(listing, np.cumsum(counts[present]), present, classes, name, rows)
+
+
+def concatenated(parts: Sequence[FileDataset], name: str) -> FileDataset:
+    """The images of ``parts`` (datasets over one class list), one part after the other."""
+    return listed_dataset(np.concatenate([part.files for part in parts]),
+                          np.concatenate([part.labels.numpy() for part in parts]), parts[0].classes, name)
 
 
 def list_lines(path: Path, what: str) -> list[list[str]]:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import DatasetError
-from .listed import inside, list_lines, listed_dataset, number
+from ...errors import DatasetError
+from ..listed import concatenated, inside, list_lines, listed_dataset, number
+from ..map_style import FileDataset, with_val
+from ..splits import ALL
+from .base import ReadOptions, Source
 
 FOLDER = "oxford-iiit-pet"
 OWN_SPLITS = ("trainval", "test")
@@ -49,7 +52,27 @@ def class_names(entries: list[tuple[str, int]]) -> list[str]:
     return [names[label] for label in range(len(names))]
 
 
-def read(root: Path, split: str):
+class Pets(Source):
+    """``pets:DIR``."""
+
+    argument = "DIR"
+    known_splits = ("train", "val", "test", "trainval")
+
+    def recognises(self, path: Path) -> int:
+        return 2 * any((folder / "annotations" / "trainval.txt").is_file() for folder in (path / FOLDER, path))
+
+    def splits(self, path: str) -> tuple[str, ...]:
+        return self.known_splits
+
+    def open(self, path: str, split: str, options: ReadOptions) -> FileDataset:
+        if split in ("train", "val"):
+            return with_val(self.open(path, "trainval", options), None, split, options.holdout)
+        if split == ALL:
+            return concatenated([self.open(path, part, options) for part in OWN_SPLITS], str(path))
+        return read(Path(path), split)
+
+
+def read(root: Path, split: str) -> FileDataset:
     """The ``trainval`` or ``test`` split of the Pets folder ``root``."""
     folder = base(root)
     entries = {name: _entries(folder, name) for name in OWN_SPLITS}

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import DatasetError
-from .listed import inside, list_lines, listed_dataset, number
+from ...errors import DatasetError
+from ..listed import inside, list_lines, listed_dataset, number
+from ..map_style import FileDataset
+from ..splits import ALL
+from .base import ReadOptions, Source
 
 LISTS = ("train800", "val200", "train800val200", "test")
 OWN_SPLITS = LISTS
@@ -33,11 +36,27 @@ def entries(root: Path, split: str) -> list[tuple[str, int]]:
     return rows
 
 
-def read(root: Path, split: str):
+class Vtab(Source):
+    """``vtab:DIR``, a task's folder."""
+
+    argument = "DIR"
+    known_splits = (*LISTS, *ALIASES)
+
+    def recognises(self, path: Path) -> int:
+        return 2 * (path / "train800val200.txt").is_file()
+
+    def splits(self, path: str) -> tuple[str, ...]:
+        return LISTS
+
+    def open(self, path: str, split: str, options: ReadOptions) -> FileDataset:
+        return read(Path(path), split)
+
+
+def read(root: Path, split: str) -> FileDataset:
     """The ``split`` of the VTAB-1k task folder ``root``."""
     split = ALIASES.get(split, split)
     lists = {name: entries(root, name) for name in LISTS}
     count = 1 + max(label for rows in lists.values() for _, label in rows)
-    rows = lists[split]
+    rows = lists["train800val200"] + lists["test"] if split == ALL else lists[split]
     return listed_dataset([inside(root, image) for image, _ in rows], [label for _, label in rows],
                           [str(label) for label in range(count)], f"{root}[{split}]")

@@ -12,9 +12,12 @@ import numpy as np
 
 from torchvision import datasets as tvd
 
-from ..errors import DatasetError
-from .listed import inside, listed_dataset
-from .matlab import integers
+from ...errors import DatasetError
+from ..listed import inside, listed_dataset
+from ..map_style import FileDataset
+from ..splits import ALL
+from .base import ReadOptions, Source
+from ..matlab import integers
 
 FOLDER = "flowers-102"
 SET_KEYS = {"train": "trnid", "val": "valid", "test": "tstid"}
@@ -37,11 +40,24 @@ def class_names(count: int) -> list[str]:
     return names if len(names) == count else [str(label + 1) for label in range(count)]
 
 
-def read(root: Path, split: str):
+class Flowers102(Source):
+    """``flowers102:DIR``."""
+
+    argument = "DIR"
+    known_splits = ("train", "val", "test", "trainval")
+
+    def recognises(self, path: Path) -> int:
+        return 2 * any((folder / "setid.mat").is_file() for folder in (path / FOLDER, path))
+
+    def open(self, path: str, split: str, options: ReadOptions) -> FileDataset:
+        return read(Path(path), split)
+
+
+def read(root: Path, split: str) -> FileDataset:
     """The ``split`` of the Flowers-102 folder ``root``."""
     folder = base(root)
     labels = integers(folder / "imagelabels.mat", "labels", folder / "imagelabels.mat") - 1
-    parts = ("train", "val") if split == "trainval" else (split,)
+    parts = {"trainval": ("train", "val"), ALL: ("train", "val", "test")}.get(split, (split,))
     numbers = np.concatenate([integers(folder / "setid.mat", SET_KEYS[part], folder / "setid.mat") for part in parts])
     if numbers.min() < 1 or numbers.max() > len(labels):
         raise DatasetError(f"{folder / 'setid.mat'}: image numbers reach {int(numbers.max())}; expected 1.."

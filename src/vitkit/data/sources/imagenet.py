@@ -14,12 +14,15 @@ import re
 import tarfile
 from pathlib import Path
 
-from ..errors import DatasetError
-from ..paths import TEXT_LIMIT, open_regular, read_capped
-from .datasets import scan_folder
-from .folders import class_folders
-from .listed import inside, listed_dataset
-from .matlab import records
+from ...errors import DatasetError
+from ...paths import TEXT_LIMIT, open_regular, read_capped
+from ..folders import class_folders
+from ..listed import concatenated, inside, listed_dataset
+from ..map_style import FileDataset
+from ..matlab import records
+from ..splits import ALL
+from .base import ReadOptions, Source
+from .imagefolder import scan_folder
 
 DEVKIT = "ILSVRC2012_devkit_t12"
 GROUND_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"
@@ -96,7 +99,22 @@ def class_list(root: Path) -> list[str]:
     return class_folders(train)
 
 
-def read(root: Path, split: str):
+class ImageNet(Source):
+    """``imagenet:DIR``."""
+
+    argument = "DIR"
+    known_splits = OWN_SPLITS
+
+    def recognises(self, path: Path) -> int:
+        return 2 * any((path / name).exists() for name in (DEVKIT, f"{DEVKIT}.tar.gz"))
+
+    def open(self, path: str, split: str, options: ReadOptions) -> FileDataset:
+        if split == ALL:
+            return concatenated([read(Path(path), part) for part in OWN_SPLITS], path)
+        return read(Path(path), split)
+
+
+def read(root: Path, split: str) -> FileDataset:
     """The ``train`` or ``val`` split of the ImageNet folder ``root``."""
     folder = root / split
     if not folder.is_dir():
