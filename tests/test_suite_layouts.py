@@ -161,3 +161,19 @@ def test_vtab_refuses_a_short_list_and_a_missing_one(tmp_path):
     (tmp_path / "dtd" / "val200.txt").unlink()
     with pytest.raises(DatasetError, match="val200.txt: no such file"):
         vtab.read(task, "test")
+
+
+def test_sources_through_load_dataset(pets_root, flowers_root, tmp_path):
+    from vitkit.data import load_dataset
+    from vitkit.data.map_style import SplitSpec
+
+    spec = SplitSpec(val_fraction=0.25, seed=0)
+    train, val = (load_dataset(f"pets:{pets_root}", split, spec=spec) for split in ("train", "val"))
+    assert (len(train), len(val)) == (3, 1)  # 25% of trainval's 4 held out
+    assert sorted(map(str, [*train.files, *val.files])) == sorted(map(str, pets.read(pets_root, "trainval").files))
+    assert len(load_dataset(f"pets:{pets_root}", "all")) == 7
+    assert len(load_dataset(f"flowers102:{flowers_root}", "all")) == 7
+    task = vtab_task(tmp_path / "svhn", {"train800": 800, "val200": 200, "train800val200": 1000, "test": 5})
+    assert len(load_dataset(f"vtab:{task}", "train800val200")) == 1000
+    with pytest.raises(DatasetError, match="unknown split 'train800'"):
+        load_dataset(f"pets:{pets_root}", "train800")

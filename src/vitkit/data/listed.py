@@ -38,6 +38,16 @@ def listed_dataset(files: Sequence[Path] | np.ndarray, labels: Sequence[int] | n
     return FileDataset(listing, np.cumsum(counts[present]), present, classes, name, rows)
 
 
+def downloaded(kind: type, root: Path, name: str) -> None:
+    """Fetch torchvision's dataset ``kind`` into ``root`` (its own download and checksums), or a DatasetError
+    naming the folder and the layout expected there."""
+    try:
+        kind(root, download=True)
+    except (RuntimeError, OSError) as error:
+        raise DatasetError(f"{root}: no {name} in torchvision's layout, and it could not be downloaded ({error}); "
+                           f"expected what torchvision.datasets.{kind.__name__}(DIR, download=True) writes") from error
+
+
 def concatenated(parts: Sequence[FileDataset], name: str) -> FileDataset:
     """The images of ``parts`` (datasets over one class list), one part after the other."""
     return listed_dataset(np.concatenate([part.files for part in parts]),

@@ -13,25 +13,29 @@ import numpy as np
 from torchvision import datasets as tvd
 
 from ...errors import DatasetError
-from ..listed import inside, listed_dataset
+from ..listed import downloaded, inside, listed_dataset
 from ..map_style import FileDataset
 from ..splits import ALL
 from .base import ReadOptions, Source
 from ..matlab import integers
 
+KIND = tvd.Flowers102
 FOLDER = "flowers-102"
 SET_KEYS = {"train": "trnid", "val": "valid", "test": "tstid"}
 OWN_SPLITS = ("train", "val", "test", "trainval")
-DOWNLOAD = "torchvision.datasets.Flowers102(DIR, download=True) fetches it"
 
 
 def base(root: Path) -> Path:
-    """The dataset's own folder under ``root`` (``root`` itself when it is that folder)."""
-    for folder in (root / FOLDER, root):
-        if (folder / "setid.mat").is_file():
-            return folder
-    raise DatasetError(f"{root}: no {FOLDER}/setid.mat; expected Oxford Flowers-102 in torchvision's layout "
-                       f"({DOWNLOAD})")
+    """The dataset's own folder under ``root`` (``root`` itself when it is that folder), downloaded there by
+    torchvision when ``root`` is absent or empty."""
+    for attempt in range(2):
+        for folder in (root / FOLDER, root):
+            if (folder / "setid.mat").is_file():
+                return folder
+        if attempt == 0 and not any(root.iterdir() if root.is_dir() else ()):
+            downloaded(KIND, root, "Oxford Flowers-102")
+    raise DatasetError(f"{root}: no {FOLDER} folder; expected the dataset in torchvision's layout, as "
+                       f"torchvision.datasets.{KIND.__name__}(DIR, download=True) writes it")
 
 
 def class_names(count: int) -> list[str]:
@@ -44,7 +48,7 @@ class Flowers102(Source):
     """``flowers102:DIR``."""
 
     argument = "DIR"
-    known_splits = ("train", "val", "test", "trainval")
+    known_splits = OWN_SPLITS
 
     def recognises(self, path: Path) -> int:
         return 2 * any((folder / "setid.mat").is_file() for folder in (path / FOLDER, path))

@@ -9,26 +9,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torchvision import datasets as tvd
+
 from ...errors import DatasetError
-from ..listed import concatenated, inside, list_lines, listed_dataset, number
+from ..listed import concatenated, downloaded, inside, list_lines, listed_dataset, number
 from ..map_style import FileDataset, with_val
 from ..splits import ALL
 from .base import ReadOptions, Source
 
+KIND = tvd.OxfordIIITPet
 FOLDER = "oxford-iiit-pet"
 OWN_SPLITS = ("trainval", "test")
-DOWNLOAD = "torchvision.datasets.OxfordIIITPet(DIR, download=True) fetches it"
 
 
 def base(root: Path) -> Path:
-    """The dataset's own folder under ``root`` (``root`` itself when it is that folder)."""
-    folder = root / FOLDER
-    if (folder / "annotations").is_dir():
-        return folder
-    if (root / "annotations").is_dir():
-        return root
-    raise DatasetError(f"{root}: no {FOLDER}/annotations folder; expected Oxford-IIIT Pets in torchvision's "
-                       f"layout ({DOWNLOAD})")
+    """The dataset's own folder under ``root`` (``root`` itself when it is that folder), downloaded there by
+    torchvision when ``root`` is absent or empty."""
+    for attempt in range(2):
+        for folder in (root / FOLDER, root):
+            if (folder / "annotations").is_dir():
+                return folder
+        if attempt == 0 and not any(root.iterdir() if root.is_dir() else ()):
+            downloaded(KIND, root, "Oxford-IIIT Pets")
+    raise DatasetError(f"{root}: no {FOLDER} folder; expected the dataset in torchvision's layout, as "
+                       f"torchvision.datasets.{KIND.__name__}(DIR, download=True) writes it")
 
 
 def _entries(folder: Path, split: str) -> list[tuple[str, int]]:

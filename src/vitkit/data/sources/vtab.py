@@ -16,7 +16,6 @@ from ..splits import ALL
 from .base import ReadOptions, Source
 
 LISTS = ("train800", "val200", "train800val200", "test")
-OWN_SPLITS = LISTS
 ALIASES = {"train": "train800", "val": "val200", "trainval": "train800val200"}
 SIZES = {"train800": 800, "val200": 200, "train800val200": 1000}
 
