@@ -28,6 +28,9 @@ from ..paths import regular_file
 
 SPLITS = ("train", "val", "test")
 """The splits a dataset can have: ``train``, ``val`` and ``test``."""
+SUITE_SPLITS = ("trainval", "train800", "val200", "train800val200")
+"""The published splits of the evaluation suite's datasets: Pets' and Flowers-102's ``trainval``, VTAB-1k's
+800 training and 200 validation examples and the two together."""
 ALL = "all"  # every image of a dataset, whatever split it is in
 """The name of every image of a dataset, whatever split it is in (``--split all``)."""
 SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}

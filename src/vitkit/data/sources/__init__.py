@@ -10,14 +10,19 @@ and add one entry ``"lance:": Lance()`` below. A source imports only those share
 """
 
 from .base import ReadOptions, Source
+from .flowers102 import Flowers102
 from .hf import HuggingFace
 from .imagefolder import ImageFolder
+from .imagenet import ImageNet
 from .named import NAMED
 from .npz import Npz
+from .pets import Pets
+from .vtab import Vtab
 from .webdataset import WebDataset
 
 SOURCES: dict[str, Source] = {**NAMED, "npz:": Npz(), "imagefolder:": ImageFolder(), "webdataset:": WebDataset(),
-                              "hf:": HuggingFace()}
+                              "hf:": HuggingFace(), "imagenet:": ImageNet(), "pets:": Pets(), "flowers102:": Flowers102(),
+                              "vtab:": Vtab()}
 """Each source by the prefix that names it (``KIND:``, ending in a colon) or by the plain name of a dataset it
 reads; in the order the help lists them."""
 
