@@ -19,29 +19,36 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS, READOUTS
-from .analysis.report import REPORT_FILE, analyze
+from .analysis.report import REPORT_FILE
+from .benchmark import BENCH_FILE, RUNTIMES, TABLE_HEADER, bench_checkpoint
 from .checkpoints import export, load
-from .checkpoints.convert import FORMATS
-from .checkpoints.hub import is_remote
+from .checkpoints.convert import FORMATS, output_format
 from .checkpoints.onnx import QUANTIZATIONS
+from .checkpoints.runnable import load_inference, load_on_device
 from .classnames import escape_name
-from .data import ALL, CORRUPT, RESIZE_MODES, SPLITS
+from .data import CORRUPT, RESIZE_MODES, SPLITS, ALL
+from .data.convert import convert_dataset
 from .data.datasets import DATASET_FORMS
+from .data.survey import describe_dataset, verify_dataset
 from .errors import ConfigError, VitkitError, parse_json
+from .evaluate.accuracy import DEFAULT_VAL_FRACTION, evaluate_dataset
+from .evaluate.analyze import analyze_checkpoint
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
-from .evaluate.preprocessing import checkpoint_transform, naflex_transform
-from .memory import Plan, check, check_workers, estimate, usable_cpus
-from .models import VisionTransformer, create_model, list_models, model_config
-from .models.config import ViTConfig, pair
+from .evaluate.predict import check_feature_request, predict_files, prediction_record
+from .evaluate.probes import FEWSHOT_FILE, probe_dataset
+from .memory import check_workers, usable_cpus
+from .models import list_models, model_config
+from .models.config import pair
 from .models.stats import config_parameters, count_parameters, forward_flops
-from .runtime import PRECISIONS, autocast, resolve_precision, select_device
+from .runtime import PRECISIONS, select_device
+from .train.distributed import leave
+from .train.launch import train
 from .train.recipes import (DEFAULT_PRESETS, FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least,
                             field_types, fraction, image_size, merge, read_config_file, resolve)
-from .train.run import check_run_memory
-from .train.sizing import check_size, patch_for
+from .train.records import recorded_data
+from .train.run import RECIPE_FILE
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -74,8 +81,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Config, parameter count and input size of a checkpoint of any format."""
-    device = select_device(args.device)
-    model = load_checkpoint(args).to(device)
+    model, device, _ = load_on_device(args.checkpoint, args.overrides, args.device)
     config = model.config
     if args.json:
         print(json.dumps({"config": config.to_dict(), "parameters": count_parameters(model), "device": str(device)},
@@ -121,25 +127,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
                   f"{100 * written.quantized_agreement:.0f}% of the probe images (random; check accuracy with "
                   f"`vitkit eval {args.dst}`)")
     return 0
-
-
-# The format a destination's extension names; any other destination is a folder: native, hf or timm.
-EXTENSION_FORMATS = {".onnx": "onnx", ".xml": "openvino", ".npz": "npz", ".safetensors": "timm"}
-
-
-def output_format(destination: str, asked: str | None) -> str:
-    """What ``convert`` writes: ``--to``, else the format the destination's extension names, else native (a
-    folder); ``--to`` and an extension that disagree are refused."""
-    suffix = Path(destination).suffix.lower()
-    implied = EXTENSION_FORMATS.get(suffix)
-    if asked is None:
-        return implied or "native"
-    if implied not in (None, asked):
-        fitting = {value: key for key, value in EXTENSION_FORMATS.items()}.get(asked)
-        instead = f"a destination ending in {fitting}" if fitting else "a folder"
-        raise ConfigError(f"--to {asked} and {destination}: a {suffix} file holds {implied}; pass --to {implied}, "
-                          f"or {instead} for {asked}")
-    return asked
 
 
 def load_checkpoint(args: argparse.Namespace):
@@ -199,36 +186,17 @@ def _checkpoint_flags(parser: argparse.ArgumentParser, help: str = "anything vit
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
-    device = select_device(args.device)
-    model = load_checkpoint(args).to(device)
-    config = model.config
-    pictures, about = inputs.gather(args.images, args.dataset, args.data_dir, args.num_images, args.seed,
-                                    config.provenance.classes)
-    size = args.image_size or config.image_size
-    mean = _per_channel(args.mean, config.in_chans) if args.mean else None
-    std = _per_channel(args.std, config.in_chans) if args.std else None
-    if args.max_patches:
-        if args.image_size:
-            raise ConfigError("--image-size and --max-patches: the budget sizes each image at its own aspect ratio")
-        transform = naflex_transform(config, args.max_patches, mean, std)
-    else:
-        transform = checkpoint_transform(config, args.resize, size, mean, std)
-    images, shown = inputs.prepare(pictures, transform)
-    result = analyze(model, images, shown, args.out, batch_size=args.batch_size, head_fusion=args.head_fusion,
-                     discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                     title=str(args.checkpoint), dtype=resolve_precision(args.precision, device), readout=args.readout,
-                     about=about)
-    sizes = "each at its own aspect ratio" if args.max_patches else f"at {size[0]}x{size[1]}"
-    print(f"analysed {len(images)} images {sizes}: {len(result.figures)} figures, report {result.out / REPORT_FILE}")
+    done = analyze_checkpoint(args.checkpoint, args.out, images=args.images, dataset=args.dataset,
+                              data_dir=args.data_dir, num_images=args.num_images, seed=args.seed,
+                              image_size=args.image_size, mean=args.mean, std=args.std, resize=args.resize,
+                              max_patches=args.max_patches, device=args.device, precision=args.precision,
+                              overrides=args.overrides, batch_size=args.batch_size, head_fusion=args.head_fusion,
+                              discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
+                              readout=args.readout)
+    sizes = f"at {done.size[0]}x{done.size[1]}" if done.size else "each at its own aspect ratio"
+    print(f"analysed {done.images} images {sizes}: {len(done.analysis.figures)} figures, report "
+          f"{done.analysis.out / REPORT_FILE}")
     return 0
-
-
-def _per_channel(values: list[float], channels: int) -> list[float]:
-    if len(values) == 1:
-        return values * channels
-    if len(values) != channels:
-        raise ConfigError(f"--mean/--std: expected 1 or {channels} values for the normalisation, got {values}")
-    return values
 
 
 def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
@@ -323,8 +291,6 @@ def _not_none(kind: typing.Any) -> type:
 def recipe_from_args(args: argparse.Namespace):
     """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
     ``recipe.json`` so that the continued run is the same run."""
-    from .train.run import RECIPE_FILE
-
     overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
     if getattr(args, "checkpoint", None):
         overrides["init"] = args.checkpoint
@@ -340,12 +306,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores; on another
     dataset, a small one sized from its images); ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: the
     data's resolution unless asked, a new zero head unless the classes are the checkpoint's, SGD)."""
-    from .train import run
-    from .train.distributed import leave
-
-    recipe, device = recipe_from_args(args), select_device(args.device)
-    check_run_size(recipe, f"vitkit {args.command}", device)
-    summary = run(recipe, resume=args.resume, device=args.device and str(device))
+    summary = train(recipe_from_args(args), resume=args.resume, device=args.device, command=f"vitkit {args.command}")
     leave()
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
         return 0
@@ -382,254 +343,80 @@ def _presets_epilog() -> str:
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
 
 
-def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
-    """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
-    peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit. A run sized
-    from its data is checked once the data has said its size (``train.run.prepare``)."""
-    check_workers(recipe.num_workers)
-    if recipe.image_size is None:
-        return
-    size = pair(recipe.image_size)
-    if recipe.init:
-        config = source_config(recipe.init, {"image_size": size, **recipe.model_args})
-    elif recipe.model:
-        config = model_config(recipe.model, image_size=size, **recipe.model_args)
-    else:  # the patch a new model takes at this size (train.sizing), so that the estimate counts its tokens
-        args = {"patch_size": patch_for(size), **recipe.model_args}
-        if "patch_size" not in recipe.model_args:  # the chosen patch, refused as sizing refuses it
-            check_size(size, args["patch_size"], "--image-size")
-        config = ViTConfig().replace(image_size=size, **args)
-    check_run_memory(recipe, config, device, command)
-
-
-def source_config(source: str, overrides: dict[str, typing.Any]) -> ViTConfig:
-    """The config of the model a checkpoint (or a variant's name) describes with ``overrides``, before any
-    weights are put into a model: what a size check needs to know."""
-    from .checkpoints.inference import kept_overrides
-    from .checkpoints.loading import read_checkpoint
-
-    if not (Path(source).exists() or is_remote(source)):
-        return model_config(source, **overrides)
-    return read_checkpoint(source, overrides)[0].replace(**kept_overrides(overrides))
-
-
-def inference_model(args: argparse.Namespace):
-    """The model ``eval``/``predict`` run: a checkpoint on ``--device`` in ``--precision``, an ``.onnx``
-    file run by ONNX Runtime as it was exported, or an OpenVINO ``.xml`` on the CPU in ``--precision``; with
-    its device and compute dtype (the runtimes compute in their own precision: fp32 as far as autocast goes)."""
-    device = select_device(args.device)
-    runtime = {".onnx": "an ONNX", ".xml": "an OpenVINO"}.get(Path(args.checkpoint).suffix)
-    if runtime and args.overrides:
-        raise ConfigError(f"--set {', '.join(args.overrides)}: {runtime} model runs as it was exported")
-    if Path(args.checkpoint).suffix == ".onnx":
-        from .checkpoints.onnx import OnnxModel
-
-        if args.precision not in ("fp32", "auto"):
-            raise ConfigError(f"--precision {args.precision}: an ONNX model runs in the precision it was exported in")
-        return OnnxModel(args.checkpoint, device), torch.device("cpu"), torch.float32
-    if Path(args.checkpoint).suffix == ".xml":
-        from .checkpoints.openvino import OpenVinoModel
-
-        if args.precision == "fp16":
-            raise ConfigError("--precision fp16: an OpenVINO model runs in fp32, bf16 or auto (bf16 where native)")
-        dtype = resolve_precision(args.precision, torch.device("cpu"))
-        return OpenVinoModel(args.checkpoint, dtype), torch.device("cpu"), torch.float32
-    return load_checkpoint(args).to(device), device, resolve_precision(args.precision, device)
-
-
-def say_whole(args: argparse.Namespace, split: str, images: int) -> None:
-    """One line saying that the dataset, which names no split, is evaluated whole, where it is and no ``--split``
-    asked for that."""
-    if split == ALL and args.split is None:
-        print(f"{args.dataset} names no test or validation split: every one of its {images} images is evaluated "
-              f"(--split test evaluates the part a training run holds out)")
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
-    from .data import SplitSpec, default_split, evaluation_loader, load_dataset
-    from .data.survey import conversions, image_geometry
-    from .evaluate.metrics import evaluate, write_report
-
-    model, device, dtype = inference_model(args)
-    config = model.config
+    model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision)
     from_run = args.dataset is None
-    _run_defaults(args)
-    split = args.split or ("test" if from_run else default_split(args.dataset))  # a run's own: its held-out split
-    dataset = load_dataset(args.dataset, split, args.data_dir, SplitSpec(args.val_fraction), args.corrupt)
-    say_whole(args, split, len(dataset))
-    check_eval_size(args, model, device, dtype, len(dataset))
-    if config.num_classes != len(dataset.classes):
-        raise ConfigError(f"{args.checkpoint} predicts {config.num_classes} classes but {args.dataset} has "
-                          f"{len(dataset.classes)}")
-    for conversion in [] if args.max_patches else conversions(image_geometry(dataset), config.in_chans,
-                                                               config.image_size):
-        print(f"{args.dataset}: {conversion}", file=sys.stderr)
-    check_graph_inputs(model, args.checkpoint, args.max_patches)
-    if args.max_patches:
-        from .evaluate.preprocessing import naflex_loader
-
-        loader = naflex_loader(dataset, config, args.max_patches, args.batch_size, args.num_workers, args.corrupt,
-                               device)
-    else:
-        transform = checkpoint_transform(config, args.resize)
-        loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt,
-                                   device=device)
-    report = write_report(evaluate(model, loader, config.num_classes, device, dtype), dataset.classes, args.out,
-                          split)
+    run_defaults(args)
+    done = evaluate_dataset(model, args.dataset, args.split or ("test" if from_run else None),  # a run's: held out
+                            data_dir=args.data_dir, val_fraction=args.val_fraction, corrupt=args.corrupt,
+                            batch_size=args.batch_size, num_workers=args.num_workers, out=args.out,
+                            resize=args.resize, max_patches=args.max_patches, device=device, dtype=dtype,
+                            source=args.checkpoint, command=f"vitkit {args.command}")
+    report = done.report
+    if done.whole:
+        print(f"{args.dataset} names no test or validation split: every one of its {report['images']} images is "
+              f"evaluated (--split test evaluates the part a training run holds out)")
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
                                         for name, acc in report["per_class"].items()])
     kept = f"report and confusion matrix in {args.out}" if args.out else "pass --out DIR to keep the report and " \
         "confusion matrix"
-    print(f"{args.dataset} [{split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
+    print(f"{args.dataset} [{done.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
           f"({report['images']} images); {kept}")
     return 0
 
 
-def check_eval_size(args: argparse.Namespace, model, device: torch.device, dtype: torch.dtype, images: int) -> None:
-    """Refuse an evaluation that cannot fit before its first batch: more loader processes than CPUs, or a peak
-    memory (``vitkit.memory``) above what the machine has for batches of ``--batch-size`` or all ``images``,
-    named with the flags that would fit."""
-    check_workers(args.num_workers)
-    config = model.config
-    native = isinstance(model, VisionTransformer)
-
-    def measure(plan: Plan):
-        return estimate(config, plan.batch, plan.image_size, workers=args.num_workers, dtype=dtype,
-                        patches=args.max_patches, device=device.type)
-
-    plan = Plan(min(args.batch_size, max(images, 1)), config.image_size, stride=config.effective_patch_size,
-                image_flag="--set image_size={}" if native and not args.max_patches else None)
-    check(plan, measure, f"vitkit {args.command}", device=device)
-
-
-DEFAULT_VAL_FRACTION = 0.1  # eval's held-out fraction where neither --val-fraction nor a run gives one
-
-
-def run_folder(checkpoint: str) -> Path | None:
-    """The run a checkpoint was written by (its ``model``, ``best`` or ``checkpoints/step-N`` folder lies in
-    a folder holding the run's recipe), or None."""
-    from .train.run import RECIPE_FILE
-
-    path = Path(checkpoint)
-    return next((folder for folder in (path.parent, path.parent.parent) if (folder / RECIPE_FILE).is_file()), None)
-
-
-def _run_defaults(args: argparse.Namespace) -> None:
-    """What ``eval`` or ``fewshot`` was not told, from the checkpoint's run: the dataset it was trained on (with
-    its data folder and, for eval, held-out fraction) and then the run folder as ``--out``; without a run,
-    ``--dataset`` is needed."""
-    from .train.run import RECIPE_FILE
-
-    run_dir = run_folder(args.checkpoint)
+def run_defaults(args: argparse.Namespace) -> None:
+    """What ``eval`` or ``fewshot`` was not told, from the checkpoint's run (``train.records``): the dataset it
+    was trained on (with its data folder and, for eval, held-out fraction) and then the run folder as ``--out``;
+    without a run, ``--dataset`` is needed."""
     held_out = "val_fraction" in args  # eval's: fewshot holds nothing out
     if args.dataset is None:
-        if run_dir is None:
-            raise ConfigError(f"{args.checkpoint}: no run beside it records the dataset it was trained on; pass "
-                              f"--dataset (digits, mnist, cifar10, npz:PATH, imagefolder:PATH, ...)")
-        recipe = Recipe.from_dict(read_config_file(run_dir / RECIPE_FILE), str(run_dir / RECIPE_FILE))
-        args.dataset, args.data_dir = recipe.dataset, args.data_dir or recipe.data_dir
+        run = recorded_data(args.checkpoint)
+        args.dataset, args.data_dir = run.dataset, args.data_dir or run.data_dir
         if held_out and args.val_fraction is None:
-            args.val_fraction = recipe.val_fraction
-        print(f"dataset {args.dataset}, as recorded by the run in {run_dir}", file=sys.stderr)
+            args.val_fraction = run.val_fraction
         if args.out is None:  # the run's own measurement; another dataset's would overwrite the run's reports
-            args.out = run_dir
+            args.out = run.run_dir
     if held_out and args.val_fraction is None:
         args.val_fraction = DEFAULT_VAL_FRACTION
-
-
-FEWSHOT_FILE, BENCH_FILE = "fewshot.json", "bench.json"
-
-
-def write_json(folder: str, name: str, data: object) -> Path:
-    """``folder/name`` holding ``data`` as JSON, written atomically: what an ``--out DIR`` receives."""
-    from .atomic import atomic_file
-
-    path = Path(folder) / name
-    with atomic_file(path) as handle:
-        json.dump(data, handle, indent=1)
-    return path
 
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol), with ``--linear-probe`` the full probe, and with
     ``--knn`` k-NN classification (DINO's protocol) from the same frozen representations."""
-    from .data import SplitSpec, default_split, evaluation_loader, load_splits
-    from .evaluate.fewshot import VALIDATION_PER_CLASS, extract_features, fewshot_evaluate, linear_probe
-    from .evaluate.knn import check_knn, knn_evaluate
-
-    device = select_device(args.device)
-    model = load_checkpoint(args).to(device)
-    config = model.config
-    _run_defaults(args)
-    transform = checkpoint_transform(config, args.resize)
-    split = args.split or default_split(args.dataset)
-    drawn = split in (ALL, "train")  # support and query are drawn from the same images
-    splits = load_splits(args.dataset, (split,) if drawn else ("train", split), args.data_dir, SplitSpec(0.0))
-    if args.knn:  # before the features are computed: a bank too small for k is known from the split's size
-        train = next(iter(splits.values()))
-        check_knn(args.knn, min(args.shots) * len(train.classes) if args.shots else len(train), args.knn_temperature)
-    features = {}
-    for name, dataset in splits.items():
-        loader = evaluation_loader(dataset, transform, args.batch_size, device=device)
-        with autocast(device, resolve_precision(args.precision, device)):
-            features[name] = extract_features(model, loader, device)
-    if drawn:
-        support, query, shots, validation = _drawn_support(args, split, *features[split])
-    else:
-        support, query, shots, validation = features["train"], features[split], args.shots or DEFAULT_SHOTS, \
-            VALIDATION_PER_CLASS
-    results = fewshot_evaluate(*support, *query, shots=shots, seeds=range(args.seeds), l2_regs=args.l2,
-                               validation_per_class=validation)
-    rows = [[r.shots, f"{100 * r.mean:.2f}%", f"{100 * r.std:.2f}", f"{r.selected_l2:g}"] for r in results]
-    report: dict = {"checkpoint": args.checkpoint, "dataset": args.dataset, "split": split,
-                    "fewshot": {r.shots: {"mean": r.mean, "std": r.std, "l2": r.selected_l2, "per_seed": r.selected}
-                                for r in results}}
-    if args.linear_probe:
-        accuracy, l2 = linear_probe(*support, *query, l2_regs=args.l2)
+    model, device, dtype = load_on_device(args.checkpoint, args.overrides, args.device, args.precision)
+    run_defaults(args)
+    done = probe_dataset(model, args.dataset, args.split, data_dir=args.data_dir, shots=args.shots, seeds=args.seeds,
+                         l2_regs=args.l2, full_probe=args.linear_probe, knn=args.knn,
+                         knn_temperature=args.knn_temperature, batch_size=args.batch_size, resize=args.resize,
+                         device=device, dtype=dtype, source=args.checkpoint, out=args.out)
+    if done.drawn:
+        drawn = done.drawn
+        print(f"{args.dataset} [{done.split}]: support drawn from {drawn.per_class} images of each class (seed 0: "
+              f"{' '.join(map(str, drawn.shots))} shots and {drawn.validation_per_class} to choose the regulariser), "
+              f"query: the other {len(drawn.query)} images")
+    rows = [[r.shots, f"{100 * r.mean:.2f}%", f"{100 * r.std:.2f}", f"{r.selected_l2:g}"] for r in done.fewshot]
+    if done.linear_probe:
+        accuracy, l2 = done.linear_probe
         rows.append(["all", f"{100 * accuracy:.2f}%", "-", f"{l2:g}"])
-        report["linear_probe"] = {"accuracy": accuracy, "l2": l2}
     print(f"{args.dataset}: linear classifier on frozen representations, {args.seeds} seeds")
     print_table(["shots", "test accuracy", "std", "l2"], rows)
-    if args.knn:
-        found = knn_evaluate(*support, *query, args.knn, args.knn_temperature, args.shots,
-                             range(args.seeds))
-        report["knn"] = {"temperature": args.knn_temperature, "results": [dataclasses.asdict(r) for r in found]}
+    if done.knn is not None:
         print(f"\n{args.dataset}: k-NN on frozen representations (cosine, votes weighted by exp(similarity / "
               f"{args.knn_temperature:g})), memory bank: " + (f"shots per class, {args.seeds} seeds" if args.shots
                                                              else "every training image"))
         print_table(["k", "shots", "top-1", "top-5", "std"], [
             [r.k, r.shots or "all", f"{100 * r.top1:.2f}%", "-" if r.top5 is None else f"{100 * r.top5:.2f}%",
-             f"{100 * r.std:.2f}" if r.shots else "-"] for r in found])
-    if args.out:
-        print(f"numbers in {write_json(args.out, FEWSHOT_FILE, report)}")
+             f"{100 * r.std:.2f}" if r.shots else "-"] for r in done.knn])
+    if done.written:
+        print(f"numbers in {done.written}")
     return 0
-
-
-def _drawn_support(args: argparse.Namespace, split: str, features, labels) -> tuple[tuple, tuple, list[int], int]:
-    """Support and query (features, labels) drawn from the one set of images of ``split`` (seed 0), said in one
-    line; with the shot counts measured and the examples of each class that choose the regulariser."""
-    from .evaluate.fewshot import split_support_query
-
-    drawn = split_support_query(labels, args.shots, seed=0)
-    print(f"{args.dataset} [{split}]: support drawn from {drawn.per_class} images of each class (seed 0: "
-          f"{' '.join(map(str, drawn.shots))} shots and {drawn.validation_per_class} to choose the regulariser), "
-          f"query: the other {len(drawn.query)} images")
-    return ((features[drawn.support], labels[drawn.support]), (features[drawn.query], labels[drawn.query]),
-            drawn.shots, drawn.validation_per_class)
-
-
-def _data_splits(args: argparse.Namespace, corrupt: str) -> dict:
-    from .data import SplitSpec, load_splits, split_names
-
-    return load_splits(args.dataset, split_names(args.dataset), args.data_dir, SplitSpec(args.val_fraction), corrupt)
 
 
 def cmd_data_info(args: argparse.Namespace) -> int:
     """Split sizes, classes and images per class of a dataset (nothing decoded)."""
-    from .data.survey import describe
-
-    report = describe(_data_splits(args, args.corrupt))
+    report = describe_dataset(args.dataset, args.data_dir, args.val_fraction, args.corrupt)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -644,11 +431,8 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 
 def cmd_data_verify(args: argparse.Namespace) -> int:
     """Decode every image of the dataset in parallel; list the unreadable ones (exit 1 if any)."""
-    from .data import load_dataset
-    from .data.survey import unreadable_images
-
     check_workers(args.num_workers)
-    bad = unreadable_images(load_dataset(args.dataset, ALL, args.data_dir, corrupt="skip"), args.num_workers)
+    bad = verify_dataset(args.dataset, args.data_dir, args.num_workers)
     for name in bad:
         print(name)
     print(f"{args.dataset}: {len(bad)} unreadable image(s)", file=sys.stderr)
@@ -657,9 +441,7 @@ def cmd_data_verify(args: argparse.Namespace) -> int:
 
 def cmd_data_convert(args: argparse.Namespace) -> int:
     """Write a dataset as WebDataset shards (train/val/test-NNNNNN.tar and classes.txt)."""
-    from .data.convert import parse_size, write_webdataset
-
-    written = write_webdataset(_data_splits(args, "fail"), args.dst, parse_size(args.shard_size))
+    written = convert_dataset(args.dataset, args.dst, args.shard_size, args.data_dir, args.val_fraction)
     print_table(["split", "images"], list(written.items()))
     print(f"shards in {args.dst}; train from them with --dataset webdataset:{args.dst}")
     return 0
@@ -668,21 +450,10 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     """Top-k labels with probabilities for each image file; with --features, each image's dense patch features
     and pooled embedding written to one file."""
-    from .evaluate import predict
-    from .evaluate.predict import feature_file, save_features
-
-    if args.features:
-        feature_file(args.features)
-        if Path(args.checkpoint).suffix in (".onnx", ".xml"):
-            raise ConfigError(f"--features: {args.checkpoint} is an exported graph that gives logits only; pass the "
-                              "checkpoint it was exported from")
-    model, device, dtype = inference_model(args)
-    check_graph_inputs(model, args.checkpoint, args.max_patches)
-    if args.max_patches:
-        if args.keep_aspect:
-            raise ConfigError("--keep-aspect and --max-patches: pick one way to keep each image's aspect ratio")
-    predictions = predict(model, inputs.image_files(args.images), args.top_k, device, dtype, args.resize,
-                          bool(args.features), args.keep_aspect, args.max_patches)
+    check_feature_request(args.checkpoint, args.features)
+    model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision)
+    predictions, features = predict_files(model, args.images, args.top_k, device, dtype, args.resize, args.features,
+                                          args.keep_aspect, args.max_patches, source=args.checkpoint)
     if args.json:
         print(json.dumps([prediction_record(prediction) for prediction in predictions], indent=1))
     else:
@@ -692,52 +463,27 @@ def cmd_predict(args: argparse.Namespace) -> int:
             if prediction.features is not None:
                 ranked = f"features {'x'.join(map(str, prediction.features.shape))}" + (f"; {ranked}" if ranked else "")
             print(f"{prediction.path}: {ranked}")
-    if args.features:
-        print(f"dense features and embeddings in {save_features(predictions, args.features)}",
+    if features:
+        print(f"dense features and embeddings in {features}",
               file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
-def prediction_record(prediction) -> dict:
-    """One image's line of ``predict --json``: its file, the top classes with their probabilities, and the shape
-    of its dense features where they were asked for."""
-    record = {"image": str(prediction.path),
-              "top_k": [{"label": label, "probability": round(p, 6)}
-                        for label, p in zip(prediction.labels, prediction.probabilities)]}
-    if prediction.features is not None:
-        record["features_shape"] = list(prediction.features.shape)
-    return record
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     """Inference and training-step throughput of a model in every runtime and precision available here."""
-    from .benchmark import TABLE_HEADER, bench
-
-    device = select_device(args.device)
-    overrides = {**args.overrides, **({"image_size": args.image_size} if args.image_size else {})}
-    check_bench_size(args, overrides, device)
-    if Path(args.checkpoint).exists() or is_remote(args.checkpoint):
-        model = load(args.checkpoint, **overrides)
-    else:
-        model = create_model(args.checkpoint, **overrides)
-    rows, skipped = bench(model, args.batch_size, device, args.runtimes, args.precision, args.repeats,
-                          peak_size=args.peak_size)
-    height, width = model.config.image_size
-    threads, load_now, records = torch.get_num_threads(), os.getloadavg()[0], [row.to_dict() for row in rows]
-    if args.out:
-        written = write_json(args.out, BENCH_FILE, {
-            "model": args.checkpoint, "image_size": [height, width], "batch_size": args.batch_size,
-            "device": str(device), "threads": threads, "load": load_now, "repeats": args.repeats,
-            "rows": records, "skipped": skipped})
-        print(f"numbers in {written}", file=sys.stderr)
+    done = bench_checkpoint(args.checkpoint, args.batch_size, args.device, args.runtimes, args.precision, args.repeats,
+                            args.peak_size, args.image_size, args.overrides, args.out)
+    if done.written:
+        print(f"numbers in {done.written}", file=sys.stderr)
     if args.json:
-        print(json.dumps(records, indent=1))
+        print(json.dumps(done.record()["rows"], indent=1))
         return 0
-    print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {device} "
-          f"({threads} threads, load {load_now:.1f}); median of {args.repeats} interleaved "
+    height, width = done.image_size
+    print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {done.device} "
+          f"({done.threads} threads, load {done.load:.1f}); median of {args.repeats} interleaved "
           f"repeats; GEMM peak at n={args.peak_size}")
-    print_table(TABLE_HEADER, [row.cells() for row in rows])
-    for runtime, reason in skipped.items():
+    print_table(TABLE_HEADER, [row.cells() for row in done.rows])
+    for runtime, reason in done.skipped.items():
         print(f"skipped {runtime}: {reason}")
     return 0
 
@@ -746,25 +492,6 @@ SPLIT_CHOICES = (*SPLITS, ALL)
 SPLIT_HELP = ("the images measured: a split, or all of them (default: the dataset's test split, else its validation "
               "split, else all of a dataset that names neither, such as a folder of class folders; a split the "
               "dataset lacks is held out of its training images as a training run holds it out)")
-
-
-# Runtimes of `vitkit bench` that hold a copy of the weights of their own (the eager model and its training copy
-# are counted apart; a compiled model shares the eager one's).
-_COPYING_RUNTIMES = ("onnxruntime", "openvino", "timm", "timm-compile")
-
-
-def check_bench_size(args: argparse.Namespace, overrides: dict, device: torch.device) -> None:
-    """Refuse a benchmark that cannot fit before its model is built: the peak of a training step at the batch and
-    size asked for, with a copy of the weights per runtime compared, against what the machine has."""
-    config = source_config(args.checkpoint, overrides)
-    size = pair(overrides.get("image_size", config.image_size))  # a checkpoint's table is resized after loading
-    copies = 2 + sum(runtime in _COPYING_RUNTIMES for runtime in args.runtimes)
-
-    def measure(plan: Plan):
-        return estimate(config, plan.batch, plan.image_size, training=True, device=device.type,
-                        weight_copies=copies)
-
-    check(Plan(args.batch_size, size, stride=config.effective_patch_size), measure, "vitkit bench", device=device)
 
 
 def _resize_flag(parser: argparse.ArgumentParser) -> None:
@@ -777,16 +504,6 @@ def _max_patches_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-patches", type=_patch_budget, metavar="N",
                         help="NaFlex: run each image at its own aspect ratio, resized to the most patches within N "
                              "(SigLIP 2's rule), instead of resizing to the model's square size")
-
-
-def check_graph_inputs(model: object, checkpoint: str, max_patches: int | None) -> None:
-    """An exported graph takes image tensors or NaFlex batches, as it was exported; a PyTorch model takes both."""
-    if isinstance(model, VisionTransformer) or bool(max_patches) == model.naflex:
-        return
-    if max_patches:
-        raise ConfigError(f"--max-patches: {checkpoint} was exported for image tensors; export it again with "
-                          f"`vitkit convert ... --naflex`, or use the PyTorch checkpoint")
-    raise ConfigError(f"{checkpoint} was exported for NaFlex batches; pass --max-patches N (N patches an image)")
 
 
 def _runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> None:
@@ -1058,8 +775,6 @@ def build_parser() -> argparse.ArgumentParser:
     _max_patches_flag(predict_)
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
-
-    from .benchmark import RUNTIMES
 
     bench_ = sub.add_parser("bench", help="throughput per runtime and precision, against the GEMM peak and timm")
     _checkpoint_flags(bench_, help="a checkpoint, or a named variant such as ViT-S/16 (random weights)")

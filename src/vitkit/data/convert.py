@@ -27,6 +27,7 @@ from ..paths import open_regular
 from ..progress import track
 from .datasets import read_image
 from .shards import IMAGE_EXTENSIONS, ShardedSplit
+from .survey import every_split
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -96,3 +97,12 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
             written[split] = count
         (staging / "classes.txt").write_text(format_class_list(classes), encoding="utf-8")
     return written
+
+
+def convert_dataset(dataset: str, destination: str | Path, shard_size: str | int = "256MB",
+                    data_dir: str | Path | None = None, val_fraction: float = 0.1) -> dict[str, int]:
+    """Write every split of ``dataset`` (``survey.every_split``) as WebDataset shards in the new folder
+    ``destination``, a shard about ``shard_size`` bytes (a number, or text such as ``256MB``, ``1GB``); returns
+    the samples per split."""
+    size = parse_size(shard_size) if isinstance(shard_size, str) else shard_size
+    return write_webdataset(every_split(dataset, data_dir, val_fraction), destination, size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,9 +14,10 @@ from torch.utils.data import DataLoader
 
 from ..errors import DatasetError
 from ..progress import track
-from .datasets import ArrayDataset
+from .datasets import ArrayDataset, SplitSpec, load_dataset, load_splits, split_names
 from .loading import Transformed, worker_options
 from .shards import EvaluationStream, ShardedSplit
+from .splits import ALL
 from .transforms import Preset, input_conversion
 
 AS_IS = Preset(torch.nn.Identity(), torch.nn.Identity())
@@ -39,6 +41,25 @@ def describe(splits: dict[str, object]) -> dict:
         if isinstance(dataset, ShardedSplit):
             report["splits"][name].update(shards=len(dataset.shards), unusable=dataset.bad)
     return report
+
+
+def every_split(dataset: str, data_dir: str | Path | None = None, val_fraction: float = 0.1,
+                corrupt: str = "fail") -> dict[str, object]:
+    """Every split dataset ``dataset`` can give (``split_names``), those it lacks held out of its training images
+    (``val_fraction`` of them)."""
+    return load_splits(dataset, split_names(dataset), data_dir, SplitSpec(val_fraction), corrupt)
+
+
+def describe_dataset(dataset: str, data_dir: str | Path | None = None, val_fraction: float = 0.1,
+                     corrupt: str = "fail") -> dict:
+    """What ``vitkit data info`` shows: ``describe`` of every split of ``dataset`` (nothing decoded); shards'
+    unusable samples are listed with ``corrupt='skip'`` instead of stopping at the first."""
+    return describe(every_split(dataset, data_dir, val_fraction, corrupt))
+
+
+def verify_dataset(dataset: str, data_dir: str | Path | None = None, num_workers: int = 0) -> list[str]:
+    """Decode every image of ``dataset`` once, in ``num_workers`` processes; the names of those that fail."""
+    return unreadable_images(load_dataset(dataset, ALL, data_dir, corrupt="skip"), num_workers)
 
 
 def _unreadable(items) -> list[str]:
