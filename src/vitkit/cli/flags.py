@@ -76,6 +76,7 @@ def override_flags(parser: argparse.ArgumentParser, dest: str = "overrides", jso
 
 
 def drop_path_rate(text: str) -> dict[str, float]:
+    """``--drop-path RATE`` as the override it stands for."""
     return {"drop_path": unit_fraction(text)}
 
 
@@ -145,18 +146,21 @@ SPLIT_HELP = ("the images measured: a split, or all of them (default: the datase
 
 
 def resize_flag(parser: argparse.ArgumentParser) -> None:
+    """``--resize``: how an image is brought to the model's size."""
     parser.add_argument("--resize", choices=RESIZE_MODES, default="crop",
                         help="crop: scale to cover the size / the checkpoint's crop_pct, then centre-crop (aspect "
                              "kept); stretch: resize straight to the size")
 
 
 def max_patches_flag(parser: argparse.ArgumentParser) -> None:
+    """``--max-patches N``: NaFlex, each image at its own aspect ratio within N patches."""
     parser.add_argument("--max-patches", type=patch_budget, metavar="N",
                         help="NaFlex: run each image at its own aspect ratio, resized to the most patches within N "
                              "(SigLIP 2's rule), instead of resizing to the model's square size")
 
 
 def runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> None:
+    """``--device`` and, unless ``precision`` is off (a command whose recipe or flags say it), ``--precision``."""
     parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     if precision:
         parser.add_argument("--precision", choices=PRECISIONS, default="fp32",

@@ -41,6 +41,7 @@ def _preset_help(command: str) -> str:
 
 def _presets_epilog() -> str:
     """The end of the training commands' help: every preset with its values, one paragraph each."""
+
     def shown(value: object) -> str:
         return "(" + " ".join(f"{k}={v}" for k, v in value.items()) + ")" if isinstance(value, dict) else str(value)
 
@@ -104,12 +105,9 @@ def recipe_from_args(args: argparse.Namespace):
 
 
 _NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
-
-# ------------------------------------------------------------------------ train, finetune, eval, predict
 # Short forms, and the names a timm user would type, of some recipe fields' flags.
 FLAG_ALIASES = {"batch_size": ("-b",), "num_workers": ("-j",), "label_smoothing": ("--smoothing",),
                 "optimizer": ("--opt",), "schedule": ("--sched",)}
-
 
 
 def _recipe_flags(parser: argparse.ArgumentParser) -> None:
