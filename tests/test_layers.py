@@ -181,3 +181,34 @@ def test_the_cycle_check_names_each_circle_through_functions_and_packages(tmp_pa
         (root / name).write_text(text)
     assert import_cycles(root) == ["vitkit.a -> vitkit.b -> vitkit.a",
                                    "vitkit.data.front -> vitkit.data.shards -> vitkit.data.front"]
+
+
+# What builds a model, a dataset or a loader: the command line calls the library functions that do (vitkit.load,
+# checkpoints.runnable, evaluate.evaluate_dataset, ...), never these itself.
+CONSTRUCTORS = {"create_model", "VisionTransformer", "build", "build_model", "read_checkpoint", "load_state_strict",
+                "OnnxModel", "OpenVinoModel", "load_dataset", "load_splits", "DataLoader", "evaluation_loader",
+                "training_loader", "eval_loader", "step_loader", "naflex_loader", "Trainer", "make_optimizer"}
+
+
+def constructor_calls(root: Path) -> list[str]:
+    """'file:line calls name' for every call of a CONSTRUCTORS name (bare or as an attribute) under ``root``."""
+    found = []
+    for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+        calls = [node for node in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(node, ast.Call)]
+        for node in sorted(calls, key=lambda call: call.lineno):
+            name = getattr(node.func, "id", getattr(node.func, "attr", None))
+            if name in CONSTRUCTORS:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} calls {name}")
+    return found
+
+
+def test_the_command_line_builds_no_model_and_no_data():
+    assert constructor_calls(PACKAGE / "cli") == []
+
+
+def test_the_constructor_check_names_the_call(tmp_path):
+    root = tmp_path / "cli"
+    root.mkdir()
+    (root / "eval.py").write_text("from x import data\n\ndef run(args):\n    if args:\n"
+                                  "        return data.load_dataset(args.name, 'test')\n    return create_model('ViT-B/16')\n")
+    assert constructor_calls(root) == ["cli/eval.py:5 calls load_dataset", "cli/eval.py:6 calls create_model"]

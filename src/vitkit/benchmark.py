@@ -16,6 +16,8 @@ asked for by name), compiled against compiled. Families timm's plain ViT cannot 
 from __future__ import annotations
 
 import copy
+import json
+import os
 import statistics
 import tempfile
 from collections.abc import Callable, Sequence
@@ -25,11 +27,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .atomic import atomic_file
+from .checkpoints.runnable import load_model, source_config
 from .checkpoints.timm_families import is_timm_family, write_timm_family
 from .errors import CheckpointError
+from .memory import Plan, check, estimate
+from .models.config import pair
 from .models.stats import forward_flops
 from .models.vit import VisionTransformer
-from .runtime import DTYPES, autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory, timed
+from .runtime import (DTYPES, autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory,
+                      select_device, timed)
 from .train.optim import step_kernel
 
 RUNTIMES = ("eager", "compile", "onnxruntime", "openvino", "timm")
@@ -270,3 +277,69 @@ def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | 
                         work / median, peak[candidate.peak_dtype], work / median / peak[candidate.peak_dtype],
                         memory[index], median, speedup))
     return rows, skipped
+
+
+BENCH_FILE = "bench.json"
+# Runtimes that hold a copy of the weights of their own (the eager model and its training copy are counted apart;
+# a compiled model shares the eager one's).
+COPYING_RUNTIMES = ("onnxruntime", "openvino", "timm", "timm-compile")
+
+
+@dataclass
+class BenchRun:
+    """The rows and skipped runtimes of ``bench_checkpoint`` with the setting they were measured in (threads and
+    load average taken after the run), and the file they were written to."""
+
+    source: str
+    image_size: tuple[int, int]
+    batch_size: int
+    device: torch.device
+    threads: int
+    load: float
+    repeats: int
+    rows: list[Row]
+    skipped: dict[str, str]
+    written: Path | None = None
+
+    def record(self) -> dict:
+        """The rows and their setting, as ``bench.json`` holds them."""
+        return {"model": self.source, "image_size": list(self.image_size), "batch_size": self.batch_size,
+                "device": str(self.device), "threads": self.threads, "load": self.load, "repeats": self.repeats,
+                "rows": [row.to_dict() for row in self.rows], "skipped": self.skipped}
+
+
+def bench_checkpoint(source: str, batch_size: int = 8, device: str | None = None,
+                     runtimes: Sequence[str] = RUNTIMES, precisions: Sequence[str] | None = None, repeats: int = 5,
+                     peak_size: int = 2048, image_size: tuple[int, int] | None = None,
+                     overrides: dict | None = None, out: str | Path | None = None) -> BenchRun:
+    """``bench`` of a checkpoint, or of a named variant (``ViT-S/16``, random weights), with ``overrides``, at
+    ``image_size`` (default: the model's) on ``device`` (default: the best available), after refusing a run that
+    cannot fit (``check_bench_size``); the rows and their setting are written to ``out/bench.json`` when ``out``
+    is given."""
+    chosen = select_device(device)
+    overrides = {**(overrides or {}), **({"image_size": image_size} if image_size else {})}
+    check_bench_size(source, overrides, batch_size, runtimes, chosen)
+    model = load_model(source, overrides)
+    rows, skipped = bench(model, batch_size, chosen, runtimes, precisions, repeats, peak_size=peak_size)
+    result = BenchRun(source, tuple(model.config.image_size), batch_size, chosen, torch.get_num_threads(),
+                      os.getloadavg()[0], repeats, rows, skipped)
+    if out:
+        result.written = Path(out) / BENCH_FILE
+        with atomic_file(result.written) as handle:
+            json.dump(result.record(), handle, indent=1)
+    return result
+
+
+def check_bench_size(source: str, overrides: dict, batch_size: int, runtimes: Sequence[str],
+                     device: torch.device) -> None:
+    """Refuse a benchmark that cannot fit before its model is built: the peak of a training step at the batch and
+    size asked for, with a copy of the weights per runtime compared, against what the machine has."""
+    config = source_config(source, overrides)
+    size = pair(overrides.get("image_size", config.image_size))  # a checkpoint's table is resized after loading
+    copies = 2 + sum(runtime in COPYING_RUNTIMES for runtime in runtimes)
+
+    def measure(plan: Plan):
+        return estimate(config, plan.batch, plan.image_size, training=True, device=device.type,
+                        weight_copies=copies)
+
+    check(Plan(batch_size, size, stride=config.effective_patch_size), measure, "vitkit bench", device=device)

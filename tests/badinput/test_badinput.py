@@ -112,7 +112,7 @@ def test_debug_shows_the_traceback_and_bugs_are_not_hidden(tmp_path, capsys, mon
 
     def buggy(args):
         return 1 // 0
-    monkeypatch.setattr("vitkit.cli.cmd_models", buggy)
+    monkeypatch.setattr("vitkit.cli.models.run_models", buggy)
     with pytest.raises(ZeroDivisionError):  # a genuine bug is no user error: it keeps its traceback
         main(["models"])
 

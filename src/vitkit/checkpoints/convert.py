@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, FormatError
+from ..errors import CheckpointError, ConfigError, FormatError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .google import write_npz
@@ -27,6 +27,23 @@ WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "timm": write_timm,
 }
 FORMATS = (*WRITERS, "onnx", "openvino")
+# The format a destination's extension names; any other destination is a folder: native, hf or timm.
+EXTENSION_FORMATS = {".onnx": "onnx", ".xml": "openvino", ".npz": "npz", ".safetensors": "timm"}
+
+
+def output_format(destination: str | Path, asked: str | None) -> str:
+    """What ``convert`` writes: ``asked`` (``--to``), else the format the destination's extension names, else
+    native (a folder); a format and an extension that disagree are refused."""
+    suffix = Path(destination).suffix.lower()
+    implied = EXTENSION_FORMATS.get(suffix)
+    if asked is None:
+        return implied or "native"
+    if implied not in (None, asked):
+        fitting = {value: key for key, value in EXTENSION_FORMATS.items()}.get(asked)
+        instead = f"a destination ending in {fitting}" if fitting else "a folder"
+        raise ConfigError(f"--to {asked} and {destination}: a {suffix} file holds {implied}; pass --to {implied}, "
+                          f"or {instead} for {asked}")
+    return asked
 
 
 def hf_writer(config: ViTConfig) -> Callable[[VisionTransformer, Path], Path]:

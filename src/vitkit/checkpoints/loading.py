@@ -25,7 +25,7 @@ from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
 from .timm_families import family_of_keys, read_timm_family
 from .torchvision_ import from_torchvision, is_torchvision
 
-__all__ = ["CheckpointError", "load", "read_checkpoint", "build", "load_state_strict"]
+__all__ = ["CheckpointError", "load", "read_checkpoint", "read_config", "build", "load_state_strict"]
 
 
 def load(path: str | Path, **overrides: Any) -> VisionTransformer:
@@ -44,12 +44,13 @@ def load(path: str | Path, **overrides: Any) -> VisionTransformer:
     return build(config, state, overrides, source)
 
 
-def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
+def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None, weights: bool = True
                     ) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
-    """The config and the vitkit-named weights that ``path`` holds, whatever its format. A file whose
-    fields are missing or of the wrong kind, met deep inside a format's reader, is a CheckpointError."""
+    """The config and the vitkit-named weights that ``path`` holds, whatever its format (without ``weights``, a
+    vitkit directory's weights are left unread: an empty state). A file whose fields are missing or of the wrong
+    kind, met deep inside a format's reader, is a CheckpointError."""
     try:
-        return _read_checkpoint(path, overrides or {})
+        return _read_checkpoint(path, overrides or {}, weights)
     except VitkitError:
         raise
     except (KeyError, IndexError, TypeError, AttributeError, ValueError, ArithmeticError, NotImplementedError,
@@ -57,7 +58,15 @@ def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None
         raise CheckpointError(f"{path}: malformed checkpoint ({type(error).__name__}: {error})") from error
 
 
-def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
+def read_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ViTConfig:
+    """The config of the model ``path`` holds, for what a check needs to know before any model is built: a vitkit
+    directory's ``config.json`` is read and its weights are not; the other formats, whose config follows from
+    the shapes of their weights, are read whole."""
+    return read_checkpoint(path, overrides, weights=False)[0]
+
+
+def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
+                     ) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
     if isinstance(path, str) and hub.is_remote(path):
         path = hub.resolve(path)
     path = Path(path)
@@ -73,7 +82,7 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any]) -> tuple[ViTCo
         if is_timm_config(config_json):
             return *read_timm_directory(path, config_json, overrides), source
         if (path / WEIGHTS_FILE).exists() and (path / CONFIG_FILE).exists():
-            return *read_native(path, config_json), source
+            return *read_native(path, config_json, weights), source
         npz = sorted(path.glob("*.npz"))
         if len(npz) == 1:  # a hub repository holding one Google file
             return *read_npz(npz[0], overrides), str(npz[0])
@@ -117,8 +126,10 @@ def read_hf_directory(directory: Path, hf: dict[str, Any], overrides: dict[str, 
     return HF_READERS[model_type](directory, hf, overrides)
 
 
-def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    """A vitkit directory; ``parsed`` is its ``config.json`` when the caller has read it already."""
+def read_native(directory: Path, parsed: dict[str, Any] | None = None, weights: bool = True
+                ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """A vitkit directory; ``parsed`` is its ``config.json`` when the caller has read it already; without
+    ``weights``, the config alone (no weights: an empty state)."""
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
         fields = parsed if parsed is not None else parse_json(read_text(config_path, "vitkit config"))
@@ -127,7 +138,7 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None) -> tuple[
         raise CheckpointError(f"{config_path}: not a readable vitkit config ({reason(error)})") from None
     except (TypeError, ValueError, ArithmeticError) as error:  # not JSON, not text, fields out of range
         raise CheckpointError(f"{config_path}: not a valid vitkit config ({error})") from error
-    return config, read_safetensors(weights_path)
+    return config, read_safetensors(weights_path) if weights else {}
 
 
 def build(config: ViTConfig, state: dict[str, torch.Tensor], overrides: dict[str, Any],

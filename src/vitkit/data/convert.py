@@ -25,6 +25,7 @@ from ..classnames import format_class_list
 from ..errors import ConfigError, DatasetError
 from ..paths import open_regular
 from ..progress import track
+from .datasets import every_split
 from .images import read_image
 from .shards import ShardedSplit
 from .sources.webdataset import IMAGE_EXTENSIONS
@@ -97,3 +98,12 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
             written[split] = count
         (staging / "classes.txt").write_text(format_class_list(classes), encoding="utf-8")
     return written
+
+
+def convert_dataset(dataset: str, destination: str | Path, shard_size: str | int = "256MB",
+                    data_dir: str | Path | None = None, val_fraction: float = 0.1) -> dict[str, int]:
+    """Write every split of ``dataset`` (``datasets.every_split``) as WebDataset shards in the new folder
+    ``destination``, a shard about ``shard_size`` bytes (a number, or text such as ``256MB``, ``1GB``); returns
+    the samples per split."""
+    size = parse_size(shard_size) if isinstance(shard_size, str) else shard_size
+    return write_webdataset(every_split(dataset, data_dir, val_fraction), destination, size)

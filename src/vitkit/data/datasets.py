@@ -18,6 +18,7 @@ from ..errors import DatasetError, DatasetNameError
 from .map_style import SplitSpec
 from .sources import SOURCES, ReadOptions, Source
 from .splits import ALL
+from .survey import unreadable_images
 
 STREAMED = tuple(prefix for prefix, source in SOURCES.items() if source.streamed)
 """Dataset prefixes read as streams of shards, whose order depends on the number of workers."""
@@ -58,6 +59,19 @@ def dataset_info(name: str, data_dir: str | Path | None = None, spec: SplitSpec 
     decoded."""
     source, path = source_of(name)
     return source.describe(path, ReadOptions(data_dir, spec or SplitSpec(), corrupt))
+
+
+def every_split(name: str, data_dir: str | Path | None = None, val_fraction: float = 0.1,
+                corrupt: str = "fail") -> dict[str, object]:
+    """Every split dataset ``name`` can give (``split_names``), those it lacks held out of its training images
+    (``val_fraction`` of them)."""
+    return load_splits(name, split_names(name), data_dir, SplitSpec(val_fraction), corrupt)
+
+
+def verify_dataset(name: str, data_dir: str | Path | None = None, num_workers: int = 0) -> list[str]:
+    """Decode every image of dataset ``name`` once, in ``num_workers`` processes; the names of those that fail
+    (what ``vitkit data verify`` lists)."""
+    return unreadable_images(load_dataset(name, ALL, data_dir, corrupt="skip"), num_workers)
 
 
 def split_names(name: str) -> tuple[str, ...]:

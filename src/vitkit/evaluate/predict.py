@@ -11,7 +11,9 @@ import numpy as np
 import torch
 
 from ..analysis.features import encode, grid_features
+from ..analysis.inputs import image_files
 from ..atomic import atomic_file
+from ..checkpoints.runnable import EXPORTED, check_graph_inputs
 from ..data.images import read_image
 from ..data.transforms import Preset
 from ..errors import ConfigError
@@ -95,6 +97,44 @@ def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5, d
         labels, probabilities = top_classes(logits, names, top_k)
         results.append(Prediction(Path(path), labels, probabilities, dense, embedding))
     return results
+
+
+def predict_files(model: torch.nn.Module, images: list[str | Path], top_k: int = 5,
+                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, resize: str = "crop",
+                  features: str | Path | None = None, keep_aspect: bool = False, max_patches: int | None = None,
+                  source: str = "the model") -> tuple[list[Prediction], Path | None]:
+    """``predict`` on the image files ``images`` name (files, folders, glob patterns: ``image_files``) with a
+    model loaded by ``checkpoints.runnable.load_inference`` (an exported graph only for the input it was exported
+    for; ``source`` names it in refusals); with ``features``, every image's dense features and pooled embedding
+    are also written to that file (``save_features``). Returns the predictions and the features file."""
+    check_graph_inputs(model, source, max_patches)
+    if max_patches and keep_aspect:
+        raise ConfigError("--keep-aspect and --max-patches: pick one way to keep each image's aspect ratio")
+    predictions = predict(model, image_files(images), top_k, device, dtype, resize, bool(features), keep_aspect,
+                          max_patches)
+    return predictions, save_features(predictions, features) if features else None
+
+
+def check_feature_request(checkpoint: str | Path, features: str | Path | None) -> None:
+    """Refuse, before anything is loaded, a features file ``save_features`` cannot write, or features asked of an
+    exported graph (which gives logits only)."""
+    if not features:
+        return
+    feature_file(features)
+    if Path(checkpoint).suffix in EXPORTED:
+        raise ConfigError(f"--features: {checkpoint} is an exported graph that gives logits only; pass the "
+                          "checkpoint it was exported from")
+
+
+def prediction_record(prediction: Prediction) -> dict:
+    """One image's entry of ``vitkit predict --json``: its file, the top classes with their probabilities, and the
+    shape of its dense features where they were asked for."""
+    record = {"image": str(prediction.path),
+              "top_k": [{"label": label, "probability": round(p, 6)}
+                        for label, p in zip(prediction.labels, prediction.probabilities)]}
+    if prediction.features is not None:
+        record["features_shape"] = list(prediction.features.shape)
+    return record
 
 
 def top_classes(logits: torch.Tensor | None, names: list[str], top_k: int) -> tuple[list[str], list[float]]:

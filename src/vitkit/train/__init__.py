@@ -2,11 +2,14 @@
 
 from ..errors import TrainingDiverged
 from .ema import EMA
+from .launch import check_run_size, train
 from .objectives import Classification, Objective
 from .optim import decay_mask, learning_rate, make_optimizer
 from .recipes import RECIPE_PRESETS, Recipe, resolve
+from .records import RunData, recorded_data
 from .run import build_model, run
 from .trainer import LoopConfig, Trainer
 
-__all__ = ["EMA", "RECIPE_PRESETS", "Classification", "LoopConfig", "Objective", "Recipe", "Trainer",
-           "TrainingDiverged", "build_model", "decay_mask", "learning_rate", "make_optimizer", "resolve", "run"]
+__all__ = ["EMA", "RECIPE_PRESETS", "Classification", "LoopConfig", "Objective", "Recipe", "RunData", "Trainer",
+           "TrainingDiverged", "build_model", "check_run_size", "decay_mask", "learning_rate", "make_optimizer",
+           "recorded_data", "resolve", "run", "train"]

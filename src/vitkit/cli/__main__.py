@@ -1,0 +1,5 @@
+"""``python -m vitkit.cli``: the ``vitkit`` program, as ``python -m vitkit``."""
+
+from .main import program
+
+program()

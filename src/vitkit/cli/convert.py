@@ -1,0 +1,56 @@
+"""``vitkit convert``: a checkpoint written in another format, or exported to ONNX or OpenVINO and checked."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..checkpoints import export
+from ..checkpoints.convert import FORMATS, output_format
+from ..checkpoints.onnx import QUANTIZATIONS
+from ..models.stats import count_parameters
+from ..runtime import select_device
+from .flags import checkpoint_flags, load_checkpoint, runtime_flags
+
+HELP: dict[str, tuple[str, str | None]] = {
+    "convert": ("Convert a checkpoint to another format, or export it to ONNX or OpenVINO (checked after writing).",
+                "examples:\n"
+                "  vitkit convert ViT-B_16.npz runs/vit-b --to native\n"
+                "  vitkit convert runs/x/model model.onnx --to onnx --quantize int8\n"
+                "  vitkit convert runs/x/model model.xml --to openvino"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the command to ``sub``, the subparsers of ``vitkit``."""
+    conv = sub.add_parser("convert", help="convert a checkpoint between formats")
+    checkpoint_flags(conv, help="vitkit/HF directory, .npz, timm/torchvision state dict, hf-hub:ORG/NAME, gs://...")
+    conv.add_argument("dst", metavar="DST", help="the file or folder to write: .onnx, .xml (OpenVINO), .npz "
+                      "(Google), .safetensors (timm), or a folder (vitkit's own unless --to says hf or timm)")
+    conv.add_argument("--to", choices=FORMATS, help="the format (default: the one DST's extension names)")
+    conv.add_argument("--quantize", choices=QUANTIZATIONS, help="ONNX only: int8 weights (dynamic quantisation)")
+    conv.add_argument("--naflex", action="store_true",
+                      help="ONNX and OpenVINO: a graph taking NaFlex batches (patches, coords, mask, grids: images at "
+                           "their own aspect ratio, run with --max-patches) instead of image tensors")
+    runtime_flags(conv, precision=False)
+    conv.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
+    timm state dict, ONNX (checked by ONNX Runtime after writing) or OpenVINO IR (checked by OpenVINO)."""
+    args.to = output_format(args.dst, args.to)
+    model = load_checkpoint(args)
+    written = export(model, args.dst, args.to, args.quantize, select_device(args.device), args.naflex)
+    print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
+          f"{count_parameters(model):,} parameters")
+    if args.to == "openvino":
+        print(f"OpenVINO (fp32) vs PyTorch on a probe batch: max |difference| {written.max_difference:.2g}")
+    if args.to == "onnx":
+        inputs = "NaFlex batches of any size" if args.naflex else "images of any batch and size"
+        print(f"opset {written.opset}, takes {inputs}; ONNX Runtime vs PyTorch on probe batches: max |difference| "
+              f"{written.max_difference:.2g}")
+        if written.quantized_difference is not None:
+            print(f"{args.quantize} weights: max |difference| {written.quantized_difference:.3g}, top-1 kept on "
+                  f"{100 * written.quantized_agreement:.0f}% of the probe images (random; check accuracy with "
+                  f"`vitkit eval {args.dst}`)")
+    return 0

@@ -1,0 +1,63 @@
+"""``vitkit eval``: accuracy, per-class accuracy and a confusion matrix of a checkpoint (or an exported graph) on
+a dataset split."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..checkpoints.runnable import load_inference
+from ..data import CORRUPT
+from ..data.datasets import DATASET_FORMS
+from ..evaluate.accuracy import DEFAULT_VAL_FRACTION, evaluate_dataset
+from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, positive, print_table,
+                    resize_flag, run_defaults, runtime_flags, unit_fraction)
+
+HELP: dict[str, tuple[str, str | None]] = {
+    "eval": ("Top-1/top-5 accuracy, per-class accuracy and a confusion matrix of a checkpoint on a dataset.",
+             "examples:\n"
+             "  vitkit eval runs/x/model --dataset mnist --data-dir data --out runs/x\n"
+             "  vitkit eval model.onnx --dataset imagefolder:photos --split all"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the command to ``sub``, the subparsers of ``vitkit``."""
+    evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
+    checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")
+    evaluate_.add_argument("--dataset", help=f"{DATASET_FORMS} (default: the dataset of the checkpoint's run)")
+    evaluate_.add_argument("--data-dir")
+    evaluate_.add_argument("--split", choices=SPLIT_CHOICES, help=SPLIT_HELP)
+    evaluate_.add_argument("--val-fraction", type=unit_fraction, help=f"images held out where the dataset lacks the "
+                           f"split (default: the run's, else {DEFAULT_VAL_FRACTION})")
+    evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
+    evaluate_.add_argument("--batch-size", "-b", type=positive, default=256)
+    evaluate_.add_argument("--num-workers", "-j", type=count, default=0)
+    evaluate_.add_argument("--out", metavar="DIR", help="folder for eval-<split>.json and confusion-<split>.png "
+                           "(default: the checkpoint's run folder, else none)")
+    resize_flag(evaluate_)
+    max_patches_flag(evaluate_)
+    runtime_flags(evaluate_)
+    evaluate_.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
+    model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision)
+    from_run = args.dataset is None
+    run_defaults(args)
+    done = evaluate_dataset(model, args.dataset, args.split or ("test" if from_run else None),  # a run's: held out
+                            data_dir=args.data_dir, val_fraction=args.val_fraction, corrupt=args.corrupt,
+                            batch_size=args.batch_size, num_workers=args.num_workers, out=args.out,
+                            resize=args.resize, max_patches=args.max_patches, device=device, dtype=dtype,
+                            source=args.checkpoint, command=f"vitkit {args.command}")
+    report = done.report
+    if done.whole:
+        print(f"{args.dataset} names no test or validation split: every one of its {report['images']} images is "
+              f"evaluated (--split test evaluates the part a training run holds out)")
+    print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
+                                        for name, acc in report["per_class"].items()])
+    kept = f"report and confusion matrix in {args.out}" if args.out else "pass --out DIR to keep the report and " \
+        "confusion matrix"
+    print(f"{args.dataset} [{done.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
+          f"({report['images']} images); {kept}")
+    return 0

@@ -1,0 +1,143 @@
+"""``vitkit train``, ``pretrain`` and ``finetune``: a recipe read off the command line (a preset, a ``--config``
+file and one flag per recipe field), then trained."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import textwrap
+import typing
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..train.distributed import leave
+from ..train.launch import train
+from ..train.recipes import (DEFAULT_PRESETS, FIELD_HELP, RECIPE_PRESETS, Recipe, field_types, merge,
+                             read_config_file, resolve)
+from ..train.run import RECIPE_FILE
+from .flags import image_size_type, override_flags, print_table, runtime_flags
+
+EXAMPLES: dict[str, tuple[str, str | None]] = {
+    "train": ("Train a ViT from a recipe: a preset, a --config file and flags (no flags: digits).",
+              "examples:\n"
+              "  vitkit train\n"
+              "  vitkit train --preset mnist --data-dir data --run-dir runs/mnist\n"
+              "  vitkit train --resume --run-dir runs/mnist\n"
+              "  torchrun --nproc_per_node=2 -m vitkit train --preset mnist"),
+    "pretrain": ("Self-supervised pre-training by masked patch prediction (section 4.6); labels are not used.",
+                 "example:\n  vitkit pretrain --dataset fashion-mnist --data-dir data --steps 1500 --run-dir runs/mpp"),
+    "finetune": ("Fine-tune a checkpoint at the data's size: its head kept where the classes match, else a new one.",
+                 "example:\n  vitkit finetune runs/fashion/model --dataset mnist --image-size 56 --steps 300"),
+}
+
+
+def _preset_help(command: str) -> str:
+    """``--preset``'s help: what a run starts from without one."""
+    default = DEFAULT_PRESETS[command == "finetune"]
+    return (f"named recipe to start from, listed below (default: the {default} preset's training settings, the "
+            f"input's size, channels and patch from the data{' and the checkpoint' if command == 'finetune' else ''})")
+
+
+def _presets_epilog() -> str:
+    """The end of the training commands' help: every preset with its values, one paragraph each."""
+
+    def shown(value: object) -> str:
+        return "(" + " ".join(f"{k}={v}" for k, v in value.items()) + ")" if isinstance(value, dict) else str(value)
+
+    paragraphs = [textwrap.fill(f"{name}: " + ", ".join(f"{key}={shown(value)}" for key, value in values.items()),
+                                width=100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+                  for name, values in RECIPE_PRESETS.items()]
+    return "\n".join(["A recipe flag overrides the --config file, which overrides the --preset. Presets:", *paragraphs])
+
+
+# Each command's help ends with every preset's values, after its examples.
+HELP = {name: (line, f"{examples}\n\n{_presets_epilog()}") for name, (line, examples) in EXAMPLES.items()}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train``, ``pretrain`` and ``finetune`` to ``sub``, the subparsers of ``vitkit``."""
+    for name, helptext in (("train", "train a ViT (no arguments: digits, test accuracy)"),
+                           ("pretrain", "self-supervised pre-training: masked patch prediction (section 4.6)"),
+                           ("finetune", "fine-tune a checkpoint at a new resolution")):
+        parser_ = sub.add_parser(name, help=helptext)
+        if name == "finetune":
+            parser_.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
+        parser_.add_argument("--preset", choices=sorted(RECIPE_PRESETS), help=_preset_help(name))
+        parser_.add_argument("--config", help="recipe file (YAML or JSON) applied over the preset")
+        parser_.add_argument("--resume", action="store_true",
+                             help="continue the run in --run-dir from its last checkpoint")
+        runtime_flags(parser_, precision=False)  # --precision is a recipe field
+        _recipe_flags(parser_)
+        parser_.set_defaults(run=run, **({"objective": "mpp"} if name == "pretrain" else {}))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores; on another
+    dataset, a small one sized from its images); ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: the
+    data's resolution unless asked, a new zero head unless the classes are the checkpoint's, SGD)."""
+    summary = train(recipe_from_args(args), resume=args.resume, device=args.device, command=f"vitkit {args.command}")
+    leave()
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
+        return 0
+    rows = [[key, f"{value:.4f}" if isinstance(value, float) else value] for key, value in summary.items()]
+    print_table(["metric", "value"], rows)
+    if "test/accuracy" in summary:
+        print(f"{summary['test/split']} accuracy: {100 * summary['test/accuracy']:.2f}% "
+              f"({summary['test/images']} images)")
+    else:
+        print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
+    return 0
+
+
+def recipe_from_args(args: argparse.Namespace):
+    """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
+    ``recipe.json`` so that the continued run is the same run."""
+    overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
+    if getattr(args, "checkpoint", None):
+        overrides["init"] = args.checkpoint
+    saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
+    if args.resume and "run_dir" in overrides and saved.is_file():
+        return Recipe.from_dict(merge(read_config_file(saved), overrides), str(saved))
+    if args.resume:
+        raise ConfigError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
+    return resolve(args.preset, args.config, overrides)
+
+
+_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
+# Short forms, and the names a timm user would type, of some recipe fields' flags.
+FLAG_ALIASES = {"batch_size": ("-b",), "num_workers": ("-j",), "label_smoothing": ("--smoothing",),
+                "optimizer": ("--opt",), "schedule": ("--sched",)}
+
+
+def _recipe_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--field`` flag per recipe field, in the help group of its concern, typed by its annotation;
+    unset flags leave the preset alone. ``model_args`` are given by ``--set`` or ``--model-args``."""
+    hints = field_types()
+    defaults = {item.name: item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+                for item in dataclasses.fields(Recipe)}
+    for concern, helps in FIELD_HELP.items():
+        group = parser.add_argument_group(f"recipe: {concern}")
+        for name, help in helps.items():
+            default, kind = defaults[name], hints[name]
+            flag = ("--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ()))
+            if name == "model_args":
+                override_flags(group, dest=name, json_alias=True, help=help)
+            elif name == "image_size":
+                group.add_argument(*flag, type=image_size_type, default=argparse.SUPPRESS, metavar="HxW", help=help)
+            elif typing.get_origin(kind) is typing.Literal:
+                group.add_argument(*flag, choices=typing.get_args(kind), default=argparse.SUPPRESS, help=help)
+            elif isinstance(default, bool):
+                group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help)
+            elif isinstance(default, tuple):
+                group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X",
+                                   help=help)
+            else:
+                kind = type(default) if default is not None else _not_none(kind)
+                group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
+                                   help=help)
+
+
+def _not_none(kind: typing.Any) -> type:
+    """What a flag of an ``X | None`` recipe field reads: an X (null is the field's default, off)."""
+    return next(arg for arg in typing.get_args(kind) if arg is not type(None))

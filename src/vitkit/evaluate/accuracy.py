@@ -1,0 +1,85 @@
+"""A model measured on a split of a named dataset, as ``vitkit eval`` does: the split chosen, the evaluation
+refused before its first batch when it cannot fit or the classes differ, then top-1/top-5, per-class accuracy and
+a confusion matrix, kept in a folder on request."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..checkpoints.runnable import check_graph_inputs
+from ..data import ALL, SplitSpec, default_split, evaluation_loader, load_dataset
+from ..data.survey import conversions, image_geometry
+from ..errors import ConfigError
+from ..memory import Plan, check, check_workers, estimate
+from ..models.vit import VisionTransformer
+from .metrics import evaluate, write_report
+from .preprocessing import checkpoint_transform, naflex_loader
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_VAL_FRACTION = 0.1  # images held out where the dataset lacks the split and nothing else says how many
+
+
+@dataclass
+class DatasetEvaluation:
+    """What ``evaluate_dataset`` measured: the dataset and split, whether the split was the whole of a dataset
+    that names none (``ALL`` without asking), and the report (see ``metrics.write_report``)."""
+
+    dataset: str
+    split: str
+    whole: bool
+    report: dict
+
+
+def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = None, *,
+                     data_dir: str | Path | None = None, val_fraction: float = DEFAULT_VAL_FRACTION,
+                     corrupt: str = "fail", batch_size: int = 256, num_workers: int = 0, out: str | Path | None = None,
+                     resize: str = "crop", max_patches: int | None = None, device: torch.device | str = "cpu",
+                     dtype: torch.dtype = torch.float32, source: str = "the model",
+                     command: str = "vitkit eval") -> DatasetEvaluation:
+    """Measure ``model`` (a ``VisionTransformer`` or an exported graph, already on ``device``, computing in
+    ``dtype``) on ``split`` of ``dataset`` (default: its test split, else its validation split, else all of it;
+    a split it lacks is held out of its training images, ``val_fraction`` of them): top-1/top-5, per-class
+    accuracy and the confusion matrix, written as ``eval-<split>.json`` and ``confusion-<split>.png`` into
+    ``out`` when given. The images are prepared as the checkpoint wants them (``resize``), or with
+    ``max_patches`` each at its own aspect ratio (NaFlex). ``source`` names the model and ``command`` the
+    command in refusals; the conversions the images need are logged."""
+    device = torch.device(device)
+    config = model.config
+    chosen = split or default_split(dataset)
+    data = load_dataset(dataset, chosen, data_dir, SplitSpec(val_fraction), corrupt)
+    check_eval_size(model, len(data), batch_size, num_workers, max_patches, device, dtype, command)
+    if config.num_classes != len(data.classes):
+        raise ConfigError(f"{source} predicts {config.num_classes} classes but {dataset} has {len(data.classes)}")
+    for conversion in [] if max_patches else conversions(image_geometry(data), config.in_chans, config.image_size):
+        logger.info(f"{dataset}: {conversion}")
+    check_graph_inputs(model, source, max_patches)
+    if max_patches:
+        loader = naflex_loader(data, config, max_patches, batch_size, num_workers, corrupt, device)
+    else:
+        loader = evaluation_loader(data, checkpoint_transform(config, resize), batch_size, num_workers, corrupt,
+                                   device=device)
+    report = write_report(evaluate(model, loader, config.num_classes, device, dtype), data.classes, out, chosen)
+    return DatasetEvaluation(dataset, chosen, chosen == ALL and split is None, report)
+
+
+def check_eval_size(model: torch.nn.Module, images: int, batch_size: int, num_workers: int, max_patches: int | None,
+                    device: torch.device, dtype: torch.dtype, command: str = "vitkit eval") -> None:
+    """Refuse an evaluation that cannot fit before its first batch: more loader processes than CPUs, or a peak
+    memory (``vitkit.memory``) above what the machine has for batches of ``batch_size`` or all ``images``,
+    named with the flags that would fit."""
+    check_workers(num_workers)
+    config = model.config
+    native = isinstance(model, VisionTransformer)
+
+    def measure(plan: Plan):
+        return estimate(config, plan.batch, plan.image_size, workers=num_workers, dtype=dtype, patches=max_patches,
+                        device=device.type)
+
+    plan = Plan(min(batch_size, max(images, 1)), config.image_size, stride=config.effective_patch_size,
+                image_flag="--set image_size={}" if native and not max_patches else None)
+    check(plan, measure, command, device=device)

@@ -1,0 +1,74 @@
+"""A checkpoint analysed on images as ``vitkit analyze`` does it: the images gathered (files, a dataset sample or
+the sample photos), prepared as the checkpoint wants them or as asked, then ``analysis.report.analyze``'s figures
+and page. It lies here rather than in ``analysis`` because it prepares the images as evaluation does
+(``preprocessing``), and ``evaluate`` already builds on ``analysis``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..analysis import inputs
+from ..analysis.report import Analysis, analyze
+from ..checkpoints.runnable import load_on_device
+from ..data.transforms import Preset
+from ..errors import ConfigError
+from ..models.config import ViTConfig
+from .preprocessing import checkpoint_transform, naflex_transform
+
+
+@dataclass
+class CheckpointAnalysis:
+    """What ``analyze_checkpoint`` wrote (``analysis``: the folder, figures and numbers), the number of images
+    analysed and the size they were brought to (None: each at its own aspect ratio)."""
+
+    analysis: Analysis
+    images: int
+    size: tuple[int, int] | None
+
+
+def analyze_checkpoint(checkpoint: str, out: str | Path, *, images: Sequence[str | Path] | None = None,
+                       dataset: str | None = None, data_dir: str | Path | None = None, num_images: int = 64,
+                       seed: int = 0, image_size: tuple[int, int] | None = None,
+                       mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                       resize: str = "crop", max_patches: int | None = None, device: str | None = None,
+                       precision: str = "fp32", overrides: dict[str, Any] | None = None,
+                       **options: Any) -> CheckpointAnalysis:
+    """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of
+    ``checkpoint`` (with ``overrides``, on ``device`` in ``precision``) written into ``out`` with an HTML page,
+    on the image files ``images`` name, or ``num_images`` drawn with ``seed`` from ``dataset``'s test split, or
+    scikit-learn's two sample photos. The images are brought to ``image_size`` (default: the checkpoint's) by
+    ``resize``, or with ``max_patches`` each to its own aspect ratio, and normalised by ``mean``/``std`` (one value
+    or one per channel; default: the checkpoint's). ``options`` go to ``analysis.report.analyze`` (batch_size,
+    head_fusion, discard_ratio, readout, overlays, filters)."""
+    model, _, dtype = load_on_device(checkpoint, overrides, device, precision)
+    config = model.config
+    pictures, about = inputs.gather(images, dataset, data_dir, num_images, seed, config.provenance.classes)
+    if max_patches and image_size:
+        raise ConfigError("--image-size and --max-patches: the budget sizes each image at its own aspect ratio")
+    size = None if max_patches else image_size or config.image_size
+    prepared, shown = inputs.prepare(pictures, input_transform(config, resize, size, mean, std, max_patches))
+    result = analyze(model, prepared, shown, out, title=str(checkpoint), dtype=dtype, about=about, **options)
+    return CheckpointAnalysis(result, len(prepared), size)
+
+
+def input_transform(config: ViTConfig, resize: str, size: tuple[int, int] | None, mean: Sequence[float] | None,
+                    std: Sequence[float] | None, max_patches: int | None) -> Preset:
+    """The checkpoint's test-time transform at ``size`` (``max_patches``: NaFlex's, each image at its own aspect
+    ratio), with ``mean``/``std`` where given instead of the checkpoint's."""
+    mean = per_channel(mean, config.in_chans) if mean else None
+    std = per_channel(std, config.in_chans) if std else None
+    if max_patches:
+        return naflex_transform(config, max_patches, mean, std)
+    return checkpoint_transform(config, resize, size, mean, std)
+
+
+def per_channel(values: Sequence[float], channels: int) -> list[float]:
+    """One normalisation value for each of ``channels``: one value repeated, or as many as there are channels."""
+    if len(values) == 1:
+        return list(values) * channels
+    if len(values) != channels:
+        raise ConfigError(f"--mean/--std: expected 1 or {channels} values for the normalisation, got {values}")
+    return list(values)
