@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from ..checkpoints import load
 from ..classnames import escape_name
 from ..data import ALL, RESIZE_MODES, SPLITS
+from ..data.splits import SUITE_SPLITS
 from ..errors import ConfigError, parse_json
 from ..evaluate.accuracy import DEFAULT_VAL_FRACTION
 from ..models.config import pair
@@ -137,11 +138,12 @@ def image_size_type(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected {IMAGE_SIZE_FORMS}, got {text!r}") from None
 
 
-SPLIT_CHOICES = (*SPLITS, ALL)
+SPLIT_CHOICES = (*SPLITS, *SUITE_SPLITS, ALL)
 
 SPLIT_HELP = ("the images measured: a split, or all of them (default: the dataset's test split, else its validation "
               "split, else all of a dataset that names neither, such as a folder of class folders; a split the "
-              "dataset lacks is held out of its training images as a training run holds it out)")
+              "dataset lacks is held out of its training images as a training run holds it out; trainval, "
+              "train800, val200 and train800val200 are the published splits of Pets, Flowers-102 and VTAB-1k)")
 
 
 
