@@ -65,7 +65,7 @@ def test_unknown_datasets_name_what_was_meant(tmp_path):
         with pytest.raises(DatasetError) as error:
             load_dataset(text, "test")
         assert str(error.value).endswith(f"; did you mean {meant}?"), str(error.value)
-    with pytest.raises(DatasetError, match=r"^unknown dataset 'qqq': expected digits, mnist, .* or hf:PATH$"):
+    with pytest.raises(DatasetError, match=r"^unknown dataset 'qqq': expected digits, mnist, .* or vtab:DIR$"):
         load_dataset("qqq", "test")
 
 
