@@ -8,7 +8,6 @@ import dataclasses
 import difflib
 import json
 import logging
-import math
 import os
 import sys
 import traceback
@@ -38,8 +37,9 @@ from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
-from .train.recipes import (DEFAULT_PRESETS, FIELD_HELP, IMAGE_SIZE_FORMS, RECIPE_PRESETS, Recipe, Rule, at_least,
-                            field_types, fraction, image_size, merge, read_config_file, resolve)
+from .declare import FLAG_PREFIX, Float, Int, help_of, reader
+from .train.recipes import (DEFAULT_PRESETS, IMAGE_SIZE, MODEL_ARGS_FLAG, RECIPE_PRESETS, Model, Recipe,
+                            add_recipe_flags, read_config_file, recipe_from_args)
 from .train.run import check_run_memory
 from .train.sizing import check_size, patch_for
 
@@ -231,35 +231,18 @@ def _per_channel(values: list[float], channels: int) -> list[float]:
     return values
 
 
-def _checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
-    """An argparse type: the text read as ``kind`` and held to ``rule``, one of the recipe's, so that a rule
-    is stated once for the recipe field and for every flag of the same kind."""
-    holds, expected = rule
-
-    def parse(text: str) -> typing.Any:
-        value = kind(text)
-        if kind is int and not -2**63 <= value < 2**63:  # what torch and numpy take
-            raise argparse.ArgumentTypeError(f"expected a 64-bit integer, got {text}")
-        if not holds(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
-    return parse
-
-
-_positive = _checked(int, at_least(1))
-_count = _checked(int, at_least(0))
-_fraction = _checked(float, fraction(open_top=True))
-_positive_number = _checked(float, ((lambda value: 0 < value < math.inf), "a positive number"))
-_finite_number = _checked(float, (math.isfinite, "a finite number"))
-_regularizer = _checked(float, ((lambda value: 0 <= value < math.inf), "a finite number >= 0"))
+_positive = reader(Int(1))
+_count = reader(Int(0))
+_fraction = reader(Float(0, 1, high_open=True))
+_positive_number = reader(Float(0, low_open=True))
+_finite_number = reader(Float())
+_regularizer = reader(Float(0))
 MAX_SEEDS = 1000  # few-shot repeats: each fits every shot count again
-_repeats = _checked(int, ((lambda value: 1 <= value <= MAX_SEEDS), f"an int in 1..{MAX_SEEDS}"))
+_repeats = reader(Int(1, MAX_SEEDS))
 # Patches per image of a NaFlex batch: every image is padded to this many, so it bounds the batch's memory
 # (16384 patches of 16 px hold a 2048 x 2048 image; SigLIP 2 was trained with up to 1024).
 MAX_PATCHES_LIMIT = 16384
-_patch_budget = _checked(int, ((lambda value: 1 <= value <= MAX_PATCHES_LIMIT), f"an int in 1..{MAX_PATCHES_LIMIT}"))
+_patch_budget = reader(Int(1, MAX_PATCHES_LIMIT))
 
 
 def _json_object(text: str) -> dict:
@@ -275,67 +258,10 @@ def _json_object(text: str) -> dict:
 
 def _image_size(text: str) -> tuple[int, int]:
     """``224`` or ``384x512`` (height x width), in pixels, read as a recipe's ``image_size`` is."""
-    try:
-        return pair(image_size(text))
-    except ConfigError:
-        raise argparse.ArgumentTypeError(f"expected {IMAGE_SIZE_FORMS}, got {text!r}") from None
+    return pair(reader(IMAGE_SIZE)(text))
 
 
 # ------------------------------------------------------------------------ train, finetune, eval, predict
-# Short forms, and the names a timm user would type, of some recipe fields' flags.
-FLAG_ALIASES = {"batch_size": ("-b",), "num_workers": ("-j",), "label_smoothing": ("--smoothing",),
-                "optimizer": ("--opt",), "schedule": ("--sched",)}
-
-
-def _recipe_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--field`` flag per recipe field, in the help group of its concern, typed by its annotation;
-    unset flags leave the preset alone. ``model_args`` are given by ``--set`` or ``--model-args``."""
-    hints = field_types()
-    defaults = {item.name: item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-                for item in dataclasses.fields(Recipe)}
-    for concern, helps in FIELD_HELP.items():
-        group = parser.add_argument_group(f"recipe: {concern}")
-        for name, help in helps.items():
-            default, kind = defaults[name], hints[name]
-            flag = ("--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ()))
-            if name == "model_args":
-                _override_flags(group, dest=name, json_alias=True, help=help)
-            elif name == "image_size":
-                group.add_argument(*flag, type=_image_size, default=argparse.SUPPRESS, metavar="HxW", help=help)
-            elif typing.get_origin(kind) is typing.Literal:
-                group.add_argument(*flag, choices=typing.get_args(kind), default=argparse.SUPPRESS, help=help)
-            elif isinstance(default, bool):
-                group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help)
-            elif isinstance(default, tuple):
-                group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X",
-                                   help=help)
-            else:
-                kind = type(default) if default is not None else _not_none(kind)
-                group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
-                                   help=help)
-
-
-def _not_none(kind: typing.Any) -> type:
-    """What a flag of an ``X | None`` recipe field reads: an X (null is the field's default, off)."""
-    return next(arg for arg in typing.get_args(kind) if arg is not type(None))
-
-
-def recipe_from_args(args: argparse.Namespace):
-    """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
-    ``recipe.json`` so that the continued run is the same run."""
-    from .train.run import RECIPE_FILE
-
-    overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
-    if getattr(args, "checkpoint", None):
-        overrides["init"] = args.checkpoint
-    saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
-    if args.resume and "run_dir" in overrides and saved.is_file():
-        return Recipe.from_dict(merge(read_config_file(saved), overrides), str(saved))
-    if args.resume:
-        raise ConfigError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
-    return resolve(args.preset, args.config, overrides)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a ViT (default: a small one on the embedded digits, about 20-35 s on 2 CPU cores; on another
     dataset, a small one sized from its images); ``vitkit finetune CHECKPOINT`` fine-tunes (section 3.2: the
@@ -371,7 +297,8 @@ def _presets_epilog() -> str:
     import textwrap
 
     def shown(value: object) -> str:
-        return "(" + " ".join(f"{k}={v}" for k, v in value.items()) + ")" if isinstance(value, dict) else str(value)
+        return "(" + " ".join(f"{k}={shown(v)}" for k, v in value.items()) + ")" if isinstance(value, dict) \
+            else str(value)
 
     paragraphs = [textwrap.fill(f"{name}: " + ", ".join(f"{key}={shown(value)}" for key, value in values.items()),
                                 width=100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
@@ -379,24 +306,22 @@ def _presets_epilog() -> str:
     return "\n".join(["A recipe flag overrides the --config file, which overrides the --preset. Presets:", *paragraphs])
 
 
-_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
-
 
 def check_run_size(recipe: Recipe, command: str, device: torch.device) -> None:
     """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
     peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit. A run sized
     from its data is checked once the data has said its size (``train.run.prepare``)."""
-    check_workers(recipe.num_workers)
-    if recipe.image_size is None:
+    check_workers(recipe.data.num_workers)
+    if recipe.model.image_size is None:
         return
-    size = pair(recipe.image_size)
-    if recipe.init:
-        config = source_config(recipe.init, {"image_size": size, **recipe.model_args})
-    elif recipe.model:
-        config = model_config(recipe.model, image_size=size, **recipe.model_args)
+    size = pair(recipe.model.image_size)
+    if recipe.model.init:
+        config = source_config(recipe.model.init, {"image_size": size, **recipe.model.args})
+    elif recipe.model.name:
+        config = model_config(recipe.model.name, image_size=size, **recipe.model.args)
     else:  # the patch a new model takes at this size (train.sizing), so that the estimate counts its tokens
-        args = {"patch_size": patch_for(size), **recipe.model_args}
-        if "patch_size" not in recipe.model_args:  # the chosen patch, refused as sizing refuses it
+        args = {"patch_size": patch_for(size), **recipe.model.args}
+        if "patch_size" not in recipe.model.args:  # the chosen patch, refused as sizing refuses it
             check_size(size, args["patch_size"], "--image-size")
         config = ViTConfig().replace(image_size=size, **args)
     check_run_memory(recipe, config, device, command)
@@ -528,9 +453,9 @@ def _run_defaults(args: argparse.Namespace) -> None:
             raise ConfigError(f"{args.checkpoint}: no run beside it records the dataset it was trained on; pass "
                               f"--dataset (digits, mnist, cifar10, npz:PATH, imagefolder:PATH, ...)")
         recipe = Recipe.from_dict(read_config_file(run_dir / RECIPE_FILE), str(run_dir / RECIPE_FILE))
-        args.dataset, args.data_dir = recipe.dataset, args.data_dir or recipe.data_dir
+        args.dataset, args.data_dir = recipe.data.dataset, args.data_dir or recipe.data.data_dir
         if held_out and args.val_fraction is None:
-            args.val_fraction = recipe.val_fraction
+            args.val_fraction = recipe.data.val_fraction
         print(f"dataset {args.dataset}, as recorded by the run in {run_dir}", file=sys.stderr)
         if args.out is None:  # the run's own measurement; another dataset's would overwrite the run's reports
             args.out = run_dir
@@ -974,8 +899,9 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.add_argument("--resume", action="store_true",
                              help="continue the run in --run-dir from its last checkpoint")
         _runtime_flags(parser_, precision=False)  # --precision is a recipe field
-        _recipe_flags(parser_)
-        parser_.set_defaults(run=cmd_train, **({"objective": "mpp"} if name == "pretrain" else {}))
+        groups = add_recipe_flags(parser_)
+        _override_flags(groups["model"], dest=MODEL_ARGS_FLAG, json_alias=True, help=help_of(Model, "args"))
+        parser_.set_defaults(run=cmd_train, **({FLAG_PREFIX + "objective.kind": "mpp"} if name == "pretrain" else {}))
 
     evaluate_ = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
     _checkpoint_flags(evaluate_, help="anything vitkit.load reads, or an .onnx file")

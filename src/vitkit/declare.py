@@ -295,6 +295,11 @@ def declared(cls: type) -> list[tuple[str, Setting, Any]]:
     return found
 
 
+def help_of(cls: type, name: str) -> str:
+    """The help declared for field ``name`` of ``cls`` (for a flag made by hand, as ``--set`` is)."""
+    return next(declaration.help for field_name, declaration, _ in declared(cls) if field_name == name)
+
+
 def dotted(section: str, name: str) -> str:
     return f"{section}.{name}" if section else name
 
@@ -337,25 +342,26 @@ def flag_name(name: str, declaration: Setting) -> str:
     return declaration.flag or "--" + (declaration.alias or name).replace("_", "-")
 
 
-def _reader(declaration: Setting, where: str) -> Callable[[str], Any]:
-    """An argparse type: the flag's text read by the field's kind; a refusal says the one shape."""
+def reader(kind: Kind, where: str = "") -> Callable[[str], Any]:
+    """An argparse type: a flag's text read by ``kind``; a refusal says the one shape (``where``: the field)."""
     def read(text: str) -> Any:
         try:
-            return declaration.kind.from_text(text)
+            return kind.from_text(text)
         except Invalid as error:
-            raise argparse.ArgumentTypeError(f"{where}: expected {error}, got {text!r}") from None
-    read.__name__ = type(declaration.kind).__name__.lower()
+            raise argparse.ArgumentTypeError(f"{where + ': ' if where else ''}expected {error}, got {text!r}") \
+                from None
+    read.__name__ = type(kind).__name__.lower()
     return read
 
 
 def add_flags(parser: argparse.ArgumentParser, sections: Iterable[tuple[str, type]], title: str = "",
-              skip: Iterable[str] = ()) -> None:
+              skip: Iterable[str] = ()) -> dict[str, Any]:
     """One flag per declared field of each (section name, dataclass), in a help group per section: the kind
-    reads the text, the help shows the default and the choices; an unset flag leaves the field alone.
-    Fields in ``skip`` (``section.field``) get flags of their own from the caller."""
-    skip = set(skip)
+    reads the text, the help and choices are the declaration's; an unset flag leaves the field alone. Fields in
+    ``skip`` (``section.field``) get flags of their own from the caller, in the group returned for the section."""
+    skip, groups = set(skip), {}
     for section, cls in sections:
-        group = parser.add_argument_group(f"{title}{section}")
+        group = groups[section] = parser.add_argument_group(f"{title}{section}")
         for name, declaration, _ in declared(cls):
             where = dotted(section, name)
             if where in skip:
@@ -366,13 +372,13 @@ def add_flags(parser: argparse.ArgumentParser, sections: Iterable[tuple[str, typ
             if isinstance(kind, Bool):
                 group.add_argument(*flags, action=argparse.BooleanOptionalAction, **common)
             elif isinstance(kind, Choice):
-                group.add_argument(*flags, choices=kind.choices, type=_reader(declaration, where), **common)
+                group.add_argument(*flags, choices=kind.choices, type=reader(kind, where), **common)
             elif isinstance(kind, Items) and kind.length:
-                item = Setting(kind.kind, declaration.help)
-                group.add_argument(*flags, type=_reader(item, where), nargs=kind.length, metavar=kind.metavar,
+                group.add_argument(*flags, type=reader(kind.kind, where), nargs=kind.length, metavar=kind.metavar,
                                    **common)
             else:
-                group.add_argument(*flags, type=_reader(declaration, where), metavar=kind.metavar, **common)
+                group.add_argument(*flags, type=reader(kind, where), metavar=kind.metavar, **common)
+    return groups
 
 
 def flag_defaults(sections: Iterable[tuple[str, type]]) -> dict[str, Any]:

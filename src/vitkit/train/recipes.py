@@ -8,6 +8,7 @@ once (``vitkit.declare``): files, flags and the Python API read it through that 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -20,8 +21,9 @@ import yaml
 
 from ..data.loading import CORRUPT
 from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
-from ..declare import (Bool, Choice, FieldError, Float, Int, Invalid, Items, Mapping, Maybe, Parsed, Text,
-                       check_fields, check_keys, declared, load_yaml, refuse, require, setting)
+from ..declare import (FLAG_PREFIX, Bool, Choice, FieldError, Float, Int, Invalid, Items, Mapping, Maybe, Parsed,
+                       Text, add_flags, check_fields, check_keys, declared, flag_values, load_yaml, refuse, require,
+                       setting)
 from ..errors import ConfigError, parse_json
 from ..models import ViTConfig
 from ..normalization import NORMALIZATION
@@ -461,3 +463,30 @@ def resolve(preset: str | None = None, config_file: str | Path | None = None,
         base = {**base, "model": {key: value for key, value in base.get("model", {}).items()
                                   if key not in ARCHITECTURE}}
     return Recipe.from_dict(merge(base, *layers), str(config_file) if config_file else None)
+
+
+# ------------------------------------------------------------------------------------------- command line
+RECIPE_FILE = "recipe.json"  # the resolved recipe, in the run's folder
+MODEL_ARGS_FLAG = FLAG_PREFIX + "model.args"  # the destination of --set, --model-args and --drop-path
+
+
+def add_recipe_flags(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """One flag per recipe field (``--lr``, ``--batch-size``, ...: the field's flat name), in a help group per
+    section, generated from the declarations; returns the groups, so that the caller adds the model's
+    ``--set``/``--model-args`` flags (destination ``MODEL_ARGS_FLAG``) to the model's."""
+    return add_flags(parser, SECTIONS.items(), title="recipe: ", skip={"model.args"})
+
+
+def recipe_from_args(args: argparse.Namespace) -> Recipe:
+    """The recipe a train/finetune command line describes: ``--preset`` < ``--config`` < the recipe flags;
+    ``--resume`` starts from the run's own ``recipe.json`` so that the continued run is the same run."""
+    overrides = flag_values(args)
+    if getattr(args, "checkpoint", None):
+        overrides.setdefault("model", {})["init"] = args.checkpoint
+    run_dir = overrides.get("run", {}).get("dir")
+    saved = Path(run_dir or "") / RECIPE_FILE
+    if args.resume and run_dir is not None and saved.is_file():
+        return Recipe.from_dict(merge(read_config_file(saved), overrides), str(saved))
+    if args.resume:
+        raise ConfigError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
+    return resolve(args.preset, args.config, overrides)
