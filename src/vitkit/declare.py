@@ -192,8 +192,8 @@ class Maybe(Kind):
             return None
         try:
             return self.kind.accept(value)
-        except Invalid:
-            raise Invalid(self.expected) from None
+        except Invalid as error:
+            raise Invalid(f"{error}, or {self.off}") from None
 
     def from_text(self, text: str) -> Any:
         return None if text.lower() in ("null", "none") else self.kind.from_text(text)
