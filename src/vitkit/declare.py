@@ -196,7 +196,12 @@ class Maybe(Kind):
             raise Invalid(f"{error}, or {self.off}") from None
 
     def from_text(self, text: str) -> Any:
-        return None if text.lower() in ("null", "none") else self.kind.from_text(text)
+        if text.lower() in ("null", "none"):
+            return None
+        try:
+            return self.kind.from_text(text)
+        except Invalid as error:
+            raise Invalid(f"{error}, or {self.off}") from None
 
 
 @dataclass(frozen=True)
