@@ -44,7 +44,8 @@ def test_a_recipe_field_is_refused_alike_from_yaml_python_and_the_command_line(t
         main(["train", flag, text])
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"argument {flag}" in err and err.endswith(f": {where}: {expected.rsplit(', got ', 1)[0]}, got {text!r}"), err
+    assert f"argument {flag}" in err, err
+    assert err.endswith(f": {where}: {expected.rsplit(', got ', 1)[0]}, got {text!r}"), err
 
 
 def test_unknown_recipe_keys_name_the_nearest_field(tmp_path):

@@ -114,7 +114,8 @@ def test_layer_decay_from_flag_file_and_resume(tmp_path, capsys):
         Recipe(optim={"layer_decay": 0.75}, objective={"kind": "mpp"})
     with pytest.raises(SystemExit) as stopped:
         main(["finetune", "runs/x/model", "--layer-decay", "2"])
-    assert stopped.value.code == 2 and "argument --layer-decay: optim.layer_decay: expected a number in (0, 1], or null (off), got '2'" in \
+    assert stopped.value.code == 2
+    assert "argument --layer-decay: optim.layer_decay: expected a number in (0, 1], or null (off), got '2'" in \
         capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["finetune", "runs/x/model", "--layer-decay", "steep"])

@@ -230,8 +230,8 @@ class ViTConfig:
         require(self.dim % self.num_heads == 0, SOURCE, "dim", f"a multiple of num_heads={self.num_heads}", self.dim)
         require(self.pool != "token" or self.class_token, SOURCE, "pool", "'gap' or 'map' with class_token=False",
                 self.pool)
-        require(self.rope == "none" or self.head_dim % 4 == 0, SOURCE, "rope",
-                f"'none' with a head width (dim / num_heads) of {self.head_dim}, not divisible by 4", self.rope)
+        require(self.rope == "none" or self.head_dim % 4 == 0, SOURCE, "num_heads", f"a count that leaves a head "
+                f"width (dim={self.dim} / num_heads) divisible by 4 for rope={self.rope!r}", self.num_heads)
         require(self.pool_heads is None or self.dim % self.pool_heads == 0, SOURCE, "pool_heads",
                 f"a divisor of dim={self.dim}", self.pool_heads)
         require(not self.dist_token or (self.class_token and self.pool == "token" and not self.fc_norm
