@@ -271,20 +271,19 @@ class Parsed(Kind):
 
 @dataclass(frozen=True)
 class Setting:
-    """One field's declaration: its kind, help, the flat name it had (``alias``, also its flag's name unless
-    ``flag`` says otherwise) and short flags."""
+    """One field's declaration: its kind, help, the flat name it had (``alias``, also its flag's name) and other
+    spellings of its flag (``short``)."""
 
     kind: Kind
     help: str = ""
     alias: str | None = None
-    flag: str | None = None
     short: tuple[str, ...] = ()
 
 
-def setting(default: Any, kind: Kind, help: str = "", *, alias: str | None = None, flag: str | None = None,
+def setting(default: Any, kind: Kind, help: str = "", *, alias: str | None = None,
             short: tuple[str, ...] = ()) -> Any:
     """A dataclass field declared with its kind and help (mutable defaults are copied for every instance)."""
-    metadata = {"setting": Setting(kind, help, alias, flag, short)}
+    metadata = {"setting": Setting(kind, help, alias, short)}
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -344,7 +343,8 @@ FLAG_PREFIX = "setting:"  # the argparse destination of a declared field's flag:
 
 
 def flag_name(name: str, declaration: Setting) -> str:
-    return declaration.flag or "--" + (declaration.alias or name).replace("_", "-")
+    """``--batch-size``: the field's flat name (its alias where it has one), dashed."""
+    return "--" + (declaration.alias or name).replace("_", "-")
 
 
 def reader(kind: Kind, where: str = "") -> Callable[[str], Any]:

@@ -124,7 +124,7 @@ class Augment(Section):
 
 
 @dataclass
-class Objective(Section):
+class ObjectiveSection(Section):
     """What the model learns: classes (with label smoothing), or masked patch prediction."""
 
     SECTION: ClassVar[str] = "objective"
@@ -210,7 +210,8 @@ class Run(Section):
     eval_batch_size: int = setting(256, Int(1), "batch of the validation and test passes")
 
 
-SECTIONS: dict[str, type] = {cls.SECTION: cls for cls in (Model, Data, Augment, Objective, Optim, Schedule, Run)}
+SECTIONS: dict[str, type] = {cls.SECTION: cls for cls in (Model, Data, Augment, ObjectiveSection, Optim, Schedule,
+                                                                 Run)}
 # The flat name of every field (a recipe file's key before the sections) -> (section, field).
 FLAT: dict[str, tuple[str, str]] = {declaration.alias or name: (section, name)
                                     for section, cls in SECTIONS.items() for name, declaration, _ in declared(cls)}
@@ -257,13 +258,13 @@ class Recipe:
     model: Model
     data: Data
     augment: Augment
-    objective: Objective
+    objective: ObjectiveSection
     optim: Optim
     schedule: Schedule
     run: Run
 
     def __init__(self, model: Model | dict | None = None, data: Data | dict | None = None,
-                 augment: Augment | dict | None = None, objective: Objective | dict | None = None,
+                 augment: Augment | dict | None = None, objective: ObjectiveSection | dict | None = None,
                  optim: Optim | dict | None = None, schedule: Schedule | dict | None = None,
                  run: Run | dict | None = None, **flat: Any) -> None:
         given = dict(model=model, data=data, augment=augment, objective=objective, optim=optim, schedule=schedule,
