@@ -122,10 +122,18 @@ def test_a_flat_recipe_file_of_earlier_versions_loads_with_one_line_naming_the_n
     assert (recipe.optim.lr, recipe.model.name, recipe.schedule.decay, recipe.schedule.batch_size,
             recipe.model.args) == (0.01, "ViT-Ti/16", "linear", 64, {"depth": 2})
     notes = [record.getMessage() for record in caplog.records if "flat recipe keys" in record.getMessage()]
-    assert notes == [f"{path}: flat recipe keys read into their sections (lr -> optim.lr, model -> model.name, "
-                     f"schedule -> schedule.decay, batch_size -> schedule.batch_size, model_args -> model.args); "
-                     f"write them so"]
+    assert notes == [f"{path}: flat recipe keys read as the fields of their sections: lr -> optim.lr, model -> "
+                     f"model.name, schedule -> schedule.decay, batch_size -> schedule.batch_size, model_args -> "
+                     f"model.args"]
     assert "\n" not in notes[0]
+
+
+def test_a_run_folder_of_earlier_versions_resumes_from_its_flat_recipe_json(tmp_path):
+    (tmp_path / "recipe.json").write_text(json.dumps({"lr": 0.123, "steps": 5, "model_args": {"dim": 32},
+                                                      "run_dir": str(tmp_path)}))
+    resumed = main_recipe(["train", "--resume", "--run-dir", str(tmp_path), "--set", "depth=2"])
+    assert (resumed.optim.lr, resumed.schedule.steps, resumed.model.args, resumed.run.dir) == (
+        0.123, 5, {"dim": 32, "depth": 2}, str(tmp_path))
 
 
 def test_a_sectioned_file_loads_and_the_recipe_round_trips(tmp_path):

@@ -220,7 +220,7 @@ FLAT: dict[str, tuple[str, str]] = {declaration.alias or name: (section, name)
 def flat_note(source: str, moved: list[str]) -> str:
     """The one line that tells the reader of ``source`` where its flat keys now live."""
     renames = ", ".join(f"{key} -> {'.'.join(FLAT[key])}" for key in moved)
-    return f"{source}: flat recipe keys read into their sections ({renames}); write them so"
+    return f"{source}: flat recipe keys read as the fields of their sections: {renames}"
 
 
 def sectioned(data: Any, source: str) -> tuple[dict[str, Any], list[str]]:
