@@ -28,6 +28,7 @@ from .checkpoints.onnx import QUANTIZATIONS
 from .classnames import escape_name
 from .data import ALL, CORRUPT, RESIZE_MODES, SPLITS
 from .data.datasets import DATASET_FORMS
+from .declare import FLAG_PREFIX, Float, Int, help_of, reader
 from .errors import ConfigError, VitkitError, parse_json
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
@@ -37,7 +38,6 @@ from .models import VisionTransformer, create_model, list_models, model_config
 from .models.config import ViTConfig, pair
 from .models.stats import config_parameters, count_parameters, forward_flops
 from .runtime import PRECISIONS, autocast, resolve_precision, select_device
-from .declare import FLAG_PREFIX, Float, Int, help_of, reader
 from .train.recipes import (DEFAULT_PRESETS, IMAGE_SIZE, MODEL_ARGS_FLAG, RECIPE_PRESETS, Model, Recipe,
                             add_recipe_flags, read_config_file, recipe_from_args)
 from .train.run import check_run_memory

@@ -55,12 +55,15 @@ def load_yaml(text: str) -> Any:
 
 
 def scalar(text: str) -> Any:
-    """Command-line text read as the same value a YAML file would give (``0.5``, ``null``, ``true``); text
-    that is not one YAML scalar stays text."""
+    """Command-line text read as the same value a YAML file would give (``0.5``, ``null``, ``true``; and
+    ``nan``, ``inf`` as Python reads them, so that a number field can say it wants a finite one); text that is
+    not one YAML scalar stays text."""
     try:
         value = load_yaml(text)
     except yaml.YAMLError:
         return text
+    if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        return float(value)
     return value if isinstance(value, (int, float, bool)) or value is None else text
 
 
@@ -110,14 +113,14 @@ class Number(Kind):
     def accept(self, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
             raise Invalid(self.expected)
-        if self.integer and not -LARGEST_INT <= value < LARGEST_INT:
-            raise Invalid(f"{self.expected} (64 bits)")
         if not self.integer and not math.isfinite(value):
             raise Invalid(self.expected.replace("a number", "a finite number", 1))
         value = value if self.integer else float(value)
         if ((self.low is not None and (value <= self.low if self.low_open else value < self.low))
                 or (self.high is not None and (value >= self.high if self.high_open else value > self.high))):
             raise Invalid(self.expected)
+        if self.integer and not -LARGEST_INT <= value < LARGEST_INT:
+            raise Invalid(f"{self.expected} that fits in 64 bits")
         return value
 
 

@@ -244,7 +244,11 @@ def sectioned(data: Any, source: str) -> tuple[dict[str, Any], list[str]]:
             check_keys({key: value}, list(SECTIONS), source,
                        suggestions={flat: ".".join(where) for flat, where in FLAT.items()})
     for section, values in nested.items():
-        check_keys(values, [name for name, _, _ in declared(SECTIONS[section])], source, section)
+        fields = {name: declaration.kind for name, declaration, _ in declared(SECTIONS[section])}
+        check_keys(values, list(fields), source, section)
+        for name, value in values.items():  # a mapping is merged key by key with other layers: checked first
+            if isinstance(fields[name], Mapping) and not isinstance(value, dict):
+                raise refuse(source, f"{section}.{name}", fields[name].expected, value)
     return nested, moved
 
 
