@@ -55,16 +55,16 @@ def load_yaml(text: str) -> Any:
 
 
 def scalar(text: str) -> Any:
-    """Command-line text read as the same value a YAML file would give (``0.5``, ``null``, ``true``; and
-    ``nan``, ``inf`` as Python reads them, so that a number field can say it wants a finite one); text that is
-    not one YAML scalar stays text."""
-    try:
-        value = load_yaml(text)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
-        return float(value)
-    return value if isinstance(value, (int, float, bool)) or value is None else text
+    """Command-line text as a value: an int or a float as Python reads them (``nan`` and ``inf`` too, so that a
+    number field can say it wants a finite one), ``null``/``true``/``false`` as a recipe file writes them;
+    other text stays text."""
+    for read in (int, float):
+        try:
+            return read(text)
+        except ValueError:
+            pass
+    words = {"null": None, "none": None, "true": True, "false": False}
+    return words.get(text.strip().lower(), text)
 
 
 class Kind:
@@ -82,6 +82,7 @@ class Kind:
 
 
 def _bound(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    """A range in words: ``in [0, 1)``, ``>= 1``, ``> 0``."""
     if low is not None and high is not None:
         return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if low is not None:
@@ -131,10 +132,13 @@ def Int(low: float | None = None, high: float | None = None) -> Number:
 
 def Float(low: float | None = None, high: float | None = None, low_open: bool = False,
           high_open: bool = False) -> Number:
+    """A finite number within the bounds (``low_open``/``high_open``: the bound itself excluded)."""
     return Number(False, low, high, low_open, high_open)
 
 
 class Bool(Kind):
+    """true or false (an int is not taken for one)."""
+
     expected = "true or false"
 
     def accept(self, value: Any) -> Any:
@@ -144,6 +148,8 @@ class Bool(Kind):
 
 
 class Text(Kind):
+    """A string, taken as written on the command line."""
+
     expected = "a string"
     metavar = "TEXT"
 
@@ -308,6 +314,7 @@ def help_of(cls: type, name: str) -> str:
 
 
 def dotted(section: str, name: str) -> str:
+    """``section.name``, or ``name`` alone in a flat config."""
     return f"{section}.{name}" if section else name
 
 
@@ -356,8 +363,8 @@ def reader(kind: Kind, where: str = "") -> Callable[[str], Any]:
         try:
             return kind.from_text(text)
         except Invalid as error:
-            raise argparse.ArgumentTypeError(f"{where + ': ' if where else ''}expected {error}, got {text!r}") \
-                from None
+            raise argparse.ArgumentTypeError(f"{where + ': ' if where else ''}expected {error}, "
+                                             f"got {abridged(text)}") from None
     read.__name__ = type(kind).__name__.lower()
     return read
 
