@@ -36,7 +36,8 @@ def test_checkpoint_prepared_for_finetuning(tmp_path):
     assert model.head.out_features == 10 and not model.head.weight.any() and not model.head.bias.any()
     torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)
 
-    trainer = prepare(recipe.replace(schedule=dict(steps=1000, batch_size=16), run=dict(dir=str(tmp_path / "ft")))).trainer
+    trainer = prepare(recipe.replace(schedule=dict(steps=1000, batch_size=16),
+                                     run=dict(dir=str(tmp_path / "ft")))).trainer
     assert isinstance(trainer.optimizer, torch.optim.SGD)
     assert all(group["weight_decay"] == 0.0 and group["momentum"] == 0.9 for group in trainer.optimizer.param_groups)
     assert trainer.lr_at(500) == recipe.optim.lr and trainer.lr_at(250) == recipe.optim.lr / 2  # 500 warm-up steps
@@ -70,5 +71,6 @@ def test_finetuning_normalises_as_the_checkpoint_was_trained(tmp_path):
                                                       data=dict(dataset="digits")))
     classes = [str(d) for d in range(10)]
     assert build_model(recipe, classes, DIGITS).config.provenance.normalization == "imagenet"
-    assert build_model(recipe.replace(augment={"normalization": "google"}), classes, DIGITS).config.provenance.normalization == "google"
+    google = recipe.replace(augment={"normalization": "google"})
+    assert build_model(google, classes, DIGITS).config.provenance.normalization == "google"
     assert build_model(resolve("digits"), classes, DIGITS).config.provenance.normalization == "google"  # a fresh model
