@@ -34,9 +34,9 @@ from timing import timed_run
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = Path("runs/bench-mpp")
 ARCH = dict(patch_size=4, dim=96, depth=4, num_heads=4, mlp_dim=192, in_chans=1, pool="gap")
-COMMON = dict(dataset="fashion-mnist", image_size=28, transform="pretrain", crop_scale=(0.85, 1.0), hflip=True,
-              batch_size=128, optimizer="adamw", weight_decay=0.05, schedule="cosine", clip_norm=1.0,
-              val_fraction=0.02, log_every=100)
+COMMON = dict(data=dict(dataset="fashion-mnist", val_fraction=0.02),
+              augment=dict(transform="pretrain", crop_scale=(0.85, 1.0), hflip=True),
+              optim=dict(optimizer="adamw", weight_decay=0.05, clip_norm=1.0))
 
 
 def timed(name: str, recipe: Recipe) -> dict:
@@ -67,16 +67,20 @@ def main() -> None:
     parser.add_argument("--shot-pool", type=int, default=5000)
     parser.add_argument("--threads", type=int, default=2, help="1 when the machine is shared")
     args = parser.parse_args()
-    common = dict(COMMON, data_dir=args.data_dir, threads=args.threads)
+    base = Recipe(**COMMON, model=dict(image_size=28), schedule=dict(batch_size=128, decay="cosine"),
+                  run=dict(log_every=100, threads=args.threads))
+    base = base.replace(data={"data_dir": args.data_dir})
     records = {}
 
-    pretrain = Recipe(**common, objective="mpp", model_args=ARCH, steps=args.pretrain_steps, lr=1e-3,
-                      warmup_steps=150, run_dir=str(RUNS / "pretrain"))
+    pretrain = base.replace(objective={"kind": "mpp"}, model={"args": ARCH}, optim={"lr": 1e-3},
+                            schedule={"steps": args.pretrain_steps, "warmup_steps": 150},
+                            run={"dir": str(RUNS / "pretrain")})
     records["pretrain"] = timed("mpp-pretrain", pretrain)
-    budget = dict(common, steps=args.finetune_steps, lr=1e-3, warmup_steps=60, label_smoothing=0.1)
-    records["finetuned"] = timed("mpp-finetune", Recipe(**budget, init=str(RUNS / "pretrain" / "model"),
-                                                        run_dir=str(RUNS / "finetune")))
-    records["scratch"] = timed("scratch", Recipe(**budget, model_args=ARCH, run_dir=str(RUNS / "scratch")))
+    budget = base.replace(schedule={"steps": args.finetune_steps, "warmup_steps": 60}, optim={"lr": 1e-3},
+                          objective={"label_smoothing": 0.1})
+    records["finetuned"] = timed("mpp-finetune", budget.replace(model={"init": str(RUNS / "pretrain" / "model")},
+                                                                run={"dir": str(RUNS / "finetune")}))
+    records["scratch"] = timed("scratch", budget.replace(model={"args": ARCH}, run={"dir": str(RUNS / "scratch")}))
 
     torch.manual_seed(0)
     encoders = {"random init": vitkit.create_model(vitkit.ViTConfig(image_size=28, num_classes=0, **ARCH)),

@@ -36,12 +36,13 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for kind in args.kinds:
-        recipe = Recipe(dataset=args.dataset, data_dir=args.data_dir, image_size=28, steps=args.steps,
-                        model_args=dict(patch_size=4, dim=96, depth=4, num_heads=4, mlp_dim=192, in_chans=1,
-                                        pool="token", pos_embed=kind),
-                        transform="pretrain", crop_scale=(0.85, 1.0), hflip=args.dataset != "mnist",
-                        batch_size=128, lr=2e-3, weight_decay=0.05, warmup_steps=100, label_smoothing=0.1,
-                        val_fraction=0.02, log_every=100, threads=args.threads, run_dir=f"runs/bench-posembed/{kind}")
+        recipe = Recipe(model=dict(image_size=28, args=dict(patch_size=4, dim=96, depth=4, num_heads=4, mlp_dim=192,
+                                                            in_chans=1, pool="token", pos_embed=kind)),
+                        data=dict(dataset=args.dataset, data_dir=args.data_dir, val_fraction=0.02),
+                        augment=dict(transform="pretrain", crop_scale=(0.85, 1.0), hflip=args.dataset != "mnist"),
+                        objective=dict(label_smoothing=0.1), optim=dict(lr=2e-3, weight_decay=0.05),
+                        schedule=dict(steps=args.steps, batch_size=128, warmup_steps=100),
+                        run=dict(log_every=100, threads=args.threads, dir=f"runs/bench-posembed/{kind}"))
         summary, timing = timed_run(recipe)
         rows.append({"pos_embed": kind, "test_accuracy": summary["test/accuracy"],
                      "val_accuracy": summary.get("val/accuracy"), **timing})

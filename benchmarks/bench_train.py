@@ -1,9 +1,9 @@
 """Time-to-accuracy on real data (run on demand; results go to benchmarks/results/train_<name>.json).
 
     PYTHONPATH=src python benchmarks/bench_train.py digits mnist fashion finetune [--data-dir ../shared/data]
-    PYTHONPATH=src python benchmarks/bench_train.py fashion --set epochs=20 --set threads=1 --tag e20
+    PYTHONPATH=src python benchmarks/bench_train.py fashion --set schedule.epochs=20 --set run.threads=1 --tag e20
 
-``--set KEY=JSON`` changes a recipe field of every run; ``--tag`` names such a variant (its results go
+``--set SECTION.FIELD=JSON`` changes a recipe field of every run; ``--tag`` names such a variant (its results go
 to train_<name>_<tag>.json, and ``finetune`` starts from that variant's Fashion-MNIST model).
 
 - digits:   `vitkit train` with no arguments (target: >= 97% test accuracy within 45 s on 2 cores)
@@ -51,7 +51,7 @@ class Bench:
     def measure(self, name: str, recipe_overrides: dict, preset: str | None = None, target: float | None = None,
                 budget_s: float | None = None) -> dict:
         name = self.named(name)
-        recipe = resolve(preset, overrides=merge({"run_dir": str(RUNS / name), "log_every": 100},
+        recipe = resolve(preset, overrides=merge({"run": {"dir": str(RUNS / name), "log_every": 100}},
                                                  recipe_overrides, self.changes))
         summary, timing = timed_run(recipe)
         wall = timing["wall_seconds"]
@@ -70,16 +70,18 @@ class Bench:
         pretrained = RUNS / self.named("fashion") / "model"
         if not (pretrained / "config.json").exists():
             raise SystemExit(f"{pretrained} missing: run the 'fashion' benchmark (with the same --tag) first")
-        budget = dict(dataset="mnist", data_dir=self.data_dir, image_size=56, transform="finetune", hflip=False,
-                      steps=300, batch_size=64, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0,
-                      warmup_steps=30, schedule="cosine", clip_norm=1.0, val_fraction=0.02, label_smoothing=0.0)
-        tuned = self.measure("finetune_fashion28_to_mnist56", {**budget, "init": str(pretrained)},
+        budget = dict(model=dict(image_size=56), data=dict(dataset="mnist", data_dir=self.data_dir, val_fraction=0.02),
+                      augment=dict(transform="finetune", hflip=False), objective=dict(label_smoothing=0.0),
+                      optim=dict(optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0, clip_norm=1.0),
+                      schedule=dict(steps=300, batch_size=64, warmup_steps=30, decay="cosine"))
+        tuned = self.measure("finetune_fashion28_to_mnist56", merge(budget, {"model": {"init": str(pretrained)}}),
                              preset="paper-finetune")
         pre = json.loads((pretrained / "config.json").read_text())  # the same architecture, from scratch
         scratch_args = {k: pre[k] for k in ("patch_size", "dim", "depth", "num_heads", "mlp_dim", "in_chans", "pool")}
-        scratch = self.measure("scratch_mnist56_sgd", {**budget, "model_args": scratch_args}, preset="paper-finetune")
-        adamw = self.measure("scratch_mnist56_adamw", {**budget, "model_args": scratch_args, "optimizer": "adamw",
-                                                        "lr": 2e-3, "weight_decay": 0.05}, preset="paper-finetune")
+        scratch_budget = merge(budget, {"model": {"args": scratch_args}})
+        scratch = self.measure("scratch_mnist56_sgd", scratch_budget, preset="paper-finetune")
+        adamw = self.measure("scratch_mnist56_adamw", merge(scratch_budget, {"optim": {
+            "optimizer": "adamw", "lr": 2e-3, "weight_decay": 0.05}}), preset="paper-finetune")
         rows = [(r["name"], r["summary"]["test/accuracy"], r["wall_seconds"]) for r in (tuned, scratch, adamw)]
         lines = ["| run (MNIST 56 px, 300 steps x 64 images) | test accuracy | wall s |", "|---|---:|---:|"]
         lines += [f"| {name} | {100 * acc:.2f}% | {wall:.0f} |" for name, acc, wall in rows]
@@ -92,18 +94,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", nargs="+", choices=["digits", "mnist", "fashion", "finetune"])
     parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="recipe change for every run")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=JSON",
+                        help="recipe change for every run")
     parser.add_argument("--tag", default="", help="name of the variant --set makes")
     args = parser.parse_args()
     if args.set and not args.tag:
         parser.error("--set makes a variant: name it with --tag (the baseline's results stay as they are)")
-    changes = {}
+    changes: dict = {}
     for item in args.set:
         key, equals, value = item.partition("=")
-        if not equals:
-            parser.error(f"--set {item}: expected KEY=JSON")
+        section, dot, name = key.partition(".")
+        if not (equals and dot):
+            parser.error(f"--set {item}: expected SECTION.FIELD=JSON")
         try:
-            changes[key] = json.loads(value)
+            changes.setdefault(section, {})[name] = json.loads(value)
         except json.JSONDecodeError as error:
             parser.error(f"--set {item}: the value is not JSON ({error})")
     bench = Bench(args.data_dir, changes, args.tag)
@@ -111,9 +115,9 @@ def main() -> None:
         if which == "digits":
             bench.measure("digits", {}, preset="digits", target=0.97, budget_s=45)
         elif which == "mnist":
-            bench.measure("mnist", {"data_dir": args.data_dir}, preset="mnist", target=0.99, budget_s=600)
+            bench.measure("mnist", {"data": {"data_dir": args.data_dir}}, preset="mnist", target=0.99, budget_s=600)
         elif which == "fashion":
-            bench.measure("fashion", {"data_dir": args.data_dir}, preset="fashion-mnist", target=0.90)
+            bench.measure("fashion", {"data": {"data_dir": args.data_dir}}, preset="fashion-mnist", target=0.90)
         else:
             bench.finetune()
 

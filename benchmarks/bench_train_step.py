@@ -36,7 +36,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = prepare(resolve(args.preset, overrides={"run_dir": run_dir, "data_dir": args.data_dir})).trainer
+        trainer = prepare(resolve(args.preset, overrides={"run": {"dir": run_dir},
+                                                                "data": {"data_dir": args.data_dir}})).trainer
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     groups = [{k: v for k, v in group.items() if k in ("params", "weight_decay")} for group in
               trainer.optimizer.param_groups]

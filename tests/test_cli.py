@@ -5,7 +5,6 @@ progress bars on a terminal only."""
 import argparse
 import ast
 import collections
-import dataclasses
 import fcntl
 import json
 import os
@@ -24,7 +23,9 @@ import vitkit
 from launch import child_env, launch
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
-from vitkit.train.recipes import CONCERNS, IMAGE_SIZE_FORMS, Recipe, resolve
+from vitkit.declare import FLAG_PREFIX, declared, flag_values
+from vitkit.models.config import pair
+from vitkit.train.recipes import IMAGE_SIZE_FORMS, MODEL_ARGS_FLAG, SECTIONS, resolve
 
 TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, in_chans=1, num_classes=3)
 TINY_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}
@@ -81,8 +82,8 @@ def test_set_changes_what_the_commands_run(checkpoint, tmp_path, capsys):
 def test_set_and_model_args_are_one_mechanism_on_the_training_commands():
     args = build_parser().parse_args(["train", "--set", "depth=2", "--model-args", '{"dim": 8, "depth": 3}',
                                       "--drop-path", "0.1", "--set", "pool=gap"])
-    assert args.model_args == {"depth": 3, "dim": 8, "drop_path": 0.1, "pool": "gap"}  # in order, later wins
-    assert "model_args" not in vars(build_parser().parse_args(["train"]))  # unset: the preset's stand
+    assert flag_values(args)["model"]["args"] == {"depth": 3, "dim": 8, "drop_path": 0.1, "pool": "gap"}  # later wins
+    assert MODEL_ARGS_FLAG not in vars(build_parser().parse_args(["train"]))  # unset: the preset's stand
 
 
 def test_out_is_a_folder_on_every_command(checkpoint, tmp_path, capsys):
@@ -96,17 +97,17 @@ def test_out_is_a_folder_on_every_command(checkpoint, tmp_path, capsys):
 
 
 def test_image_size_is_h_or_hxw_everywhere(tmp_path):
-    sized = {(name, tuple(action.option_strings)) for name, parser in subcommands().items()
-             for action in parser._actions if action.dest == "image_size"}
-    assert {name for name, _ in sized} >= {"models", "analyze", "bench", "train", "finetune", "pretrain"}
-    for name, flags in sized:
+    sized = {(name, tuple(action.option_strings), action.dest) for name, parser in subcommands().items()
+             for action in parser._actions if "--image-size" in action.option_strings}
+    assert {name for name, _, _ in sized} >= {"models", "analyze", "bench", "train", "finetune", "pretrain"}
+    for name, flags, dest in sized:
         positional = ["ckpt", *READERS[name]] if name in READERS else ["ckpt"] if name == "finetune" else []
         for text, size in (("8x12", (8, 12)), ("16", (16, 16))):
             args = build_parser().parse_args([name, *positional, flags[0], text])
-            assert tuple(args.image_size) == size, (name, text)
+            assert pair(getattr(args, dest)) == size, (name, text)
     for text, size in (("[8, 12]", (8, 12)), ("8x12", (8, 12)), ("8 X 12", (8, 12)), ("16", 16), ("'16'", 16)):
-        (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")  # the forms of the flag read as they are there
-        assert resolve(config_file=tmp_path / "r.yaml").image_size == size, text
+        (tmp_path / "r.yaml").write_text(f"model:\n  image_size: {text}\n")  # the flag's forms read as they are
+        assert resolve(config_file=tmp_path / "r.yaml").model.image_size == size, text
 
 
 # (not "0x8": YAML reads it as the hexadecimal integer 8)
@@ -114,13 +115,14 @@ def test_image_size_is_h_or_hxw_everywhere(tmp_path):
                                   "[8, 12.0]", "true", "²"])
 def test_image_size_forms_are_refused_alike_by_flag_and_recipe_file(tmp_path, text, capsys):
     """One parser: a size that the flag refuses, a recipe file refuses too, with the same expectation."""
-    (tmp_path / "r.yaml").write_text(f"image_size: {text}\n")
-    expected = re.escape(IMAGE_SIZE_FORMS)
-    with pytest.raises(ConfigError, match=rf"r.yaml: recipe field image_size=.*: expected {expected}$"):
+    (tmp_path / "r.yaml").write_text(f"model:\n  image_size: {text}\n")
+    expected = re.escape(f"model.image_size: expected {IMAGE_SIZE_FORMS}, or null (the data's), got ")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path / 'r.yaml'))}: {expected}"):
         resolve(config_file=tmp_path / "r.yaml")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--image-size", text])
-    assert f"argument --image-size: expected {IMAGE_SIZE_FORMS}, got {text!r}" in capsys.readouterr().err
+    assert (f"argument --image-size: model.image_size: expected {IMAGE_SIZE_FORMS}, or null (the data's), got "
+            f"{text!r}") in capsys.readouterr().err
 
 
 def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
@@ -130,28 +132,33 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
     for group in train._action_groups:
         if group.title.startswith("recipe: "):
             grouped.update({action.dest for action in group._group_actions})  # --set, --model-args: one field
-    assert grouped == collections.Counter(field.name for field in dataclasses.fields(Recipe))
+    declarations = {FLAG_PREFIX + f"{section}.{name}": declaration for section, cls in SECTIONS.items()
+                    for name, declaration, _ in declared(cls)}
+    assert grouped == collections.Counter(list(declarations))
     titles = [group.title for group in train._action_groups if group.title.startswith("recipe: ")]
-    assert titles == [f"recipe: {concern}" for concern in CONCERNS]
-    helps = {field.name: field.metadata["help"] for field in dataclasses.fields(Recipe)}  # written once, beside it
-    for action in train._actions:
-        if action.dest in helps and action.option_strings[0] not in ("--model-args", "--drop-path"):  # --set's too
-            assert action.help == helps[action.dest], action.dest
-    fields = {field.name for field in dataclasses.fields(Recipe)}
-    offered = {action.dest: tuple(action.choices) for action in train._actions
-               if action.dest in fields and action.choices}
+    assert titles == [f"recipe: {section}" for section in ("model", "data", "augment", "objective", "optim",
+                                                             "schedule", "run")]
+    for action in train._actions:  # written once, in the declaration
+        if action.dest in declarations and action.option_strings[0] not in ("--model-args", "--drop-path"):
+            assert action.help == declarations[action.dest].help, action.dest
+            choices = getattr(declarations[action.dest].kind, "choices", None)
+            assert action.choices == choices, action.dest
+    offered = {action.dest.removeprefix(FLAG_PREFIX): tuple(action.choices) for action in train._actions
+               if action.dest.startswith(FLAG_PREFIX) and action.choices}
     assert offered == RECIPE_CHOICES
     with pytest.raises(SystemExit):  # a precision of inference, not of training: fp16 has no loss scaling
         build_parser().parse_args(["train", "--precision", "fp16"])
 
 
 # The values of the recipe fields that take one of a few, written out.
-RECIPE_CHOICES = {"corrupt": ("fail", "skip"), "channels": ("", "rgb", "grey"), "objective": ("classification", "mpp"),
-                  "mpp_target": ("mean-colour", "downsized", "pixels"), "transform": ("pretrain", "finetune", "eval"),
-                  "aug_level": ("none", "light1", "light2", "medium1", "medium2", "strong1", "strong2"),
-                  "normalization": ("", "google", "imagenet", "clip"), "optimizer": ("adamw", "sgd"),
-                  "schedule": ("cosine", "linear", "constant"), "precision": ("fp32", "bf16", "auto"),
-                  "parallel": ("ddp", "fsdp")}
+RECIPE_CHOICES = {"data.corrupt": ("fail", "skip"), "model.channels": ("", "rgb", "grey"),
+                  "objective.kind": ("classification", "mpp"),
+                  "objective.mpp_target": ("mean-colour", "downsized", "pixels"),
+                  "augment.transform": ("pretrain", "finetune", "eval"),
+                  "augment.aug_level": ("none", "light1", "light2", "medium1", "medium2", "strong1", "strong2"),
+                  "augment.normalization": ("", "google", "imagenet", "clip"), "optim.optimizer": ("adamw", "sgd"),
+                  "schedule.decay": ("cosine", "linear", "constant"), "run.precision": ("fp32", "bf16", "auto"),
+                  "run.parallel": ("ddp", "fsdp")}
 
 
 def test_library_code_logs_rather_than_prints():

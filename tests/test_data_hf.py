@@ -61,8 +61,8 @@ def test_hf_trains_and_resumes_its_stream(tmp_path):
     straight = order(0)
     assert sorted(straight[:48]) == list(range(48)) and order(5) == straight[40:]
     model = {"patch_size": 2, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32, "in_chans": 3}
-    summary = run(Recipe(dataset=f"hf:{root}", image_size=4, model_args=model, steps=3, batch_size=8,
-                         num_workers=2, threads=1, run_dir=str(tmp_path / "run")))
+    summary = run(Recipe(model=dict(image_size=4, args=model), data=dict(dataset=f"hf:{root}", num_workers=2),
+                         schedule=dict(steps=3, batch_size=8), run=dict(threads=1, dir=str(tmp_path / "run"))))
     assert summary["test/images"] == 8
 
 

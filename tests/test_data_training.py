@@ -46,12 +46,14 @@ def test_mnist_learns_from_a_folder_and_from_its_shards(tmp_path, shared_data):
     model = {"patch_size": 7, "dim": 64, "depth": 2, "num_heads": 4, "mlp_dim": 128, "in_chans": 1, "pool": "gap"}
     accuracy = {}
     for source in (f"imagefolder:{folder}", f"webdataset:{tmp_path / 'shards'}"):
-        recipe = Recipe(dataset=source, image_size=28, model_args=model, transform="eval", steps=250, batch_size=32,
-                        lr=2e-3, warmup_steps=20, threads=1, log_every=50, run_dir=str(tmp_path / source.split(":")[0]))
+        recipe = Recipe(model=dict(image_size=28, args=model), data=dict(dataset=source),
+                        augment=dict(transform="eval"), schedule=dict(steps=250, batch_size=32, warmup_steps=20),
+                        optim=dict(lr=2e-3),
+                        run=dict(threads=1, log_every=50, dir=str(tmp_path / source.split(":")[0])))
         summary = run(recipe)
         assert summary["test/images"] == 300
         saved = json.loads((tmp_path / source.split(":")[0] / "recipe.json").read_text())
-        assert saved["num_workers"] == min(8, os.cpu_count()), "file-backed data: decoding workers by default"
+        assert saved["data"]["num_workers"] == min(8, os.cpu_count()), "file-backed data: decoding workers by default"
         accuracy[source] = summary["test/accuracy"]
     assert min(accuracy.values()) > 0.6, accuracy  # chance: 0.1
 
@@ -60,12 +62,14 @@ def test_unreadable_files_are_replaced_and_reported(tmp_path, shared_data):
     folder = mnist_folder(shared_data, tmp_path / "folder", train=60, test=20)
     broken = folder / "train" / "3" / "00007.png"
     broken.write_bytes(broken.read_bytes()[:40])
-    common = dict(dataset=f"imagefolder:{folder}", image_size=28, val_fraction=0.0, steps=8, batch_size=30,
-                  model_args={"patch_size": 7, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32, "in_chans": 1},
-                  num_workers=2, threads=1, log_every=1)
+    data = dict(dataset=f"imagefolder:{folder}", val_fraction=0.0, num_workers=2)
+    common = dict(model=dict(image_size=28, args={"patch_size": 7, "dim": 16, "depth": 1, "num_heads": 2,
+                                                  "mlp_dim": 32, "in_chans": 1}),
+                  schedule=dict(steps=8, batch_size=30))
     with pytest.raises(ValueError, match="00007.png: not a readable image"):
-        run(Recipe(**common, run_dir=str(tmp_path / "fail")))
-    summary = run(Recipe(**common, corrupt="skip", run_dir=str(tmp_path / "skip")))
+        run(Recipe(**common, data=data, run=dict(threads=1, log_every=1, dir=str(tmp_path / "fail"))))
+    summary = run(Recipe(**common, data={**data, "corrupt": "skip"},
+                         run=dict(threads=1, log_every=1, dir=str(tmp_path / "skip"))))
     assert summary["data/skipped"] == 4 and set(summary["data/skipped_files"]) == {str(broken)}  # once per epoch
     records = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
     assert sum(r.get("data/skipped", 0) for r in records) == 4

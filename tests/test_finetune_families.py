@@ -30,7 +30,8 @@ def test_family_checkpoints_are_prepared_for_finetuning(tmp_path, name):
     from timm.layers import resample_abs_pos_embed
 
     source = pretrained(name, tmp_path / "pre")
-    recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=24, dataset="digits"))
+    recipe = resolve("paper-finetune", overrides=dict(model=dict(init=str(tmp_path / "pre"), image_size=24),
+                                                      data=dict(dataset="digits")))
     model = build_model(recipe, [str(d) for d in range(10)], Geometry((8, 8), {1: "digits #0"}))
     prefix = source.config.pos_prefix_tokens
     expected = resample_abs_pos_embed(source.pos_embed.weight, (6, 6), (4, 4), num_prefix_tokens=prefix,

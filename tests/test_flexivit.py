@@ -105,9 +105,9 @@ def test_new_patch_and_image_size_together_resample_the_table_once(checkpoint, p
 
 
 @pytest.mark.parametrize("patch_size,message", [
-    (0, r"patch_size=0, expected an int >= 1"),
-    (5, r"image_size=\(48, 48\) is not a multiple of patch_size=5"),
-    (8.0, r"patch_size=8.0, expected an int"),
+    (0, r"patch_size: expected an int >= 1, got 0"),
+    (5, r"image_size: expected sides that are multiples of patch_size=5, got \(48, 48\)"),
+    (8.0, r"patch_size: expected an int >= 1, got 8.0"),
 ])
 def test_patch_sizes_that_cannot_run_are_refused_and_leave_the_model_as_it_was(checkpoint, patch_size, message):
     model = vitkit.load(checkpoint / "hub")

@@ -121,8 +121,8 @@ def test_rope_head_widths_are_checked(tmp_path):
     config = json.loads((tmp_path / "hub" / "config.json").read_text())
     config["model_args"]["num_heads"] = 32
     (tmp_path / "hub" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(vitkit.CheckpointError, match=r"rope='axial' needs a head width \(dim / num_heads\) "
-                                                     r"divisible by 4, got 2"):
+    with pytest.raises(vitkit.CheckpointError, match=r"num_heads: expected a count that leaves a head width "
+                                                     r"\(dim=64 / num_heads\) divisible by 4 for rope='axial', got 32"):
         vitkit.load(tmp_path / "hub")
     theirs = peer("vit_small_patch16_rope_mixed_224")
     state = {k: v.contiguous() for k, v in theirs.state_dict().items()}

@@ -15,7 +15,8 @@ from vitkit.train.run import prepare
 
 
 def mpp_recipe(run_dir, **changes):
-    return tiny_recipe(run_dir, objective="mpp", aug_level="none", eval_every=0, **changes)
+    return tiny_recipe(run_dir, objective={"kind": "mpp"}, augment={"aug_level": "none"}, run={"eval_every": 0},
+                       **changes)
 
 
 def test_mpp_resume_is_bit_exact_and_checkpoints_are_plain_vits(tmp_path):
@@ -72,5 +73,6 @@ def test_pretrain_starts_from_the_default_preset_not_the_fine_tuning_one():
     from vitkit.cli import build_parser, recipe_from_args
 
     recipe = recipe_from_args(build_parser().parse_args(["pretrain"]))
-    assert recipe.objective == "mpp" and recipe.dataset == "digits" and recipe.lr == RECIPE_PRESETS["digits"]["lr"]
-    assert recipe.image_size is None  # sized from the data
+    assert recipe.objective.kind == "mpp" and recipe.data.dataset == "digits"
+    assert recipe.optim.lr == RECIPE_PRESETS["digits"]["optim"]["lr"]
+    assert recipe.model.image_size is None  # sized from the data

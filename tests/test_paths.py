@@ -249,7 +249,7 @@ def test_a_run_folder_of_a_users_files_is_refused_naming_it(tmp_path):
     with pytest.raises(ConfigError, match=r"notes: holds 'a.txt' and 1 more, which a training run does not write"):
         from vitkit.train import Recipe
         from vitkit.train.run import prepare
-        prepare(Recipe(model_args=TINY, steps=1, run_dir=str(tmp_path / "notes")))
+        prepare(Recipe(model={"args": TINY}, schedule={"steps": 1}, run={"dir": str(tmp_path / "notes")}))
 
 
 def test_a_run_folder_that_links_to_an_empty_folder_is_used(tmp_path):

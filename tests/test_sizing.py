@@ -66,7 +66,7 @@ def test_train_without_model_flags_is_sized_from_the_data(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"model sized from {data}: 3x24x40 px, patch 2 (12x20 grid), 3 classes, D=16, 1 layers" in err, err
     assert "channel images" not in err and "scaled" not in err  # nothing converted
-    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["image_size"] == [24, 40]
+    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["model"]["image_size"] == [24, 40]
 
 
 def test_finetune_takes_the_checkpoints_patch_at_the_datas_size_and_keeps_a_head_of_the_same_classes(tmp_path, capsys):
@@ -169,7 +169,7 @@ def test_eval_and_fewshot_without_a_dataset_use_the_runs_and_write_into_the_run(
     data = rgb_npz(tmp_path / "d.npz", 8, 8)
     run = tmp_path / "run"
     checkpoint(run / "model", in_chans=3)
-    (run / "recipe.json").write_text(json.dumps(Recipe(dataset=data, val_fraction=0.5).to_dict()))
+    (run / "recipe.json").write_text(json.dumps(Recipe(data={"dataset": data, "val_fraction": 0.5}).to_dict()))
     checkpoint(tmp_path / "lone" / "model", in_chans=3)
     here = tmp_path / "here"
     here.mkdir()
@@ -211,6 +211,8 @@ def test_help_shows_every_presets_values(command):
     for name, values in RECIPE_PRESETS.items():
         shown = re.search(rf" {name}: (.*?)(?= [a-z-]+: |$)", text)
         assert shown, name
-        for key, value in values.items():
-            if not isinstance(value, dict):
-                assert f"{key}={value}".replace(" ", "") in shown.group(1).replace(" ", ""), (name, key)
+        leaves = [(key, value) for fields in values.values() for key, value in fields.items()
+                  if not isinstance(value, dict)]  # a preset's fields, by section
+        assert leaves, name
+        for key, value in leaves:
+            assert f"{key}={value}".replace(" ", "") in shown.group(1).replace(" ", ""), (name, key)

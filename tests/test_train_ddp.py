@@ -57,13 +57,13 @@ from vitkit.train.recipes import resolve
 from vitkit.train.run import run
 
 model_args, out = %r, Path(sys.argv[1])
-recipe = resolve("digits", overrides={"model_args": model_args, "steps": 1, "batch_size": 8, "threads": 1,
-                                      "run_dir": str(out / "first")})
+recipe = resolve("digits", overrides={"model": {"args": model_args}, "schedule": {"steps": 1, "batch_size": 8},
+                                      "run": {"threads": 1, "dir": str(out / "first")}})
 run(recipe)
 kept = dist.is_initialized()
 reductions, reduce = [], dist.all_reduce  # counted: one per step (metrics, stop and save requests together)
 dist.all_reduce = lambda *args, **kwargs: reductions.append(1) or reduce(*args, **kwargs)
-run(recipe.replace(run_dir=str(out / "second"), steps=3))  # a run directory holds one run
+run(recipe.replace(run={"dir": str(out / "second")}, schedule={"steps": 3}))  # a run directory holds one run
 dist.all_reduce = reduce
 code = main(["train", "--model-args", json.dumps(model_args), "--steps", "1", "--batch-size", "8", "--threads", "1",
              "--run-dir", str(out / "cli")])

@@ -205,7 +205,7 @@ def test_a_rank_dying_while_a_checkpoint_is_written_leaves_the_earlier_ones_whol
 
     found = list_checkpoints(run_dir)
     assert run_dir / "checkpoints" / "step-00000002" in found
-    recipe = Recipe.from_dict(read_config_file(run_dir / "recipe.json")).replace(run_dir=str(tmp_path / "loader"))
+    recipe = Recipe.from_dict(read_config_file(run_dir / "recipe.json")).replace(run={"dir": str(tmp_path / "loader")})
     experiment = prepare(recipe)
     for path in found:  # whole: each loads into a model and optimiser of the run, at its step
         state = load_checkpoint(path, experiment.trainer.model, experiment.trainer.optimizer)

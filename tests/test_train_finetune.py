@@ -26,7 +26,8 @@ def _pretrained(path):
 
 def test_checkpoint_prepared_for_finetuning(tmp_path):
     source = _pretrained(tmp_path / "pre")
-    recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=16, dataset="digits"))
+    recipe = resolve("paper-finetune", overrides=dict(model=dict(init=str(tmp_path / "pre"), image_size=16),
+                                                      data=dict(dataset="digits")))
     model = build_model(recipe, [str(d) for d in range(10)], DIGITS)
     assert model.config.image_size == (16, 16) and model.config.grid_size == (8, 8)
     expected = resample_with_prefix(source.pos_embed.weight, 1, (4, 4), (8, 8), "bicubic")
@@ -35,17 +36,19 @@ def test_checkpoint_prepared_for_finetuning(tmp_path):
     assert model.head.out_features == 10 and not model.head.weight.any() and not model.head.bias.any()
     torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)
 
-    trainer = prepare(recipe.replace(steps=1000, batch_size=16, run_dir=str(tmp_path / "ft"))).trainer
+    trainer = prepare(recipe.replace(schedule=dict(steps=1000, batch_size=16),
+                                     run=dict(dir=str(tmp_path / "ft")))).trainer
     assert isinstance(trainer.optimizer, torch.optim.SGD)
     assert all(group["weight_decay"] == 0.0 and group["momentum"] == 0.9 for group in trainer.optimizer.param_groups)
-    assert trainer.lr_at(500) == recipe.lr and trainer.lr_at(250) == recipe.lr / 2  # 500 warm-up steps
+    assert trainer.lr_at(500) == recipe.optim.lr and trainer.lr_at(250) == recipe.optim.lr / 2  # 500 warm-up steps
 
 
 def test_finetuned_model_is_saved_at_the_new_resolution(tmp_path):
     _pretrained(tmp_path / "pre")
     recipe = resolve("paper-finetune", overrides=dict(
-        init=str(tmp_path / "pre"), dataset="digits", image_size=16, steps=3, batch_size=16, warmup_steps=1,
-        lr=0.01, run_dir=str(tmp_path / "ft"), threads=1))
+        model=dict(init=str(tmp_path / "pre"), image_size=16), data=dict(dataset="digits"),
+        schedule=dict(steps=3, batch_size=16, warmup_steps=1), optim=dict(lr=0.01),
+        run=dict(dir=str(tmp_path / "ft"), threads=1)))
     summary = run(recipe)
     saved = vitkit.load(tmp_path / "ft" / "model")
     assert saved.config.image_size == (16, 16) and saved.pos_embed.weight.shape == (1, 1 + 64, 16)
@@ -64,8 +67,10 @@ def test_finetuning_normalises_as_the_checkpoint_was_trained(tmp_path):
     source = _pretrained(tmp_path / "pre")
     source.config = source.config.replace(provenance=Provenance(normalization="imagenet"))  # as torchvision's
     source.save(tmp_path / "pre")
-    recipe = resolve("paper-finetune", overrides=dict(init=str(tmp_path / "pre"), image_size=16, dataset="digits"))
+    recipe = resolve("paper-finetune", overrides=dict(model=dict(init=str(tmp_path / "pre"), image_size=16),
+                                                      data=dict(dataset="digits")))
     classes = [str(d) for d in range(10)]
     assert build_model(recipe, classes, DIGITS).config.provenance.normalization == "imagenet"
-    assert build_model(recipe.replace(normalization="google"), classes, DIGITS).config.provenance.normalization == "google"
+    google = recipe.replace(augment={"normalization": "google"})
+    assert build_model(google, classes, DIGITS).config.provenance.normalization == "google"
     assert build_model(resolve("digits"), classes, DIGITS).config.provenance.normalization == "google"  # a fresh model

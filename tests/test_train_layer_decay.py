@@ -101,8 +101,8 @@ def test_finetuning_with_layer_decay_resumes_bit_exact(tmp_path):
     the step-3 checkpoint and resumed, it ends as the straight run. Each group learns at 0.2 * 0.5 ** (3 - layer)."""
     vitkit.create_model(vitkit.ViTConfig(image_size=8, patch_size=2, dim=16, depth=2, num_heads=2, mlp_dim=32,
                                          in_chans=1, num_classes=5)).save(tmp_path / "pretrained")
-    recipe = dict(init=str(tmp_path / "pretrained"), model_args=dict(dropout=0.1, drop_path=0.1), optimizer="sgd",
-                  lr=0.2, schedule="constant", layer_decay=0.5)
+    recipe = dict(model=dict(init=str(tmp_path / "pretrained"), args=dict(dropout=0.1, drop_path=0.1)),
+                  optim=dict(optimizer="sgd", lr=0.2, layer_decay=0.5), schedule=dict(decay="constant"))
     straight = prepare(tiny_recipe(tmp_path / "straight", **recipe)).trainer
     straight.fit()
     interrupted = prepare(tiny_recipe(tmp_path / "resumed", **recipe)).trainer

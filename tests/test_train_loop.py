@@ -15,12 +15,13 @@ TINY = dict(patch_size=2, dim=16, depth=2, num_heads=2, mlp_dim=32, in_chans=1)
 
 
 def tiny_recipe(run_dir, **changes) -> Recipe:
-    """Digits with every source of randomness on: dropout, drop-path, RandAugment, Mixup, EMA."""
-    base = Recipe(dataset="digits", image_size=8, model_args=dict(TINY, dropout=0.1, drop_path=0.1),
-                  transform="pretrain", crop_scale=(0.5, 1.0), aug_level="light2", hflip=False,
-                  steps=8, batch_size=32, accum_steps=2, lr=3e-3, warmup_steps=2, ema_decay=0.9,
-                  checkpoint_every=3, eval_every=4, keep_last=5, log_every=1, threads=1,
-                  run_dir=str(run_dir))
+    """Digits with every source of randomness on: dropout, drop-path, RandAugment, Mixup, EMA; ``changes`` by
+    section (``optim={"lr": 0.1}``)."""
+    base = Recipe(model=dict(image_size=8, args=dict(TINY, dropout=0.1, drop_path=0.1)), data=dict(dataset="digits"),
+                  augment=dict(transform="pretrain", crop_scale=(0.5, 1.0), aug_level="light2", hflip=False),
+                  schedule=dict(steps=8, batch_size=32, accum_steps=2, warmup_steps=2),
+                  optim=dict(lr=3e-3, ema_decay=0.9),
+                  run=dict(checkpoint_every=3, eval_every=4, keep_last=5, log_every=1, threads=1, dir=str(run_dir)))
     return base.replace(**changes)
 
 
@@ -49,7 +50,7 @@ def test_resume_after_interruption_is_bit_exact(tmp_path):
         interrupted.fit()
     assert [p.name for p in list_checkpoints(tmp_path / "resumed")] == ["step-00000003"]
 
-    resumed = prepare(tiny_recipe(tmp_path / "resumed", seed=0)).trainer
+    resumed = prepare(tiny_recipe(tmp_path / "resumed", run={"seed": 0})).trainer
     resumed.fit(resume=True)
     assert resumed.step == straight.step == 8
     ours, theirs = state(resumed), state(straight)
@@ -66,7 +67,7 @@ def test_resume_after_interruption_is_bit_exact(tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
-    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=2, ema_decay=0.0)).trainer
+    trainer = prepare(tiny_recipe(tmp_path, run={"checkpoint_every": 2}, optim={"ema_decay": 0.0})).trainer
     objective = trainer.objective
 
     def poisoned(model, batch):
@@ -86,10 +87,11 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 
 def test_gradient_accumulation_matches_the_large_batch(tmp_path):
     # SGD is linear in the gradient, so float-rounding differences stay as small as they start
-    plain = dict(model_args=TINY, aug_level="none", transform="eval", ema_decay=0.0, steps=3, optimizer="sgd",
-                 lr=0.5, checkpoint_every=0, eval_every=0, val_fraction=0.0)
-    one = prepare(tiny_recipe(tmp_path / "a", accum_steps=1, **plain)).trainer
-    four = prepare(tiny_recipe(tmp_path / "b", accum_steps=4, **plain)).trainer
+    plain = dict(model={"args": TINY}, augment={"aug_level": "none", "transform": "eval"},
+                 optim={"ema_decay": 0.0, "optimizer": "sgd", "lr": 0.5}, run={"checkpoint_every": 0, "eval_every": 0},
+                 data={"val_fraction": 0.0})
+    one = prepare(tiny_recipe(tmp_path / "a", schedule={"steps": 3, "accum_steps": 1}, **plain)).trainer
+    four = prepare(tiny_recipe(tmp_path / "b", schedule={"steps": 3, "accum_steps": 4}, **plain)).trainer
     one.fit()
     four.fit()
     for a, b in zip(one.model.parameters(), four.model.parameters()):
@@ -97,7 +99,7 @@ def test_gradient_accumulation_matches_the_large_batch(tmp_path):
 
 
 def test_keep_last_checkpoints_and_best(tmp_path):
-    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=2, keep_last=2)).trainer
+    trainer = prepare(tiny_recipe(tmp_path, run={"checkpoint_every": 2, "keep_last": 2})).trainer
     trainer.fit()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000006", "step-00000008"]
     assert (tmp_path / "best" / "model.safetensors").is_file()
@@ -140,8 +142,9 @@ def test_activation_checkpointing_gives_the_same_gradients():
 def test_bf16_autocast_runs_and_stays_close_to_fp32(tmp_path):
     norms = {}  # the zero-initialised head makes the first loss ln(10) either way; its gradient differs
     for precision in ("fp32", "bf16"):
-        trainer = prepare(tiny_recipe(tmp_path / precision, precision=precision, steps=1, checkpoint_every=0,
-                                      eval_every=0, model_args=TINY, aug_level="none")).trainer
+        trainer = prepare(tiny_recipe(tmp_path / precision, run={"precision": precision, "checkpoint_every": 0,
+                                                                  "eval_every": 0}, schedule={"steps": 1},
+                                      model={"args": TINY}, augment={"aug_level": "none"})).trainer
         norms[precision] = trainer._train_step(iter(trainer.batches(0)))["train/grad_norm"]
     assert norms["fp32"] != norms["bf16"]
     assert norms["bf16"] == pytest.approx(norms["fp32"], rel=0.05)
@@ -149,7 +152,8 @@ def test_bf16_autocast_runs_and_stays_close_to_fp32(tmp_path):
 
 def test_metrics_go_to_json_lines_and_tensorboard(tmp_path):
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    trainer = prepare(tiny_recipe(tmp_path, steps=3, checkpoint_every=0, eval_every=0, log_every=1)).trainer
+    trainer = prepare(tiny_recipe(tmp_path, schedule={"steps": 3},
+                                  run={"checkpoint_every": 0, "eval_every": 0, "log_every": 1})).trainer
     trainer.fit()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train/loss"] for r in records if "train/loss" in r]
@@ -163,7 +167,8 @@ def test_metrics_go_to_json_lines_and_tensorboard(tmp_path):
 
 
 def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=2, eval_every=0, ema_decay=0.0)).trainer
+    trainer = prepare(tiny_recipe(tmp_path, run={"checkpoint_every": 2, "eval_every": 0},
+                                  optim={"ema_decay": 0.0})).trainer
     real_save, calls = torch.save, []
 
     def disk_full_on_second_save(obj, path):
@@ -176,15 +181,17 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypat
         trainer.fit()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002"]  # no debris
-    resumed = prepare(tiny_recipe(tmp_path, checkpoint_every=2, eval_every=0, ema_decay=0.0)).trainer
+    resumed = prepare(tiny_recipe(tmp_path, run={"checkpoint_every": 2, "eval_every": 0},
+                                  optim={"ema_decay": 0.0})).trainer
     assert resumed.resume() and resumed.step == 2
 
 
 def test_gradients_are_clipped_at_the_global_norm(tmp_path):
     """With plain SGD (lr 1, first step) the update is the clipped gradient: its global norm is the clip."""
-    trainer = prepare(tiny_recipe(tmp_path, optimizer="sgd", lr=1.0, warmup_steps=0, schedule="constant",
-                                  weight_decay=0.0, clip_norm=0.01, steps=1, model_args=TINY,
-                                  aug_level="none", ema_decay=0.0)).trainer
+    trainer = prepare(tiny_recipe(tmp_path, optim=dict(optimizer="sgd", lr=1.0, weight_decay=0.0, clip_norm=0.01,
+                                                       ema_decay=0.0),
+                                  schedule=dict(warmup_steps=0, decay="constant", steps=1), model={"args": TINY},
+                                  augment={"aug_level": "none"})).trainer
     before = [p.detach().clone() for p in trainer.model.parameters()]
     metrics = trainer._train_step(iter(trainer.batches(0)))
     change = torch.cat([(p.detach() - b).flatten() for p, b in zip(trainer.model.parameters(), before)])
@@ -222,8 +229,8 @@ def test_generators_restore_per_rank_and_from_one_rank_files(tmp_path):
 def test_checkpoints_by_wall_time(tmp_path, minutes, expected):
     """``checkpoint_minutes`` alone (no step interval): a checkpoint whenever that much time has passed
     (here: after every step), and with both off only the final one."""
-    trainer = prepare(tiny_recipe(tmp_path, checkpoint_every=0, checkpoint_minutes=minutes, keep_last=0,
-                                  eval_every=0)).trainer
+    trainer = prepare(tiny_recipe(tmp_path, run=dict(checkpoint_every=0, checkpoint_minutes=minutes, keep_last=0,
+                                                     eval_every=0))).trainer
     trainer.fit()
     assert [int(p.name.split("-")[1]) for p in list_checkpoints(tmp_path)] == expected
 

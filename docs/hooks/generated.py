@@ -10,7 +10,6 @@ the benchmarks page quotes the measured numbers as the benchmark scripts wrote t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -61,10 +60,10 @@ def cli_reference() -> str:
     """Markdown for the ``vitkit`` parser and every (nested) subcommand, in the order ``vitkit --help`` lists them."""
     sys.path.insert(0, str(ROOT / "src"))
     from vitkit.cli import build_parser
-    from vitkit.train.recipes import Recipe
+    from vitkit.declare import flag_defaults
+    from vitkit.train.recipes import SECTIONS
 
-    recipe_defaults = {field.name: field.default_factory() if field.default_factory is not dataclasses.MISSING
-                       else field.default for field in dataclasses.fields(Recipe)}
+    recipe_defaults = flag_defaults(SECTIONS.items())
     return "\n\n".join(command_section(name, parser, recipe_defaults) for name, parser in commands("vitkit",
                                                                                                   build_parser()))
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..checkpoints import load
 from ..classnames import escape_name
 from ..data import ALL, RESIZE_MODES, SPLITS
 from ..data.splits import SUITE_SPLITS
-from ..errors import ConfigError, parse_json
+from ..declare import Float, Int, reader
+from ..errors import parse_json
 from ..evaluate.accuracy import DEFAULT_VAL_FRACTION
 from ..models.config import pair
 from ..runtime import PRECISIONS
-from ..train.recipes import IMAGE_SIZE_FORMS, Rule, at_least, fraction, image_size
+from ..train.recipes import IMAGE_SIZE
 from ..train.records import recorded_data
 
 
@@ -88,35 +87,18 @@ def checkpoint_flags(parser: argparse.ArgumentParser, help: str = "anything vitk
     override_flags(parser)
 
 
-def checked(kind: type, rule: Rule) -> Callable[[str], typing.Any]:
-    """An argparse type: the text read as ``kind`` and held to ``rule``, one of the recipe's, so that a rule
-    is stated once for the recipe field and for every flag of the same kind."""
-    holds, expected = rule
-
-    def parse(text: str) -> typing.Any:
-        value = kind(text)
-        if kind is int and not -2**63 <= value < 2**63:  # what torch and numpy take
-            raise argparse.ArgumentTypeError(f"expected a 64-bit integer, got {text}")
-        if not holds(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
-    return parse
-
-
-positive = checked(int, at_least(1))
-count = checked(int, at_least(0))
-unit_fraction = checked(float, fraction(open_top=True))
-positive_number = checked(float, ((lambda value: 0 < value < math.inf), "a positive number"))
-finite_number = checked(float, (math.isfinite, "a finite number"))
-regularizer = checked(float, ((lambda value: 0 <= value < math.inf), "a finite number >= 0"))
+positive = reader(Int(1))
+count = reader(Int(0))
+unit_fraction = reader(Float(0, 1, high_open=True))
+positive_number = reader(Float(0, low_open=True))
+finite_number = reader(Float())
+regularizer = reader(Float(0))
 MAX_SEEDS = 1000  # few-shot repeats: each fits every shot count again
-seed_repeats = checked(int, ((lambda value: 1 <= value <= MAX_SEEDS), f"an int in 1..{MAX_SEEDS}"))
+seed_repeats = reader(Int(1, MAX_SEEDS))
 # Patches per image of a NaFlex batch: every image is padded to this many, so it bounds the batch's memory
 # (16384 patches of 16 px hold a 2048 x 2048 image; SigLIP 2 was trained with up to 1024).
 MAX_PATCHES_LIMIT = 16384
-patch_budget = checked(int, ((lambda value: 1 <= value <= MAX_PATCHES_LIMIT), f"an int in 1..{MAX_PATCHES_LIMIT}"))
+patch_budget = reader(Int(1, MAX_PATCHES_LIMIT))
 
 
 def json_object(text: str) -> dict:
@@ -132,10 +114,7 @@ def json_object(text: str) -> dict:
 
 def image_size_type(text: str) -> tuple[int, int]:
     """``224`` or ``384x512`` (height x width), in pixels, read as a recipe's ``image_size`` is."""
-    try:
-        return pair(image_size(text))
-    except ConfigError:
-        raise argparse.ArgumentTypeError(f"expected {IMAGE_SIZE_FORMS}, got {text!r}") from None
+    return pair(reader(IMAGE_SIZE)(text))
 
 
 SPLIT_CHOICES = (*SPLITS, *SUITE_SPLITS, ALL)

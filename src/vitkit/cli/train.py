@@ -4,19 +4,14 @@ file and one flag per recipe field), then trained."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import textwrap
-import typing
-from pathlib import Path
 
-from ..errors import ConfigError
 from ..train.distributed import leave
 from ..train.launch import train
-from ..train.recipes import (DEFAULT_PRESETS, FIELD_HELP, RECIPE_PRESETS, Recipe, field_types, merge,
-                             read_config_file, resolve)
-from ..train.run import RECIPE_FILE
-from .flags import image_size_type, override_flags, print_table, runtime_flags
+from ..declare import FLAG_PREFIX, help_of
+from ..train.recipes import DEFAULT_PRESETS, MODEL_ARGS_FLAG, RECIPE_PRESETS, Model, add_recipe_flags, recipe_from_args
+from .flags import override_flags, print_table, runtime_flags
 
 EXAMPLES: dict[str, tuple[str, str | None]] = {
     "train": ("Train a ViT from a recipe: a preset, a --config file and flags (no flags: digits).",
@@ -43,7 +38,8 @@ def _presets_epilog() -> str:
     """The end of the training commands' help: every preset with its values, one paragraph each."""
 
     def shown(value: object) -> str:
-        return "(" + " ".join(f"{k}={v}" for k, v in value.items()) + ")" if isinstance(value, dict) else str(value)
+        return "(" + " ".join(f"{k}={shown(v)}" for k, v in value.items()) + ")" if isinstance(value, dict) \
+            else str(value)
 
     paragraphs = [textwrap.fill(f"{name}: " + ", ".join(f"{key}={shown(value)}" for key, value in values.items()),
                                 width=100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
@@ -68,8 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         parser_.add_argument("--resume", action="store_true",
                              help="continue the run in --run-dir from its last checkpoint")
         runtime_flags(parser_, precision=False)  # --precision is a recipe field
-        _recipe_flags(parser_)
-        parser_.set_defaults(run=run, **({"objective": "mpp"} if name == "pretrain" else {}))
+        groups = add_recipe_flags(parser_)
+        override_flags(groups["model"], dest=MODEL_ARGS_FLAG, json_alias=True, help=help_of(Model, "args"))
+        parser_.set_defaults(run=run, **({FLAG_PREFIX + "objective.kind": "mpp"} if name == "pretrain" else {}))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,56 +85,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
     return 0
-
-
-def recipe_from_args(args: argparse.Namespace):
-    """The recipe a train/finetune command line describes; ``--resume`` starts from the run's own
-    ``recipe.json`` so that the continued run is the same run."""
-    overrides = {k: v for k, v in vars(args).items() if k not in _NOT_RECIPE}
-    if getattr(args, "checkpoint", None):
-        overrides["init"] = args.checkpoint
-    saved = Path(overrides.get("run_dir", "")) / RECIPE_FILE
-    if args.resume and "run_dir" in overrides and saved.is_file():
-        return Recipe.from_dict(merge(read_config_file(saved), overrides), str(saved))
-    if args.resume:
-        raise ConfigError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
-    return resolve(args.preset, args.config, overrides)
-
-
-_NOT_RECIPE = {"command", "run", "preset", "config", "resume", "checkpoint", "debug", "device"}
-# Short forms, and the names a timm user would type, of some recipe fields' flags.
-FLAG_ALIASES = {"batch_size": ("-b",), "num_workers": ("-j",), "label_smoothing": ("--smoothing",),
-                "optimizer": ("--opt",), "schedule": ("--sched",)}
-
-
-def _recipe_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--field`` flag per recipe field, in the help group of its concern, typed by its annotation;
-    unset flags leave the preset alone. ``model_args`` are given by ``--set`` or ``--model-args``."""
-    hints = field_types()
-    defaults = {item.name: item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-                for item in dataclasses.fields(Recipe)}
-    for concern, helps in FIELD_HELP.items():
-        group = parser.add_argument_group(f"recipe: {concern}")
-        for name, help in helps.items():
-            default, kind = defaults[name], hints[name]
-            flag = ("--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ()))
-            if name == "model_args":
-                override_flags(group, dest=name, json_alias=True, help=help)
-            elif name == "image_size":
-                group.add_argument(*flag, type=image_size_type, default=argparse.SUPPRESS, metavar="HxW", help=help)
-            elif typing.get_origin(kind) is typing.Literal:
-                group.add_argument(*flag, choices=typing.get_args(kind), default=argparse.SUPPRESS, help=help)
-            elif isinstance(default, bool):
-                group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help)
-            elif isinstance(default, tuple):
-                group.add_argument(*flag, type=float, nargs=len(default), default=argparse.SUPPRESS, metavar="X",
-                                   help=help)
-            else:
-                kind = type(default) if default is not None else _not_none(kind)
-                group.add_argument(*flag, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
-                                   help=help)
-
-
-def _not_none(kind: typing.Any) -> type:
-    """What a flag of an ``X | None`` recipe field reads: an X (null is the field's default, off)."""
-    return next(arg for arg in typing.get_args(kind) if arg is not type(None))

@@ -7,13 +7,14 @@ Behaviour comes from these fields, never from subclasses, so a checkpoint is ful
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..declare import (Bool, Choice, FieldError, Float, Int, Invalid, Items, Maybe, Parsed, Text, check_fields,
+                       check_keys, refuse, require, setting)
 from ..errors import ConfigError, abridged, parse_json
 from ..normalization import NORMALIZATION, normalization
 
@@ -61,12 +62,20 @@ def is_real(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-CROP_PCT = "a number in (0, 1]"  # what a crop fraction must be, for the messages of every check of one
+CROP_FRACTION = Float(0, 1, low_open=True)  # the share of the resized image that evaluation centre-crops
+CROP_PCT = CROP_FRACTION.expected  # what a crop fraction must be, for the messages of every check of one
 
 
 def is_crop_pct(value: Any) -> bool:
     """Whether ``value`` is a crop fraction: the share of the resized image that evaluation centre-crops."""
-    return is_real(value) and 0 < value <= 1
+    try:
+        CROP_FRACTION.accept(value)
+    except Invalid:
+        return False
+    return True
+
+
+SIZE = "an int or a (height, width) pair of ints"
 
 
 def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -75,18 +84,18 @@ def pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
         return (value, value)
     if isinstance(value, tuple | list) and len(value) == 2 and all(is_int(side) for side in value):
         return (value[0], value[1])
-    raise ConfigError(f"invalid ViTConfig: image_size={value!r}, expected an int or a (height, width) pair of ints")
+    raise ConfigError(f"image_size: expected {SIZE}, got {abridged(value)}")
 
 
-def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
-    """Refuse keys that are not fields of dataclass ``cls``, naming them, the fields close to each
-    (``dpeth``: depth) and the expected ones."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        close = {key: difflib.get_close_matches(key, known, n=2) for key in unknown}
-        hints = "".join(f"; {key}: did you mean {' or '.join(near)}?" for key, near in close.items() if near)
-        raise ConfigError(f"unknown {what} keys {unknown}{hints}; expected a subset of {sorted(known)}")
+def positive_pair(value: Any) -> tuple[int, int]:
+    """``image_size`` as (height, width), each side >= 1."""
+    size = pair(value)
+    if min(size) < 1:
+        raise Invalid(POSITIVE_SIZE)
+    return size
+
+
+POSITIVE_SIZE = f"{SIZE}, each >= 1"
 
 
 @dataclass
@@ -95,28 +104,19 @@ class Provenance:
     beside the architecture, so that evaluation, prediction and export treat the weights as they were
     trained."""
 
-    name: str | None = None  # the named variant, e.g. "ViT-B/16"
-    format: str | None = None  # the file format the weights were first read from (None: made by vitkit)
-    source: str | None = None  # that file, directory or hub id
-    normalization: str = "google"  # input statistics, a family of vitkit.normalization
-    classes: tuple[str, ...] | None = None  # class names, one per output of the head
-    crop_pct: float = 1.0  # evaluation: resize the shorter side to size / crop_pct, then centre-crop
+    name: str | None = setting(None, Maybe(Text()), "the named variant, e.g. ViT-B/16")
+    format: str | None = setting(None, Maybe(Text()), "the file format the weights were first read from (null: made "
+                                 "by vitkit)")
+    source: str | None = setting(None, Maybe(Text()), "that file, directory or hub id")
+    normalization: str = setting("google", Choice(tuple(NORMALIZATION)), "input statistics, a family of "
+                                 "vitkit.normalization")
+    classes: tuple[str, ...] | None = setting(None, Maybe(Items(Text(), says="a list of strings")),
+                                              "class names, one per output of the head")
+    crop_pct: float = setting(1.0, CROP_FRACTION, "evaluation: resize the shorter side to size / "
+                              "crop_pct, then centre-crop")
 
     def __post_init__(self) -> None:
-        if isinstance(self.classes, list):
-            self.classes = tuple(self.classes)
-        for name in ("name", "format", "source"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"invalid provenance: {name}={value!r}, expected a string or null")
-        if not (isinstance(self.normalization, str) and self.normalization in NORMALIZATION):
-            raise ConfigError(f"invalid provenance: normalization={self.normalization!r}, expected one of "
-                              f"{list(NORMALIZATION)}")
-        if self.classes is not None and not (isinstance(self.classes, tuple)
-                                             and all(isinstance(c, str) for c in self.classes)):
-            raise ConfigError(f"invalid provenance: classes={self.classes!r}, expected a list of strings or null")
-        if not is_crop_pct(self.crop_pct):
-            raise ConfigError(f"invalid provenance: crop_pct={self.crop_pct!r}, expected {CROP_PCT}")
+        check_fields(self, "ViTConfig", "provenance")
 
     def replace(self, **changes: Any) -> "Provenance":
         """A copy with ``changes`` (the fields of a dataclass, checked again)."""
@@ -125,163 +125,129 @@ class Provenance:
     @classmethod
     def from_dict(cls, data: Any) -> "Provenance":
         """The provenance that ``data`` (a config.json's ``provenance`` object) describes; unknown keys are refused."""
-        check_keys(cls, data, "provenance")
+        if not isinstance(data, dict):
+            raise refuse("ViTConfig", "provenance", "a JSON object", data)
+        check_keys(data, FIELDS[cls], "ViTConfig", "provenance")
         return cls(**data)
 
 
 @dataclass
 class ViTConfig:
-    """Hyper-parameters of a ViT (paper table 1 plus the options of its ablations)."""
+    """Hyper-parameters of a ViT (paper table 1 plus the options of its ablations), each declared with its kind
+    and range (``vitkit.declare``); a bad value raises ``ConfigError`` of one shape:
+    ``ViTConfig: depth: expected an int in [1, 4096], got 0`` (``config.json: ...`` when read from one)."""
 
-    image_size: tuple[int, int] = (224, 224)
-    patch_size: int = 16
-    in_chans: int = 3
-    num_classes: int = 1000
-    dim: int = 768
-    depth: int = 12
-    num_heads: int = 12
-    mlp_dim: int = 3072
-    qkv_bias: bool = True
-    class_token: bool = True
+    image_size: tuple[int, int] = setting((224, 224), Parsed(positive_pair, POSITIVE_SIZE), "input size, H or (H, W)")
+    patch_size: int = setting(16, Int(1), "side of a square patch, in pixels (of the feature map for a hybrid)")
+    in_chans: int = setting(3, Int(1), "input channels")
+    num_classes: int = setting(1000, Int(0), "outputs of the head (0: none, the pooled features)")
+    dim: int = setting(768, Int(1), "width D of every token")
+    depth: int = setting(12, Int(1, MOST_MODULES["depth"]), "transformer blocks")
+    num_heads: int = setting(12, Int(1), "attention heads")
+    mlp_dim: int = setting(3072, Int(1), "hidden width of each block's MLP")
+    qkv_bias: bool = setting(True, Bool(), "biases of the query, key and value projections")
+    class_token: bool = setting(True, Bool(), "a learned [class] token before the patches")
     # Options of the families built on this skeleton, each off by default (DESIGN.md section 5).
-    dist_token: bool = False  # DeiT: a distillation token after [class], its own head, both heads averaged
-    reg_tokens: int = 0  # register tokens after the [class] token (DINOv2-reg), dropped at the output
-    no_embed_class: bool = False  # the position table covers the patches only; prefix tokens get none
-    pre_norm: bool = False  # a LayerNorm on the embedded tokens before the first block (CLIP)
-    patch_bias: bool = True  # bias of the patch projection (CLIP has none)
-    layer_scale: float | None = None  # LayerScale: residual branches scaled per channel, from this init
-    qk_norm: bool = False  # LayerNorm on each head's queries and keys
-    mlp: str = "gelu"
+    dist_token: bool = setting(False, Bool(), "DeiT: a distillation token after [class], its own head, both heads "
+                               "averaged")
+    reg_tokens: int = setting(0, Int(0, MOST_MODULES["reg_tokens"]), "register tokens after the [class] token "
+                              "(DINOv2-reg), dropped at the output")
+    no_embed_class: bool = setting(False, Bool(), "the position table covers the patches only; prefix tokens get "
+                                   "none")
+    pre_norm: bool = setting(False, Bool(), "a LayerNorm on the embedded tokens before the first block (CLIP)")
+    patch_bias: bool = setting(True, Bool(), "bias of the patch projection (CLIP has none)")
+    layer_scale: float | None = setting(None, Maybe(Float()), "LayerScale: residual branches scaled per channel, "
+                                        "from this init")
+    qk_norm: bool = setting(False, Bool(), "LayerNorm on each head's queries and keys")
+    mlp: str = setting("gelu", Choice(MLPS), "the MLP's form")
     # Options of the families of 2023-25 (EVA-02, Perception Encoder, RoPE-ViT, DINOv3, AIMv2), off by default.
-    norm: str = "layer"  # every norm a LayerNorm, or "rms" (AIMv2)
-    patch_norm: bool = False  # a norm on the patch embeddings, before the prefix tokens (AIMv2)
-    k_bias: bool = True  # with qkv_bias: False holds the keys' bias at zero (EVA, DINOv3 keep only q and v biases)
-    proj_bias: bool = True  # biases of the attention output projection and of the MLP (AIMv2 has none)
-    mlp_norm: bool = False  # sub-LN: a norm on the MLP's hidden activations before fc2 (EVA-02 B/L)
-    attn_norm: bool = False  # sub-LN: a norm on the attention heads' output before proj (EVA-02 CLIP)
-    rope: str = "none"
-    rope_grid: str = "index"
-    rope_theta: float = 10000.0  # frequencies theta^(-j / (head_dim / 4)), j < head_dim / 4, per axis
-    rope_ref_grid: int | None = None  # index coordinates rescaled so that the grid spans this many cells (EVA)
-    rope_offset: float = 0.0  # added to every index coordinate (PE: 1)
-    rope_xy: bool = False  # the column (x) coordinate takes the first half of the frequencies, else the row
-    rope_half: bool = False  # rotate the two halves of each head against each other, else neighbouring pairs
-    pool_heads: int | None = None  # heads of the attention pool (pool='map'); None: num_heads (PE: 8)
-    pool_mlp_dim: int | None = None  # width of the attention pool's MLP; None: mlp_dim (PE-G: 4 D); 0: none (AIMv2)
-    pool_prefix: bool = False  # pooling ('gap', 'map') takes the prefix tokens too, not the patches alone (PE)
-    pool: str = "token"
-    fc_norm: bool = False  # LayerNorm after pooling instead of on every token (timm's fc_norm)
-    pos_embed: str = "learned"
+    norm: str = setting("layer", Choice(NORMS), "every norm a LayerNorm, or rms (AIMv2)")
+    patch_norm: bool = setting(False, Bool(), "a norm on the patch embeddings, before the prefix tokens (AIMv2)")
+    k_bias: bool = setting(True, Bool(), "with qkv_bias: false holds the keys' bias at zero (EVA, DINOv3 keep only "
+                           "q and v biases)")
+    proj_bias: bool = setting(True, Bool(), "biases of the attention output projection and of the MLP (AIMv2 has "
+                              "none)")
+    mlp_norm: bool = setting(False, Bool(), "sub-LN: a norm on the MLP's hidden activations before fc2 (EVA-02 B/L)")
+    attn_norm: bool = setting(False, Bool(), "sub-LN: a norm on the attention heads' output before proj (EVA-02 "
+                              "CLIP)")
+    rope: str = setting("none", Choice(ROPES), "rotary position embeddings of the patch tokens")
+    rope_grid: str = setting("index", Choice(ROPE_GRIDS), "the patch coordinates RoPE turns")
+    rope_theta: float = setting(10000.0, Float(1, low_open=True), "frequencies theta^(-j / (head_dim / 4)), "
+                                "j < head_dim / 4, per axis")
+    rope_ref_grid: int | None = setting(None, Maybe(Int(1)), "index coordinates rescaled so that the grid spans "
+                                        "this many cells (EVA)")
+    rope_offset: float = setting(0.0, Float(-1e6), "added to every index coordinate (PE: 1)")
+    rope_xy: bool = setting(False, Bool(), "the column (x) coordinate takes the first half of the frequencies, else "
+                            "the row")
+    rope_half: bool = setting(False, Bool(), "rotate the two halves of each head against each other, else "
+                              "neighbouring pairs")
+    pool_heads: int | None = setting(None, Maybe(Int(1)), "heads of the attention pool (pool='map'); null: "
+                                     "num_heads (PE: 8)")
+    pool_mlp_dim: int | None = setting(None, Maybe(Int(0)), "width of the attention pool's MLP; null: mlp_dim "
+                                       "(PE-G: 4 D); 0: none (AIMv2)")
+    pool_prefix: bool = setting(False, Bool(), "pooling (gap, map) takes the prefix tokens too, not the patches "
+                                "alone (PE)")
+    pool: str = setting("token", Choice(POOLINGS), "what the head reads: the [class] token, the mean of the "
+                        "patches, or an attention pool")
+    fc_norm: bool = setting(False, Bool(), "LayerNorm after pooling instead of on every token (timm's fc_norm)")
+    pos_embed: str = setting("learned", Choice(POS_EMBEDS), "position embeddings")
     # How a learned table is resampled to another grid; each checkpoint family has its own: Google
     # bilinear with corners aligned (scipy's linear zoom), HF bicubic, timm bicubic with antialias,
     # torchvision bicubic with corners aligned.
-    pos_interp: str = "bicubic"
-    pos_interp_antialias: bool = False
-    pos_interp_align_corners: bool = False
-    representation_size: int | None = None  # pre-logits Linear + tanh of pre-training
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    drop_path: float = 0.0
-    ln_eps: float = 1e-6
-    gelu: str = "exact"
+    pos_interp: str = setting("bicubic", Choice(POS_INTERPS), "how a learned table is resampled to another grid")
+    pos_interp_antialias: bool = setting(False, Bool(), "antialias when resampling the table")
+    pos_interp_align_corners: bool = setting(False, Bool(), "align corners when resampling the table")
+    representation_size: int | None = setting(None, Maybe(Int(1)), "pre-logits Linear + tanh of pre-training")
+    dropout: float = setting(0.0, Float(0, 1, high_open=True), "dropout rate")
+    attn_dropout: float = setting(0.0, Float(0, 1, high_open=True), "dropout rate of the attention weights")
+    drop_path: float = setting(0.0, Float(0, 1, high_open=True), "stochastic depth rate")
+    ln_eps: float = setting(1e-6, Float(0, low_open=True), "epsilon of every norm")
+    gelu: str = setting("exact", Choice(GELUS), "GELU's form")
     # Hybrid (section 3.2): a BiT ResNet whose feature map is cut into patch_size patches. ``backbone``
     # lists the blocks per stage, e.g. (3, 4, 9); () is the stem alone; None means plain pixel patches.
-    backbone: tuple[int, ...] | None = None
-    backbone_width: int = 64  # channels of the stem; stage i ends with 4 * width * 2**i
-    std_conv: str = "std+eps"
-    std_conv_eps: float = 1e-5
-    gn_groups: int = 32
-    gn_eps: float = 1e-6
+    backbone: tuple[int, ...] | None = setting(None, Maybe(Items(Int(1), says="a list of positive block counts")),
+                                               "blocks per stage of the hybrid's ResNet; null: pixel patches")
+    backbone_width: int = setting(64, Int(1), "channels of the stem; stage i ends with 4 * width * 2**i")
+    std_conv: str = setting("std+eps", Choice(STD_CONVS), "weight standardisation of the hybrid's convolutions")
+    std_conv_eps: float = setting(1e-5, Float(0, low_open=True), "epsilon of the weight standardisation")
+    gn_groups: int = setting(32, Int(1), "GroupNorm groups of the hybrid")
+    gn_eps: float = setting(1e-6, Float(0, low_open=True), "epsilon of the hybrid's GroupNorms")
     provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
-        self.image_size = pair(self.image_size)
-        if isinstance(self.backbone, list | tuple):
-            self.backbone = tuple(self.backbone)
         if isinstance(self.provenance, dict):
             self.provenance = Provenance.from_dict(self.provenance)
-        self._check()
+        require(isinstance(self.provenance, Provenance), SOURCE, "provenance", "a Provenance or a JSON object",
+                self.provenance)
+        check_fields(self, SOURCE)
+        self._check_rules()
 
-    def _check(self) -> None:
-        """Every field's type and range, then the rules between fields; a ConfigError names the field."""
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ConfigError(f"invalid ViTConfig: {message}")
-
-        def count(name: str, low: int) -> None:
-            value = getattr(self, name)
-            need(is_int(value) and value >= low, f"{name}={value!r}, expected an int >= {low}")
-            need(value < 2**63, f"{name}={value!r}, expected a 64-bit int (what torch sizes take)")
-            high = MOST_MODULES.get(name)
-            need(high is None or value <= high, f"{name}={value!r}, expected at most {high} (each is a module built "
-                                                f"before any weight is read)")
-
-        def real(name: str, low: float, high: float | None = None) -> None:
-            value = getattr(self, name)
-            ok = is_real(value) and value >= low and (high is None or value < high)
-            need(ok, f"{name}={value!r}, expected a finite number in [{low}, {high if high is not None else 'inf'})")
-
-        def one_of(name: str, choices: tuple[str, ...]) -> None:
-            need(getattr(self, name) in choices, f"{name}={getattr(self, name)!r}, expected one of {choices}")
-
-        for name in ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "backbone_width", "gn_groups"):
-            count(name, 1)
-        for name in ("num_classes", "reg_tokens"):
-            count(name, 0)
-        for name in ("qkv_bias", "class_token", "fc_norm", "pos_interp_antialias", "pos_interp_align_corners",
-                     "dist_token", "no_embed_class", "pre_norm", "patch_bias", "qk_norm", "patch_norm", "k_bias",
-                     "proj_bias", "mlp_norm", "attn_norm", "rope_xy", "rope_half", "pool_prefix"):
-            need(isinstance(getattr(self, name), bool), f"{name}={getattr(self, name)!r}, expected true or false")
-        for name in ("dropout", "attn_dropout", "drop_path"):
-            real(name, 0.0, 1.0)
-        for name in ("ln_eps", "std_conv_eps", "gn_eps"):
-            real(name, 0.0)
-            need(getattr(self, name) > 0, f"{name}={getattr(self, name)!r}, expected a positive number")
-        need(self.layer_scale is None or is_real(self.layer_scale),
-             f"layer_scale={self.layer_scale!r}, expected null or a finite number")
-        for name, choices in (("pool", POOLINGS), ("pos_embed", POS_EMBEDS), ("gelu", GELUS), ("mlp", MLPS),
-                              ("pos_interp", POS_INTERPS), ("std_conv", STD_CONVS), ("norm", NORMS),
-                              ("rope", ROPES), ("rope_grid", ROPE_GRIDS)):
-            one_of(name, choices)
-        real("rope_offset", -1e6)
-        real("rope_theta", 0.0)
-        need(self.rope_theta > 1, f"rope_theta={self.rope_theta!r}, expected a number > 1")
-        for name, low in (("rope_ref_grid", 1), ("pool_heads", 1), ("pool_mlp_dim", 0)):
-            value = getattr(self, name)
-            need(value is None or (is_int(value) and value >= low), f"{name}={value!r}, expected null or an int >= {low}")
-        size = self.representation_size
-        need(size is None or (is_int(size) and size >= 1),
-             f"representation_size={size!r}, expected null or an int >= 1")
-        need(self.backbone is None or (isinstance(self.backbone, tuple)
-                                       and all(is_int(blocks) and blocks > 0 for blocks in self.backbone)),
-             f"backbone={self.backbone!r}, expected null or a list of positive block counts")
-        need(isinstance(self.provenance, Provenance),
-             f"provenance={self.provenance!r}, expected a Provenance or a JSON object")
+    def _check_rules(self) -> None:
+        """The rules between fields; each refusal names the field to change."""
         classes = self.provenance.classes
-        need(classes is None or len(classes) == self.num_classes,
-             f"{len(classes or ())} class names in provenance for num_classes={self.num_classes}")
-
-        need(self.dim % self.num_heads == 0, f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
-        need(self.pool != "token" or self.class_token, "pool='token' needs class_token=True")
-        need(self.rope == "none" or self.head_dim % 4 == 0,
-             f"rope={self.rope!r} needs a head width (dim / num_heads) divisible by 4, got {self.head_dim}")
-        need(self.pool_heads is None or self.dim % self.pool_heads == 0,
-             f"dim={self.dim} is not divisible by pool_heads={self.pool_heads}")
-        need(not self.dist_token or (self.class_token and self.pool == "token" and not self.fc_norm
-                                     and not (self.representation_size and self.num_classes)),
-             "dist_token=True needs class_token=True, pool='token', fc_norm=False, and no representation_size "
-             "beside a head")
+        require(classes is None or len(classes) == self.num_classes, SOURCE, "provenance.classes",
+                f"{self.num_classes} names, one per class (num_classes)", classes)
+        require(self.dim % self.num_heads == 0, SOURCE, "dim", f"a multiple of num_heads={self.num_heads}", self.dim)
+        require(self.pool != "token" or self.class_token, SOURCE, "pool", "'gap' or 'map' with class_token=False",
+                self.pool)
+        require(self.rope == "none" or self.head_dim % 4 == 0, SOURCE, "num_heads", f"a count that leaves a head "
+                f"width (dim={self.dim} / num_heads) divisible by 4 for rope={self.rope!r}", self.num_heads)
+        require(self.pool_heads is None or self.dim % self.pool_heads == 0, SOURCE, "pool_heads",
+                f"a divisor of dim={self.dim}", self.pool_heads)
+        require(not self.dist_token or (self.class_token and self.pool == "token" and not self.fc_norm
+                                        and not (self.representation_size and self.num_classes)), SOURCE,
+                "dist_token", "false unless class_token=True, pool='token', fc_norm=False, and no "
+                "representation_size beside a head", self.dist_token)
         if self.backbone is not None:
-            need(self.backbone_width % self.gn_groups == 0,
-                 f"backbone_width={self.backbone_width} is not divisible by gn_groups={self.gn_groups}")
+            require(self.backbone_width % self.gn_groups == 0, SOURCE, "backbone_width",
+                    f"a multiple of gn_groups={self.gn_groups}", self.backbone_width)
         stride = self.effective_patch_size
-        need(min(self.image_size) > 0, f"image_size={self.image_size}, expected positive sides")
-        for side in self.image_size:
-            need(side % stride == 0, f"image_size={self.image_size} is not a multiple of "
-                 + (f"patch_size={self.patch_size}" if self.backbone is None
-                    else f"the hybrid's token stride {stride} (backbone stride x patch_size)"))
+        require(all(side % stride == 0 for side in self.image_size), SOURCE, "image_size",
+                f"sides that are multiples of patch_size={self.patch_size}" if self.backbone is None
+                else f"sides that are multiples of the hybrid's token stride {stride} (backbone stride x patch_size)",
+                self.image_size)
         if self.pos_embed in ("learned-2d", "sincos-2d"):
-            need(self.dim % 4 == 0, f"pos_embed={self.pos_embed!r} needs dim divisible by 4, got {self.dim}")
+            require(self.dim % 4 == 0, SOURCE, "dim", f"a multiple of 4 with pos_embed={self.pos_embed!r}", self.dim)
 
     def family_options(self) -> dict[str, Any]:
         """The family options this config turns on (fields of FAMILY_DEFAULTS away from their off value)."""
@@ -322,7 +288,7 @@ class ViTConfig:
     def replace(self, **changes: Any) -> "ViTConfig":
         """A copy with ``changes``; a new ``num_classes`` is a new head, so the old head's class names go
         unless names for the new one come in the same call."""
-        check_keys(ViTConfig, changes, "ViTConfig")
+        check_keys(changes, FIELDS[ViTConfig], SOURCE)
         provenance = changes.get("provenance", self.provenance)
         if (changes.get("num_classes", self.num_classes) != self.num_classes and isinstance(provenance, Provenance)
                 and provenance.classes is not None and provenance.classes == self.provenance.classes):
@@ -340,24 +306,27 @@ class ViTConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ViTConfig":
-        """The config that ``data`` (read from ``source``, named in warnings) describes."""
+    def from_dict(cls, data: dict[str, Any], source: str = "config.json") -> "ViTConfig":
+        """The config that ``data`` (read from ``source``, named in errors and warnings) describes."""
         if not isinstance(data, dict):
-            raise ConfigError(f"invalid ViTConfig: {abridged(data)}, expected a JSON object")
+            raise ConfigError(f"{source}: expected a JSON object of ViTConfig fields, got {abridged(data)}")
         data = {**data}
         if "extra" in data and "provenance" not in data:  # written when provenance was an untyped dict
             data["provenance"] = data.pop("extra")
-        check_keys(cls, data, "ViTConfig")
-        data["provenance"] = _without_stale_classes(data.get("provenance", {}), data.get("num_classes", 1000),
-                                                    source)
-        return cls(**data)
+        try:
+            check_keys(data, FIELDS[cls], source)
+            data["provenance"] = _without_stale_classes(data.get("provenance", {}), data.get("num_classes", 1000),
+                                                        source)
+            return cls(**data)
+        except FieldError as error:
+            raise error.at(source) from None
 
     def to_json(self) -> str:
         """The config as indented JSON with sorted keys: the text of a checkpoint's ``config.json``."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, source: str = "config") -> "ViTConfig":
+    def from_json(cls, text: str, source: str = "config.json") -> "ViTConfig":
         """The config that JSON ``text`` (read from ``source``, named in errors and warnings) describes."""
         return cls.from_dict(parse_json(text), source)
 
@@ -373,3 +342,6 @@ def _without_stale_classes(provenance: Any, num_classes: Any, source: str) -> An
                   f"num_classes={num_classes}; they belonged to an earlier head and are dropped", stacklevel=3)
     return {**provenance, "classes": None}
 
+
+SOURCE = "ViTConfig"  # what a config built in Python is called in its errors
+FIELDS = {cls: [item.name for item in dataclasses.fields(cls)] for cls in (Provenance, ViTConfig)}

@@ -8,8 +8,9 @@ import difflib
 import re
 from typing import Any
 
+from ..declare import check_keys
 from ..errors import ConfigError
-from .config import Provenance, ViTConfig, check_keys
+from .config import FIELDS, SOURCE, Provenance, ViTConfig
 from .vit import VisionTransformer
 
 # size -> (layers, D, MLP, heads): paper table 1, plus Ti and S from DeiT/AugReg.
@@ -160,7 +161,7 @@ def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
 def model_config(name: str, **overrides: Any) -> ViTConfig:
     """The configuration of a named variant (224 px, 1000 classes unless overridden; a family's own
     defaults, as timm defines them); an override that is no ViTConfig field is refused with the close ones."""
-    check_keys(ViTConfig, overrides, "ViTConfig")
+    check_keys(overrides, FIELDS[ViTConfig], SOURCE)
     family = _FAMILY_NAME.match(name.strip())
     if family:
         return family_config(family, overrides)

@@ -21,17 +21,17 @@ def check_run_size(recipe: Recipe, device: torch.device, command: str = "vitkit 
     """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
     peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit. A run sized
     from its data is checked once the data has said its size (``train.run.prepare``)."""
-    check_workers(recipe.num_workers)
-    if recipe.image_size is None:
+    check_workers(recipe.data.num_workers)
+    if recipe.model.image_size is None:
         return
-    size = pair(recipe.image_size)
-    if recipe.init:
-        config = source_config(recipe.init, {"image_size": size, **recipe.model_args})
-    elif recipe.model:
-        config = model_config(recipe.model, image_size=size, **recipe.model_args)
+    size = pair(recipe.model.image_size)
+    if recipe.model.init:
+        config = source_config(recipe.model.init, {"image_size": size, **recipe.model.args})
+    elif recipe.model.name:
+        config = model_config(recipe.model.name, image_size=size, **recipe.model.args)
     else:  # the patch a new model takes at this size (train.sizing), so that the estimate counts its tokens
-        args = {"patch_size": patch_for(size), **recipe.model_args}
-        if "patch_size" not in recipe.model_args:  # the chosen patch, refused as sizing refuses it
+        args = {"patch_size": patch_for(size), **recipe.model.args}
+        if "patch_size" not in recipe.model.args:  # the chosen patch, refused as sizing refuses it
             check_size(size, args["patch_size"], "--image-size")
         config = ViTConfig().replace(image_size=size, **args)
     check_run_memory(recipe, config, device, command)

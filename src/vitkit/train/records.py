@@ -39,5 +39,5 @@ def recorded_data(checkpoint: str | Path) -> RunData:
         raise ConfigError(f"{checkpoint}: no run beside it records the dataset it was trained on; pass "
                           f"--dataset (digits, mnist, cifar10, npz:PATH, imagefolder:PATH, ...)")
     recipe = Recipe.from_dict(read_config_file(run_dir / RECIPE_FILE), str(run_dir / RECIPE_FILE))
-    logger.info(f"dataset {recipe.dataset}, as recorded by the run in {run_dir}")
-    return RunData(run_dir, recipe.dataset, recipe.data_dir, recipe.val_fraction)
+    logger.info(f"dataset {recipe.data.dataset}, as recorded by the run in {run_dir}")
+    return RunData(run_dir, recipe.data.dataset, recipe.data.data_dir, recipe.data.val_fraction)

@@ -39,14 +39,13 @@ from .distributed import setup, shard
 from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
-from .recipes import Recipe, read_config_file
+from .recipes import RECIPE_FILE, Recipe, read_config_file
 from .sizing import fresh_model_args, finetune_channels, finetune_size, say_sizing
 from .skipped import SkippedFiles
 from .trainer import LoopConfig, Trainer
 
 logger = logging.getLogger(__name__)
 
-RECIPE_FILE = "recipe.json"
 # What a run writes into its folder besides RECIPE_FILE (which marks a run): a folder holding only these is a run
 # cut short before its recipe was saved, which may be used again; one holding anything else is not a run's.
 RUN_ENTRIES = re.compile(r"metrics\.jsonl|summary\.json|checkpoints|model|best|skipped|eval-.+\.json|"
@@ -56,40 +55,41 @@ TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what thre
 
 
 def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: bool = True) -> VisionTransformer:
-    """A fresh model, or (``recipe.init``) a checkpoint prepared for fine-tuning as in section 3.2:
+    """A fresh model, or (``recipe.model.init``) a checkpoint prepared for fine-tuning as in section 3.2:
     position embeddings interpolated to the new resolution, pre-logits dropped, a new zero head unless the
     checkpoint's classes are the data's. What the recipe leaves open is sized from the data's ``geometry``
     (``train.sizing``), and said (where ``say``: by one rank of several)."""
     kept_head = False
-    if recipe.init:
-        config, state, source = read_checkpoint(recipe.init, recipe.model_args)
+    if recipe.model.init:
+        config, state, source = read_checkpoint(recipe.model.init, recipe.model.args)
         size = finetune_size(recipe, config, geometry)
         channels = finetune_channels(recipe, config, geometry)
-        model = build(config, state, {**recipe.model_args, "image_size": size}, source)
+        model = build(config, state, {**recipe.model.args, "image_size": size}, source)
         model.map_channels(channels)
         kept_head = model.config.provenance.classes == tuple(classes) and model.config.num_classes == len(classes)
         if not kept_head:
             model.reset_head(len(classes))
     else:
-        model = create_model(recipe.model or ViTConfig(), num_classes=len(classes),
+        model = create_model(recipe.model.name or ViTConfig(), num_classes=len(classes),
                              **fresh_model_args(recipe, geometry))
     if say:
         say_sizing(recipe, model.config, geometry, kept_head)
-    family = recipe.normalization or (model.config.provenance.normalization if recipe.init else "google")
+    family = recipe.augment.normalization or (model.config.provenance.normalization if recipe.model.init else "google")
     # vitkit's presets train on the whole image brought to the model's size, so it is evaluated whole too.
     provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family, crop_pct=1.0)
     model.config = model.config.replace(provenance=provenance)
-    model.grad_checkpointing = recipe.grad_checkpointing
+    model.grad_checkpointing = recipe.run.grad_checkpointing
     return model
 
 
 def default_run_dir(recipe: Recipe) -> str:
-    tag = recipe.dataset.split(":")[-1].strip("/").replace("/", "-")[-40:]
+    tag = recipe.data.dataset.split(":")[-1].strip("/").replace("/", "-")[-40:]
     return f"runs/{tag}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def total_steps(recipe: Recipe, train_size: int) -> int:
-    return recipe.steps or max(1, math.ceil(recipe.epochs * (train_size // recipe.batch_size)))
+    schedule = recipe.schedule
+    return schedule.steps or max(1, math.ceil(schedule.epochs * (train_size // schedule.batch_size)))
 
 
 def fitted_warmup(warmup_steps: int, steps: int, say: bool = True) -> int:
@@ -111,10 +111,10 @@ def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
     held out of it (``val_fraction`` 0), is measured on all of its images: its training images."""
     if pretraining:
         return ()
-    if recipe.val_fraction == 0 and default_split(recipe.dataset) == ALL:
+    if recipe.data.val_fraction == 0 and default_split(recipe.data.dataset) == ALL:
         return (ALL,)
-    available = split_names(recipe.dataset)
-    validation = ("val",) if recipe.val_fraction > 0 and "val" in available else ()
+    available = split_names(recipe.data.dataset)
+    validation = ("val",) if recipe.data.val_fraction > 0 and "val" in available else ()
     return tuple(dict.fromkeys((*validation, "test" if "test" in available else "val")))
 
 
@@ -135,17 +135,19 @@ def check_run_memory(recipe: Recipe, config: ViTConfig, device: torch.device, co
     """Refuse a run of ``config`` whose peak memory (``vitkit.memory``: a training step at the recipe's batch per
     rank, its optimiser, precision, loader workers and checkpointing) is above what the machine has (shared by
     torchrun's ranks on it), naming the flags that would fit."""
-    optimizer = recipe.optimizer if recipe.optimizer == "adamw" or recipe.momentum else None
+    optimizer = recipe.optim.optimizer if recipe.optim.optimizer == "adamw" or recipe.optim.momentum else None
     ranks = int(os.environ.get("WORLD_SIZE", 1))
 
     def measure(plan: Plan):
         return estimate(config, plan.micro_batch, plan.image_size, training=True, optimizer=optimizer,
-                        workers=max(recipe.num_workers, 0), dtype=DTYPES.get(recipe.precision, torch.float32),
+                        workers=max(recipe.data.num_workers, 0),
+                        dtype=DTYPES.get(recipe.run.precision, torch.float32),
                         grad_checkpointing=plan.grad_checkpointing, device=device.type,
-                        weight_copies=2 if recipe.ema_decay else 1)
+                        weight_copies=2 if recipe.optim.ema_decay else 1)
 
-    plan = Plan(max(1, recipe.batch_size // ranks), pair(recipe.image_size), recipe.accum_steps,
-                recipe.grad_checkpointing, config.effective_patch_size, checkpointing_flag="--grad-checkpointing")
+    plan = Plan(max(1, recipe.schedule.batch_size // ranks), pair(recipe.model.image_size),
+                recipe.schedule.accum_steps, recipe.run.grad_checkpointing, config.effective_patch_size,
+                checkpointing_flag="--grad-checkpointing")
     machine, here = available_memory(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's ranks on this machine
     share = Limit(machine.bytes // here, f"{machine.source}, shared by {here} ranks") if here > 1 else machine
     check(plan, measure, command, share, device=device)
@@ -155,59 +157,63 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     """Data, model, optimiser, schedule and objective of ``recipe``, wired into a ``Trainer`` on ``device``
     (default: a GPU when there is one)."""
     env = setup(device)
-    torch.set_num_threads(recipe.threads or TORCH_THREADS)  # 0 restores torch's own, whatever a run before set
-    torch.manual_seed(recipe.seed)
-    run_dir = Path(recipe.run_dir or default_run_dir(recipe))
+    torch.set_num_threads(recipe.run.threads or TORCH_THREADS)  # 0 restores torch's own, whatever a run before set
+    torch.manual_seed(recipe.run.seed)
+    run_dir = Path(recipe.run.dir or default_run_dir(recipe))
     own_folder(run_dir, RECIPE_FILE, RUN_ENTRIES, "a training run", ConfigError)
-    spec = SplitSpec(recipe.val_fraction, seed=0)
-    pretraining = recipe.objective == "mpp"
+    spec = SplitSpec(recipe.data.val_fraction, seed=0)
+    pretraining = recipe.objective.kind == "mpp"
     evaluated = evaluated_splits(recipe, pretraining)
-    splits = load_splits(recipe.dataset, ("train", *evaluated), recipe.data_dir, spec,
-                         recipe.corrupt)  # once per run, every evaluation reuses them
+    splits = load_splits(recipe.data.dataset, ("train", *evaluated), recipe.data.data_dir, spec,
+                         recipe.data.corrupt)  # once per run, every evaluation reuses them
     train_set = splits["train"]
-    if recipe.train_subset:
+    if recipe.data.train_subset:
         if isinstance(train_set, ShardedSplit):
-            raise ConfigError(f"train_subset needs a dataset with random access, not the shards of {recipe.dataset}")
-        keep = np.sort(seeded_permutation(len(train_set), recipe.seed).numpy()[:recipe.train_subset])
+            raise ConfigError(f"train_subset needs a dataset with random access, not the shards of "
+                              f"{recipe.data.dataset}")
+        keep = np.sort(seeded_permutation(len(train_set), recipe.run.seed).numpy()[:recipe.data.train_subset])
         train_set = train_set.subset(keep, f"{train_set.name}[subset]")
     classes = train_set.classes
     model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
-    if recipe.image_size is None:  # sized from the data: checked now that the data has said its size
-        command = "vitkit " + ("pretrain" if pretraining else "finetune" if recipe.init else "train")
-        check_run_memory(recipe.replace(image_size=config.image_size), config, env.device, command)
-    recipe = recipe.replace(image_size=config.image_size)  # saved with the run: a resumed run is sized alike
+    if recipe.model.image_size is None:  # sized from the data: checked now that the data has said its size
+        command = "vitkit " + ("pretrain" if pretraining else "finetune" if recipe.model.init else "train")
+        check_run_memory(recipe.replace(model={"image_size": config.image_size}), config, env.device, command)
+    recipe = recipe.replace(model={"image_size": config.image_size})  # saved with the run: a resumed run is sized alike
     if pretraining:  # the encoder learns from the images alone; a head is put on at fine-tuning
-        model = MaskedPatchPrediction(model, recipe.mpp_target, recipe.mpp_bits, recipe.mpp_ratio,
-                                      recipe.mpp_mask_prob, recipe.mpp_random_prob, *config.input_statistics)
-    model = shard(model.to(env.device), env, recipe.parallel)
+        objective = recipe.objective
+        model = MaskedPatchPrediction(model, objective.mpp_target, objective.mpp_bits, objective.mpp_ratio,
+                                      objective.mpp_mask_prob, objective.mpp_random_prob, *config.input_statistics)
+    model = shard(model.to(env.device), env, recipe.run.parallel)
     if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
-        torch.manual_seed(recipe.seed + env.rank)
-    train_transform = build_transform(recipe.transform, config.image_size, config.in_chans,
-                                      config.provenance.normalization, recipe.hflip, recipe.crop_scale,
-                                      recipe.aug_level)
+        torch.manual_seed(recipe.run.seed + env.rank)
+    train_transform = build_transform(recipe.augment.transform, config.image_size, config.in_chans,
+                                      config.provenance.normalization, recipe.augment.hflip, recipe.augment.crop_scale,
+                                      recipe.augment.aug_level)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
-    recipe = recipe.replace(warmup_steps=fitted_warmup(recipe.warmup_steps, steps, env.is_main))
-    if recipe.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
+    recipe = recipe.replace(schedule={"warmup_steps": fitted_warmup(recipe.schedule.warmup_steps, steps, env.is_main)})
+    if recipe.data.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        recipe = recipe.replace(num_workers=default_num_workers(train_set, ranks_here, env.world_size))
-    workers = recipe.num_workers
+        recipe = recipe.replace(data={"num_workers": default_num_workers(train_set, ranks_here, env.world_size)})
+    workers = recipe.data.num_workers
     skipped = SkippedFiles(run_dir, env.rank, env.world_size)
 
     def batches(start_step: int):
-        loader = training_loader(train_set, train_transform, global_batch=recipe.batch_size, total_steps=steps,
-                                 start_step=start_step, seed=recipe.seed, accum_steps=recipe.accum_steps,
-                                 rank=env.rank, world_size=env.world_size, num_workers=workers, corrupt=recipe.corrupt,
+        loader = training_loader(train_set, train_transform, global_batch=recipe.schedule.batch_size,
+                                 total_steps=steps, start_step=start_step, seed=recipe.run.seed,
+                                 accum_steps=recipe.schedule.accum_steps, rank=env.rank, world_size=env.world_size,
+                                 num_workers=workers, corrupt=recipe.data.corrupt,
                                  device=env.device)
         skipped.resume(start_step)
         for index, (images, labels, names) in enumerate(loader):
             if names:
-                skipped.record(start_step + index // recipe.accum_steps + 1, names, trainer.record)
+                skipped.record(start_step + index // recipe.schedule.accum_steps + 1, names, trainer.record)
             yield images, labels
 
-    loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt,
-                                       env.device) for name, dataset in splits.items() if name != "train"}
+    loaders = {name: evaluation_loader(dataset, eval_transform, recipe.run.eval_batch_size, workers,
+                                       recipe.data.corrupt, env.device)
+               for name, dataset in splits.items() if name != "train"}
 
     def measure(network: VisionTransformer, split_name: str) -> Evaluation:
         return evaluate(network, loaders[split_name], len(classes), env.device)
@@ -215,17 +221,21 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     def validate(network: VisionTransformer) -> dict[str, float]:
         return measure(network, "val").summary("val") if "val" in loaders else {}
 
-    optimizer = make_optimizer(model, recipe.optimizer, recipe.lr, recipe.weight_decay, recipe.betas, recipe.momentum,
-                               recipe.layer_decay)  # after sharding (its parameters), before DDP (their names)
-    lr_at = functools.partial(learning_rate, base_lr=recipe.lr, total_steps=steps, warmup_steps=recipe.warmup_steps,
-                              decay=recipe.schedule, end_lr=recipe.end_lr)
-    _, mixup_alpha = augreg_level(recipe.aug_level)
+    optim = recipe.optim
+    optimizer = make_optimizer(model, optim.optimizer, optim.lr, optim.weight_decay, optim.betas, optim.momentum,
+                               optim.layer_decay)  # after sharding (its parameters), before DDP (their names)
+    lr_at = functools.partial(learning_rate, base_lr=optim.lr, total_steps=steps,
+                              warmup_steps=recipe.schedule.warmup_steps, decay=recipe.schedule.decay,
+                              end_lr=recipe.schedule.end_lr)
+    _, mixup_alpha = augreg_level(recipe.augment.aug_level)
     objective = MaskedPatches() if pretraining else \
-        Classification(len(classes), recipe.label_smoothing, mixup_alpha, recipe.cutmix_alpha)
-    loop = LoopConfig(total_steps=steps, accum_steps=recipe.accum_steps, clip_norm=recipe.clip_norm,
-                      precision=recipe.precision, ema_decay=recipe.ema_decay, log_every=recipe.log_every,
-                      eval_every=recipe.eval_every, checkpoint_every=recipe.checkpoint_every,
-                      checkpoint_minutes=recipe.checkpoint_minutes, keep_last=recipe.keep_last, compile=recipe.compile)
+        Classification(len(classes), recipe.objective.label_smoothing, mixup_alpha, recipe.augment.cutmix_alpha)
+    runtime = recipe.run
+    loop = LoopConfig(total_steps=steps, accum_steps=recipe.schedule.accum_steps, clip_norm=optim.clip_norm,
+                      precision=runtime.precision, ema_decay=optim.ema_decay, log_every=runtime.log_every,
+                      eval_every=runtime.eval_every, checkpoint_every=runtime.checkpoint_every,
+                      checkpoint_minutes=runtime.checkpoint_minutes, keep_last=runtime.keep_last,
+                      compile=runtime.compile)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
     return Experiment(recipe, run_dir, trainer, classes, measure, skipped, evaluated[-1] if evaluated else None)
 
@@ -242,10 +252,10 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
                           f"--resume, or choose another --run-dir")
     saved = run_dir / RECIPE_FILE
     if resume and trainer.env.is_main and saved.is_file():
-        before = read_config_file(saved).get("num_workers")
-        if before != experiment.recipe.num_workers and recipe.dataset.startswith(STREAMED):
+        before = read_config_file(saved).get("data", {}).get("num_workers")
+        if before != experiment.recipe.data.num_workers and recipe.data.dataset.startswith(STREAMED):
             warnings.warn(f"{run_dir} was trained with {before} data workers, resumed with "
-                          f"{experiment.recipe.num_workers}: the shards' sample order, which depends on it, "
+                          f"{experiment.recipe.data.num_workers}: the shards' sample order, which depends on it, "
                           f"will not be the uninterrupted run's", stacklevel=2)
     if trainer.env.is_main:
         with atomic_file(run_dir / RECIPE_FILE) as handle:
@@ -258,7 +268,7 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
     with trainer.rank_loss_explained(), trainer.final_model() as final:
         if trainer.env.is_main:
             final.save(run_dir / "model")
-            if recipe.objective == "classification":
+            if recipe.objective.kind == "classification":
                 split = experiment.final_split
                 report = write_report(experiment.measure(final, split), experiment.classes, run_dir, split)
                 summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],

@@ -42,15 +42,16 @@ def fresh_model_args(recipe: Recipe, geometry: Geometry) -> dict:
     """``image_size`` and the ``model_args`` of a new model, what the recipe leaves open taken from the data:
     its channels, its size (rounded to a multiple of the patch), and the largest patch of ``PATCHES`` that
     leaves an 8 x 8 grid (a named variant keeps its own patch)."""
-    args = dict(recipe.model_args)
-    if recipe.channels and args.get("in_chans", CHANNELS[recipe.channels]) != CHANNELS[recipe.channels]:
-        raise ConfigError(f"--channels {recipe.channels} and --set in_chans={args['in_chans']}: pick one")
+    args = dict(recipe.model.args)
+    channels = recipe.model.channels
+    if channels and args.get("in_chans", CHANNELS[channels]) != CHANNELS[channels]:
+        raise ConfigError(f"--channels {recipe.model.channels} and --set in_chans={args['in_chans']}: pick one")
     if "in_chans" not in args:
-        args["in_chans"] = data_channels(geometry, recipe.dataset, recipe.channels)
-    asked = pair(recipe.image_size) if recipe.image_size is not None else None
-    if "patch_size" not in args and not recipe.model:
+        args["in_chans"] = data_channels(geometry, recipe.data.dataset, recipe.model.channels)
+    asked = pair(recipe.model.image_size) if recipe.model.image_size is not None else None
+    if "patch_size" not in args and not recipe.model.name:
         args["patch_size"] = patch_for(asked or geometry.size)
-    patch = args.get("patch_size") or model_config(recipe.model).patch_size
+    patch = args.get("patch_size") or model_config(recipe.model.name).patch_size
     if asked:
         check_size(asked, patch, "--image-size")
         return {**args, "image_size": asked}
@@ -71,15 +72,15 @@ def check_size(size: tuple[int, int], patch: int, named: str) -> None:
 def finetune_size(recipe: Recipe, config: ViTConfig, geometry: Geometry) -> tuple[int, int]:
     """The resolution of a fine-tuning run: the recipe's where it gives one, else the data's, at the
     checkpoint's patch (or the ``patch_size`` the recipe resamples it to), which must divide it."""
-    patch = recipe.model_args.get("patch_size", config.patch_size) * (config.effective_patch_size // config.patch_size)
-    if recipe.image_size is not None:
-        size = pair(recipe.image_size)
+    patch = recipe.model.args.get("patch_size", config.patch_size) * (config.effective_patch_size // config.patch_size)
+    if recipe.model.image_size is not None:
+        size = pair(recipe.model.image_size)
         check_size(size, patch, "--image-size")
         return size
     size = geometry.size
     if size[0] % patch or size[1] % patch:
         near = "x".join(str(max(patch, round(side / patch) * patch)) for side in size)
-        raise ConfigError(f"{recipe.init} has {patch} px patches, which do not divide {recipe.dataset}'s "
+        raise ConfigError(f"{recipe.model.init} has {patch} px patches, which do not divide {recipe.data.dataset}'s "
                           f"{size[0]}x{size[1]} images; pass --image-size {near} (or --preset paper-finetune for "
                           f"the paper's {PAPER_SIZE} px)")
     return size
@@ -88,14 +89,14 @@ def finetune_size(recipe: Recipe, config: ViTConfig, geometry: Geometry) -> tupl
 def finetune_channels(recipe: Recipe, config: ViTConfig, geometry: Geometry) -> int:
     """The channels a fine-tuned model takes: the checkpoint's, or ``--channels``; a checkpoint whose
     channels are not the data's is refused until ``--channels`` says which way to convert."""
-    if recipe.channels:
-        return CHANNELS[recipe.channels]
-    have = data_channels(geometry, recipe.dataset, recipe.channels)
+    if recipe.model.channels:
+        return CHANNELS[recipe.model.channels]
+    have = data_channels(geometry, recipe.data.dataset, recipe.model.channels)
     if have != config.in_chans:
         model_side = "rgb" if have == 3 else "grey"
         data_side = "grey" if config.in_chans == 1 else "rgb"
-        raise ConfigError(f"{recipe.init} takes {config.in_chans}-channel images and the images of "
-                          f"{recipe.dataset} have {have} channel{'s' * (have > 1)}; pass --channels {model_side} "
+        raise ConfigError(f"{recipe.model.init} takes {config.in_chans}-channel images and the images of "
+                          f"{recipe.data.dataset} have {have} channel{'s' * (have > 1)}; pass --channels {model_side} "
                           f"(the model's patch kernel mapped to {have}) or --channels {data_side} (the images "
                           f"converted to {config.in_chans})")
     return have
@@ -105,15 +106,15 @@ def say_sizing(recipe: Recipe, config: ViTConfig, geometry: Geometry, kept_head:
     """One line on how the model was sized, and one on any conversion of the images for it."""
     height, width = config.image_size
     grid = f"{height}x{width} px, patch {config.patch_size} ({config.grid_size[0]}x{config.grid_size[1]} grid)"
-    if recipe.init:
-        chosen = "--image-size" if recipe.image_size is not None else \
+    if recipe.model.init:
+        chosen = "--image-size" if recipe.model.image_size is not None else \
             f"the data's size; --preset paper-finetune for the paper's {PAPER_SIZE} px"
         head = "its head kept (the same classes)" if kept_head else f"a new {config.num_classes}-class head"
-        logger.info(f"fine-tuning {recipe.init} at {grid} ({chosen}), {config.in_chans}-channel input, {head}")
+        logger.info(f"fine-tuning {recipe.model.init} at {grid} ({chosen}), {config.in_chans}-channel input, {head}")
     else:
-        sized = recipe.image_size is None or not {"in_chans", "patch_size"} <= recipe.model_args.keys()
-        logger.info(f"model{f' sized from {recipe.dataset}' if sized else ''}: {config.in_chans}x{grid}, "
+        sized = recipe.model.image_size is None or not {"in_chans", "patch_size"} <= recipe.model.args.keys()
+        logger.info(f"model{f' sized from {recipe.data.dataset}' if sized else ''}: {config.in_chans}x{grid}, "
                     f"{config.num_classes} classes, D={config.dim}, {config.depth} layers; choose with --image-size, "
                     f"--channels, --set patch_size=N, --model or --preset")
     for conversion in conversions(geometry, config.in_chans, config.image_size):
-        logger.info(f"{recipe.dataset}: {conversion}")
+        logger.info(f"{recipe.data.dataset}: {conversion}")
