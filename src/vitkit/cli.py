@@ -711,7 +711,7 @@ def prediction_record(prediction) -> dict:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Inference and training-step throughput of a model in every runtime and precision available here."""
-    from .benchmark import TABLE_HEADER, bench
+    from .benchmark import TABLE_HEADER, bench, peak_notes
 
     device = select_device(args.device)
     overrides = {**args.overrides, **({"image_size": args.image_size} if args.image_size else {})}
@@ -734,9 +734,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(records, indent=1))
         return 0
     print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {device} "
-          f"({threads} threads, load {load_now:.1f}); median of {args.repeats} interleaved "
-          f"repeats; GEMM peak at n={args.peak_size}")
+          f"({threads} threads, load {load_now:.1f}); images/s: the median of {rows[0].repeats if rows else 0} "
+          f"interleaved repeats and the slowest-fastest")
     print_table(TABLE_HEADER, [row.cells() for row in rows])
+    print("\n".join(peak_notes(rows)))
     for runtime, reason in skipped.items():
         print(f"skipped {runtime}: {reason}")
     return 0
@@ -1059,7 +1060,7 @@ def build_parser() -> argparse.ArgumentParser:
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
 
-    from .benchmark import RUNTIMES
+    from .benchmark import DEFAULT_RUNTIMES, MAX_REPEATS, MIN_REPEATS, RUNTIMES, SETTLED
 
     bench_ = sub.add_parser("bench", help="throughput per runtime and precision, against the GEMM peak and timm")
     _checkpoint_flags(bench_, help="a checkpoint, or a named variant such as ViT-S/16 (random weights)")
@@ -1068,9 +1069,13 @@ def build_parser() -> argparse.ArgumentParser:
     _runtime_flags(bench_, precision=False)
     bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
                         help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
-    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
-    bench_.add_argument("--repeats", type=_positive, default=5)
-    bench_.add_argument("--peak-size", type=_positive, default=2048, help="side of the GEMM that measures the peak")
+    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(DEFAULT_RUNTIMES),
+                        help=f"default: {' '.join(DEFAULT_RUNTIMES)} (compile takes a minute or more a row on a CPU)")
+    bench_.add_argument("--repeats", type=_positive,
+                        help=f"timed repeats of every row (default: {MIN_REPEATS}, more up to {MAX_REPEATS} while a row's "
+                             f"slowest and fastest lie over {round(100 * SETTLED)}%% of its median apart)")
+    bench_.add_argument("--peak-size", type=_positive, default=2048,
+                        help="largest side of the matrix products that measure each precision's peak")
     bench_.add_argument("--json", action="store_true", help="the rows as a JSON list")
     bench_.add_argument("--out", metavar="DIR", help=f"folder that receives the rows and their setting as {BENCH_FILE}")
     bench_.set_defaults(run=cmd_bench)
