@@ -22,7 +22,8 @@ CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reas
     "needs a CUDA GPU: `make gpu-check` runs it on a GPU machine (docs/guide/gpu.md)"))]
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 TINY = dict(image_size=8, patch_size=4, in_chans=1, dim=16, depth=1, num_heads=2, mlp_dim=16, num_classes=10)
-MODEL_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}  # a training run's model, on digits
+# A training run's model on digits: the recipe gives the image size and the number of classes.
+MODEL_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}
 
 # Each family's attention on the same skeleton (head width 64, which the fused kernels take).
 FAMILIES = {
@@ -186,7 +187,8 @@ def _commands(checkpoint, image, out):
         "convert": ["convert", checkpoint, out / "copy", "--to", "native"],
         "bench": ["bench", checkpoint, "--runtimes", "eager", "--precision", "fp32", "--repeats", "1",
                   "--peak-size", "64", "--batch-size", "2"],
-        "train": ["train", "--dataset", "digits", "--model-args", json.dumps(MODEL_ARGS), "--steps", "2", "--batch-size", "8", "--run-dir", out / "train"],
+        "train": ["train", "--dataset", "digits", "--model-args", json.dumps(MODEL_ARGS), "--steps", "2",
+                  "--batch-size", "8", "--run-dir", out / "train"],
         "finetune": ["finetune", checkpoint, "--dataset", "digits", "--steps", "2", "--batch-size", "8", "--run-dir",
                      out / "finetune"],
     }
