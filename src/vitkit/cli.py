@@ -1074,8 +1074,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_.add_argument("--repeats", type=_positive,
                         help=f"timed repeats of every row (default: {MIN_REPEATS}, more up to {MAX_REPEATS} while a row's "
                              f"slowest and fastest lie over {round(100 * SETTLED)}%% of its median apart)")
-    bench_.add_argument("--peak-size", type=_positive, default=2048,
-                        help="largest side of the matrix products that measure each precision's peak")
+    bench_.add_argument("--peak-size", type=_positive,
+                        help="largest side of the matrix products that measure each precision's peak (default: 8192 "
+                             "on a GPU, 2048 elsewhere)")
     bench_.add_argument("--json", action="store_true", help="the rows as a JSON list")
     bench_.add_argument("--out", metavar="DIR", help=f"folder that receives the rows and their setting as {BENCH_FILE}")
     bench_.set_defaults(run=cmd_bench)

@@ -149,13 +149,14 @@ def gemm_kernels(precision: str, device: torch.device) -> dict[str, Callable[[in
 
 
 def _rate(build: Callable[[int], Callable[[], object]], device: torch.device, size: int) -> tuple[float, int]:
-    """GFLOP/s of the fastest of a few products at most ``size`` square, sized from a small probe product to take
-    about GEMM_SECONDS each; and the side used."""
+    """GFLOP/s of the fastest of a few products at most ``size`` square, sized on a CPU from a small probe product
+    to take about GEMM_SECONDS each (a GPU takes ``size`` itself: its probe times the launch); and the side used."""
     first = min(GEMM_PROBE, size)
     probe = build(first)
     probe()  # first call: kernel selection, packing
     rate = 2.0 * first ** 3 / max(min(timed(probe, device) for _ in range(2)), 1e-9)
-    side = max(first, min(size, int((rate * GEMM_SECONDS / 2.0) ** (1 / 3)) // 64 * 64))
+    sized = max(first, min(size, int((rate * GEMM_SECONDS / 2.0) ** (1 / 3)) // 64 * 64))
+    side = size if device.type == "cuda" else sized
     step = probe if side == first else build(side)
     step()
     best = min(timed(step, device) for _ in range(GEMM_TRIES))
@@ -174,8 +175,10 @@ def measured_peak(precision: str, device: torch.device, size: int) -> tuple[floa
     return max(results, default=(0.0, "no kernel ran"))
 
 
-def hardware_peak(precision: str, device: torch.device, size: int = 2048) -> Peak:
-    """The peak of ``precision`` on ``device`` (see the module doc), measured with products of at most ``size``."""
+def hardware_peak(precision: str, device: torch.device, size: int | None = None) -> Peak:
+    """The peak of ``precision`` on ``device`` (see the module doc), measured with products of at most ``size``
+    (default: 8192 on a GPU, 2048 elsewhere)."""
+    size = size or (8192 if device.type == "cuda" else 2048)
     measured, kernel = measured_peak(precision, device, size)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
