@@ -254,8 +254,8 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
 
 def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | str = "cpu",
           runtimes: Sequence[str] = DEFAULT_RUNTIMES, precisions: Sequence[str] | None = None,
-          repeats: int | None = None,
-          warmup: int = 2, peak_size: int | None = None, twin: nn.Module | None = None) -> tuple[list[Row], dict[str, str]]:
+          repeats: int | None = None, warmup: int = 2, peak_size: int | None = None,
+          twin: nn.Module | None = None) -> tuple[list[Row], dict[str, str]]:
     """Time ``model`` in each runtime and precision available; returns the rows and the runtimes skipped
     (with the reason). ``repeats``: how many (default: until the spread is small, see MIN_REPEATS); ``peak_size``:
     the largest side of the matrix products that measure the peaks (default: 8192 on a GPU, 2048 elsewhere). ``twin``: the timm model holding ``model``'s
