@@ -1060,7 +1060,7 @@ def build_parser() -> argparse.ArgumentParser:
     _runtime_flags(predict_)
     predict_.set_defaults(run=cmd_predict)
 
-    from .benchmark import DEFAULT_RUNTIMES, MAX_REPEATS, MIN_REPEATS, RUNTIMES, SETTLED
+    from .benchmark import DEFAULT_RUNTIMES, EXTRA_RUNTIMES, MAX_REPEATS, MIN_REPEATS, RUNTIMES, SETTLED
 
     bench_ = sub.add_parser("bench", help="throughput per runtime and precision, against the GEMM peak and timm")
     _checkpoint_flags(bench_, help="a checkpoint, or a named variant such as ViT-S/16 (random weights)")
@@ -1069,8 +1069,9 @@ def build_parser() -> argparse.ArgumentParser:
     _runtime_flags(bench_, precision=False)
     bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
                         help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
-    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(DEFAULT_RUNTIMES),
-                        help=f"default: {' '.join(DEFAULT_RUNTIMES)} (compile takes a minute or more a row on a CPU)")
+    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES + EXTRA_RUNTIMES, default=list(DEFAULT_RUNTIMES),
+                        help=f"default: {' '.join(DEFAULT_RUNTIMES)} (compile takes a minute or more a row on a CPU; "
+                             "timm-compile: timm's model compiled, the reference of the compile rows)")
     bench_.add_argument("--repeats", type=_positive,
                         help=f"timed repeats of every row (default: {MIN_REPEATS}, more up to {MAX_REPEATS} while a row's "
                              f"slowest and fastest lie over {round(100 * SETTLED)}%% of its median apart)")
