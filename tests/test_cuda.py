@@ -78,21 +78,26 @@ def test_a_bf16_autocast_training_step_follows_fp32(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_family_runs_its_attention_in_a_fused_kernel(device, family):
     """Forward and backward with the math fallback switched off (``sdpa_kernel`` allows only the flash and
-    memory-efficient kernels, so attention that needs the fallback raises "No available kernel"); on the GPU the
-    profiler must also show a flash or cutlass fMHA kernel. The proof that no family falls back to math."""
+    memory-efficient kernels, so attention that needs the fallback raises "No available kernel"); on the GPU, in
+    bf16 autocast as training runs, the profiler must also show a flash or cutlass fMHA kernel. The proof that no
+    family falls back to math."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from vitkit.runtime import autocast
 
     torch.manual_seed(0)
     config = ViTConfig(**{**dict(image_size=32, patch_size=8, dim=128, depth=2, num_heads=2, mlp_dim=256,
                                  num_classes=10), **FAMILIES[family]})
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = VisionTransformer(config).to(device, dtype).train()
-    images = torch.randn(4, 3, 32, 32, device=device, dtype=dtype)
+    model = VisionTransformer(config).to(device).train()
+    images = torch.randn(4, 3, 32, 32, device=device)
     backends = [SDPBackend.FLASH_ATTENTION] + ([SDPBackend.EFFICIENT_ATTENTION] if device == "cuda" else [])
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                           if device == "cuda" else [])
     with sdpa_kernel(backends), torch.profiler.profile(activities=activities) as profile:
-        model(images).float().sum().backward()
+        with autocast(torch.device(device), dtype):
+            loss = model(images).float().sum()
+        loss.backward()
     if device == "cuda":
         kernels = {event.name for event in profile.events()}
         assert any("flash" in name.lower() or "fmha" in name.lower() for name in kernels), sorted(kernels)[:20]
