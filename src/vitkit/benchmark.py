@@ -258,8 +258,8 @@ def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | 
           twin: nn.Module | None = None) -> tuple[list[Row], dict[str, str]]:
     """Time ``model`` in each runtime and precision available; returns the rows and the runtimes skipped
     (with the reason). ``repeats``: how many (default: until the spread is small, see MIN_REPEATS); ``peak_size``:
-    the largest side of the matrix products that measure the peaks (default: 8192 on a GPU, 2048 elsewhere). ``twin``: the timm model holding ``model``'s
-    weights, for families ``timm_twin`` cannot rebuild."""
+    the largest side of the matrix products that measure the peaks (default: 8192 on a GPU, 2048 elsewhere);
+    ``twin``: the timm model holding ``model``'s weights, for families ``timm_twin`` cannot rebuild."""
     unknown = set(runtimes) - set(RUNTIMES + EXTRA_RUNTIMES)
     if unknown:
         raise ValueError(f"unknown runtimes {sorted(unknown)}; expected some of {RUNTIMES + EXTRA_RUNTIMES}")

@@ -1073,8 +1073,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"default: {' '.join(DEFAULT_RUNTIMES)} (compile takes a minute or more a row on a CPU; "
                              "timm-compile: timm's model compiled, the reference of the compile rows)")
     bench_.add_argument("--repeats", type=_positive,
-                        help=f"timed repeats of every row (default: {MIN_REPEATS}, more up to {MAX_REPEATS} while a row's "
-                             f"slowest and fastest lie over {round(100 * SETTLED)}%% of its median apart)")
+                        help=f"timed repeats of every row (default: {MIN_REPEATS}, more up to {MAX_REPEATS} while "
+                             f"a row's slowest and fastest lie over {round(100 * SETTLED)}%% of its median apart)")
     bench_.add_argument("--peak-size", type=_positive,
                         help="largest side of the matrix products that measure each precision's peak (default: 8192 "
                              "on a GPU, 2048 elsewhere)")
