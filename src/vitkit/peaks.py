@@ -164,7 +164,8 @@ def _rate(build: Callable[[int], Callable[[], object]], device: torch.device, si
 
 
 def measured_peak(precision: str, device: torch.device, size: int) -> tuple[float, str]:
-    """The fastest rate a matrix product of ``precision`` reaches here, among the kernels at hand, and which."""
+    """The fastest rate a matrix product of ``precision`` reaches here, among the kernels at hand, and which (NaN
+    where none ran)."""
     results = []
     for name, build in gemm_kernels(precision, device).items():
         try:
@@ -172,7 +173,7 @@ def measured_peak(precision: str, device: torch.device, size: int) -> tuple[floa
         except (RuntimeError, NotImplementedError):  # a kernel this build or device lacks
             continue
         results.append((gflops, f"{name} {side}^3"))
-    return max(results, default=(0.0, "no kernel ran"))
+    return max(results, default=(float("nan"), "no kernel ran"))
 
 
 def hardware_peak(precision: str, device: torch.device, size: int | None = None) -> Peak:
@@ -190,6 +191,6 @@ def hardware_peak(precision: str, device: torch.device, size: int | None = None)
     if device.type != "cpu" or ghz is None:
         return Peak(measured, f"measured: {kernel}", measured)
     computed, arithmetic = computed_cpu_peak(precision, cpu_flags(), cpu_cores(), ghz)
-    if computed >= measured:
+    if not computed < measured:  # a NaN measurement too
         return Peak(computed, f"computed: {arithmetic}", measured)
     return Peak(measured, f"measured: {kernel}", measured)
