@@ -11,6 +11,7 @@ from vitkit.checkpoints.runnable import load_inference, source_config
 from vitkit.data import SplitSpec, load_dataset
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.train import Recipe, recorded_data
+from vitkit.train.recipes import Data
 
 TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, in_chans=1, num_classes=10)
 
@@ -78,8 +79,8 @@ def test_probe_dataset_writes_its_report(checkpoint, tmp_path):
 def test_recorded_data_reads_the_run_beside_a_checkpoint(checkpoint, tmp_path, caplog):
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
-    (run / "recipe.json").write_text(json.dumps(Recipe(dataset="mnist", data_dir="somewhere",
-                                                       val_fraction=0.25).to_dict()))
+    (run / "recipe.json").write_text(json.dumps(Recipe(data=Data(dataset="mnist", data_dir="somewhere",
+                                                                 val_fraction=0.25)).to_dict()))
     with caplog.at_level("INFO", logger="vitkit"):
         found = recorded_data(run / "model")
     assert (found.run_dir, found.dataset, found.data_dir, found.val_fraction) == (run, "mnist", "somewhere", 0.25)

@@ -3,11 +3,13 @@
 Rows: torch eager, ``torch.compile``, ONNX Runtime (fp32 and int8 weights), OpenVINO's CPU plugin and timm
 holding the same weights, each in fp32 and, for torch, OpenVINO and timm, in the low precision the device runs
 natively (bf16, or fp16 on GPUs without bf16); inference and, for the torch models, a training step (forward, backward,
-AdamW). Beside images/s each row gives GFLOP/s (2 x multiply-adds, counted by torch; a training step
-counts as 3 forward passes), the GEMM peak of its dtype measured on square matrices in the same run, the
-fraction of that peak reached, and the peak GPU memory. Every candidate is timed once per repeat, in
-turn (phase by phase, every other repeat backwards), so that load from other processes hits all alike; medians
-are reported, and speed against timm's fp32 row of the same phase is the median of the per-repeat ratios:
+AdamW). Beside images/s (the median, and the slowest and fastest repeat) each row gives GFLOP/s (2 x
+multiply-adds, counted by torch; a training step counts as 3 forward passes), the hardware's peak in its precision
+(``vitkit.peaks``: computed from the CPU's features and clock or a GPU's datasheet, or measured, and saying which),
+the fraction of that peak reached (on a GPU, against the datasheet: the MFU), and the peak GPU memory. Every
+candidate is timed once per repeat, in turn (phase by phase, every other repeat backwards), so that load from other
+processes hits all alike; by default repeats stop once every row's spread is small (``repeats`` fixes the count).
+Speed against timm's fp32 row of the same phase is the median of the per-repeat ratios:
 against timm eager, or, for the compiled rows where timm's model was compiled too (runtime ``timm-compile``,
 asked for by name), compiled against compiled. Families timm's plain ViT cannot hold (rotary embeddings, SwiGLU,
 ...) are compared with a timm model given as ``twin`` (e.g. the timm Eva a checkpoint was read from).
@@ -20,6 +22,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,20 +38,24 @@ from .memory import Plan, check, estimate
 from .models.config import pair
 from .models.stats import forward_flops
 from .models.vit import VisionTransformer
-from .runtime import (DTYPES, autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory,
-                      select_device, timed)
+from .peaks import Peak, hardware_peak
+from .runtime import autocast, native_bf16, peak_memory_mib, precision_name, reset_peak_memory, select_device, timed
 from .train.optim import step_kernel
 
 RUNTIMES = ("eager", "compile", "onnxruntime", "openvino", "timm")
-# Runtimes measured only when named (compiling timm's model too doubles the compile time of a run).
+# Runtimes measured only when named: torch.compile takes a minute or more per row on a CPU (timm's model twice that).
 EXTRA_RUNTIMES = ("timm-compile",)
+DEFAULT_RUNTIMES = ("eager", "onnxruntime", "openvino", "timm")
 # The timm row each runtime's speed is measured against, where it ran (otherwise timm eager).
 REFERENCE = {"compile": "timm-compile"}
 PHASES = ("inference", "train_step")
 # The columns of a row as `vitkit bench` and benchmarks/bench_model.py print it (Row.cells).
-TABLE_HEADER = ("runtime", "precision", "phase", "images/s", "GFLOP/s", "peak GFLOP/s", "of peak", "peak MiB",
-                "vs timm fp32")
+TABLE_HEADER = ("runtime", "precision", "phase", "images/s", "min-max", "GFLOP/s", "peak GFLOP/s", "of peak",
+                "peak MiB", "vs timm fp32")
 TRAIN_STEP_PASSES = 3  # backward costs about twice the forward
+# Default repeats: at least MIN_REPEATS, then more until every row's (max - min) / median is at most SETTLED, up to
+# MAX_REPEATS or until the repeats have taken REPEAT_BUDGET_S.
+MIN_REPEATS, MAX_REPEATS, SETTLED, REPEAT_BUDGET_S = 3, 9, 0.10, 45.0
 
 
 @dataclass
@@ -64,13 +71,21 @@ class Row:
     peak_memory_mib: float | None
     median_s: float
     speedup_vs_timm: float | None = None
+    slowest_images_per_s: float | None = None
+    fastest_images_per_s: float | None = None
+    peak_source: str = ""  # how the peak was got: "computed: ...", "measured: ...", "datasheet: ..."
+    gemm_gflops_per_s: float | None = None  # what a matrix product of the row's precision reached in the same run
+    repeats: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def cells(self) -> list[str]:
         """The row as text under TABLE_HEADER: one formatting for the terminal table and the Markdown one."""
-        return [self.runtime, self.precision, self.phase, f"{self.images_per_s:.1f}", f"{self.gflops_per_s:.1f}",
+        spread = "-" if self.slowest_images_per_s is None else \
+            f"{self.slowest_images_per_s:.1f}-{self.fastest_images_per_s:.1f}"
+        return [self.runtime, self.precision, self.phase, f"{self.images_per_s:.1f}", spread,
+                f"{self.gflops_per_s:.1f}",
                 f"{self.peak_gflops_per_s:.1f}", f"{100 * self.fraction_of_peak:.0f}%",
                 "-" if self.peak_memory_mib is None else f"{self.peak_memory_mib:.0f}",
                 "-" if self.speedup_vs_timm is None else f"{self.speedup_vs_timm:.2f}x"]
@@ -152,13 +167,29 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
     return twin.to(next(model.parameters()).device)
 
 
-def gemm_peak_step(dtype: str, device: torch.device, size: int) -> tuple[Callable[[], None], float]:
-    """One ``size``-square matrix product in ``dtype`` (int8 products accumulate in int32) and its FLOPs."""
-    if dtype == "int8":
-        a = torch.randint(-128, 128, (size, size), dtype=torch.int8, device=device)
-        return (lambda: torch._int_mm(a, a)), 2.0 * size ** 3
-    a = torch.randn(size, size, device=device).to(DTYPES[dtype])
-    return (lambda: torch.mm(a, a)), 2.0 * size ** 3
+def peak_notes(rows: Sequence[Row]) -> list[str]:
+    """One line per precision: its peak, how it was got, and the matrix product measured in the same run."""
+    notes = {}
+    for row in rows:
+        measured = "" if row.gemm_gflops_per_s is None else \
+            f"; a matrix product reached {row.gemm_gflops_per_s:.1f} here"
+        notes.setdefault(row.precision, f"peak {row.precision}: {row.peak_gflops_per_s:.1f} GFLOP/s, "
+                                        f"{row.peak_source}{measured}")
+    return list(notes.values())
+
+
+def settled(seconds: Sequence[Sequence[float]]) -> bool:
+    """Whether every row's repeats lie within SETTLED of its median (max - min against the median)."""
+    return all((max(times) - min(times)) <= SETTLED * statistics.median(times) for times in seconds)
+
+
+def more_repeats(done: int, repeats: int | None, seconds: Sequence[Sequence[float]], spent: float) -> bool:
+    """Whether to time another repeat: ``repeats`` when given, else the default rule (see MIN_REPEATS)."""
+    if repeats is not None:
+        return done < repeats
+    if done < MIN_REPEATS:
+        return True
+    return done < MAX_REPEATS and spent < REPEAT_BUDGET_S and not settled(seconds)
 
 
 def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, runtimes: Sequence[str],
@@ -228,11 +259,13 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
 
 
 def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | str = "cpu",
-          runtimes: Sequence[str] = RUNTIMES, precisions: Sequence[str] | None = None, repeats: int = 5,
-          warmup: int = 2, peak_size: int = 2048, twin: nn.Module | None = None) -> tuple[list[Row], dict[str, str]]:
+          runtimes: Sequence[str] = DEFAULT_RUNTIMES, precisions: Sequence[str] | None = None,
+          repeats: int | None = None, warmup: int = 2, peak_size: int | None = None,
+          twin: nn.Module | None = None) -> tuple[list[Row], dict[str, str]]:
     """Time ``model`` in each runtime and precision available; returns the rows and the runtimes skipped
-    (with the reason). ``twin``: the timm model holding ``model``'s weights, for families ``timm_twin`` cannot
-    rebuild."""
+    (with the reason). ``repeats``: how many (default: until the spread is small, see MIN_REPEATS); ``peak_size``:
+    the largest side of the matrix products that measure the peaks (default: 8192 on a GPU, 2048 elsewhere);
+    ``twin``: the timm model holding ``model``'s weights, for families ``timm_twin`` cannot rebuild."""
     unknown = set(runtimes) - set(RUNTIMES + EXTRA_RUNTIMES)
     if unknown:
         raise ValueError(f"unknown runtimes {sorted(unknown)}; expected some of {RUNTIMES + EXTRA_RUNTIMES}")
@@ -245,25 +278,29 @@ def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | 
     with tempfile.TemporaryDirectory(prefix="vitkit-bench-") as workdir:
         found, skipped = candidates(model, images, labels, runtimes, precisions, Path(workdir),
                                     None if twin is None else twin.to(device))
-        peaks = {dtype: gemm_peak_step(dtype, device, peak_size) for dtype in sorted({c.peak_dtype for c in found})}
+        peak = {dtype: hardware_peak(dtype, device, peak_size) for dtype in sorted({c.peak_dtype for c in found})}
         for candidate in found:  # compilation, allocator, caches
             for _ in range(warmup):
                 candidate.step()
         seconds: dict[int, list[float]] = {index: [] for index in range(len(found))}
         memory: dict[int, float | None] = {}
-        peak_seconds: dict[str, list[float]] = {dtype: [] for dtype in peaks}
         # One phase after the other, so that the rows compared run seconds apart, not a whole repeat; every other
         # repeat backwards, so that neither side of a comparison always runs first.
         order = sorted(range(len(found)), key=lambda index: PHASES.index(found[index].phase))
-        for repeat in range(repeats):
-            for dtype, (step, _) in peaks.items():
-                peak_seconds[dtype].append(timed(step, device))
+        start, repeat = time.perf_counter(), 0
+        while found and more_repeats(repeat, repeats, list(seconds.values()), time.perf_counter() - start):
             for index in order if repeat % 2 == 0 else order[::-1]:
                 candidate = found[index]
                 reset_peak_memory(device)
                 seconds[index].append(timed(candidate.step, device))
                 memory[index] = peak_memory_mib(device)
-    peak = {dtype: flop / statistics.median(peak_seconds[dtype]) / 1e9 for dtype, (_, flop) in peaks.items()}
+            repeat += 1
+    return assemble(found, seconds, memory, peak, flops, batch_size), skipped
+
+
+def assemble(found: Sequence[Candidate], seconds: dict[int, list[float]], memory: dict[int, float | None],
+             peak: dict[str, Peak], flops: float, batch_size: int) -> list[Row]:
+    """The rows from each candidate's timed repeats: medians, spreads, fractions of the peaks, speed against timm."""
     rows, measured = [], {c.runtime for c in found}
     for index, candidate in enumerate(found):
         median = statistics.median(seconds[index])
@@ -273,10 +310,12 @@ def bench(model: VisionTransformer, batch_size: int = 8, device: torch.device | 
                           (against, "fp32", candidate.phase)), None)
         speedup = None if reference is None else statistics.median(
             [theirs / ours for theirs, ours in zip(seconds[reference], seconds[index])])
+        ceiling = peak[candidate.peak_dtype]
         rows.append(Row(candidate.runtime, candidate.precision, candidate.phase, batch_size, batch_size / median,
-                        work / median, peak[candidate.peak_dtype], work / median / peak[candidate.peak_dtype],
-                        memory[index], median, speedup))
-    return rows, skipped
+                        work / median, ceiling.gflops, work / median / ceiling.gflops,
+                        memory[index], median, speedup, batch_size / max(seconds[index]),
+                        batch_size / min(seconds[index]), ceiling.how, ceiling.measured_gflops, len(seconds[index])))
+    return rows
 
 
 BENCH_FILE = "bench.json"
@@ -296,7 +335,7 @@ class BenchRun:
     device: torch.device
     threads: int
     load: float
-    repeats: int
+    repeats: int | None  # asked for; each row holds the repeats it ran
     rows: list[Row]
     skipped: dict[str, str]
     written: Path | None = None
@@ -309,8 +348,8 @@ class BenchRun:
 
 
 def bench_checkpoint(source: str, batch_size: int = 8, device: str | None = None,
-                     runtimes: Sequence[str] = RUNTIMES, precisions: Sequence[str] | None = None, repeats: int = 5,
-                     peak_size: int = 2048, image_size: tuple[int, int] | None = None,
+                     runtimes: Sequence[str] = DEFAULT_RUNTIMES, precisions: Sequence[str] | None = None,
+                     repeats: int | None = None, peak_size: int | None = None, image_size: tuple[int, int] | None = None,
                      overrides: dict | None = None, out: str | Path | None = None) -> BenchRun:
     """``bench`` of a checkpoint, or of a named variant (``ViT-S/16``, random weights), with ``overrides``, at
     ``image_size`` (default: the model's) on ``device`` (default: the best available), after refusing a run that

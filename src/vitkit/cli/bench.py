@@ -7,7 +7,8 @@ import argparse
 import json
 import sys
 
-from ..benchmark import BENCH_FILE, RUNTIMES, TABLE_HEADER, bench_checkpoint
+from ..benchmark import (BENCH_FILE, DEFAULT_RUNTIMES, EXTRA_RUNTIMES, MAX_REPEATS, MIN_REPEATS, RUNTIMES, SETTLED,
+                         TABLE_HEADER, bench_checkpoint, peak_notes)
 from .flags import checkpoint_flags, image_size_type, positive, print_table, runtime_flags
 
 HELP: dict[str, tuple[str, str | None]] = {
@@ -25,9 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     runtime_flags(bench_, precision=False)
     bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
                         help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
-    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
-    bench_.add_argument("--repeats", type=positive, default=5)
-    bench_.add_argument("--peak-size", type=positive, default=2048, help="side of the GEMM that measures the peak")
+    bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES + EXTRA_RUNTIMES, default=list(DEFAULT_RUNTIMES),
+                        help=f"default: {' '.join(DEFAULT_RUNTIMES)} (compile takes a minute or more a row on a CPU; "
+                             "timm-compile: timm's model compiled, the reference of the compile rows)")
+    bench_.add_argument("--repeats", type=positive,
+                        help=f"timed repeats of every row (default: {MIN_REPEATS}, more up to {MAX_REPEATS} while "
+                             f"a row's slowest and fastest lie over {round(100 * SETTLED)}%% of its median apart)")
+    bench_.add_argument("--peak-size", type=positive,
+                        help="largest side of the matrix products that measure each precision's peak (default: 8192 "
+                             "on a GPU, 2048 elsewhere)")
     bench_.add_argument("--json", action="store_true", help="the rows as a JSON list")
     bench_.add_argument("--out", metavar="DIR", help=f"folder that receives the rows and their setting as {BENCH_FILE}")
     bench_.set_defaults(run=run)
@@ -44,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     height, width = done.image_size
     print(f"{args.checkpoint} at {height}x{width}, batch {args.batch_size} on {done.device} "
-          f"({done.threads} threads, load {done.load:.1f}); median of {args.repeats} interleaved "
-          f"repeats; GEMM peak at n={args.peak_size}")
+          f"({done.threads} threads, load {done.load:.1f}); images/s: the median of "
+          f"{done.rows[0].repeats if done.rows else 0} interleaved repeats and the slowest-fastest")
     print_table(TABLE_HEADER, [row.cells() for row in done.rows])
+    print("\n".join(peak_notes(done.rows)))
     for runtime, reason in done.skipped.items():
         print(f"skipped {runtime}: {reason}")
     return 0
