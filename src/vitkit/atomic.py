@@ -125,21 +125,21 @@ def _publish(held: Path, ready: Path) -> Path:
             _fsync(ready.parent)
             return ready
         except OSError as error:
-            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            if error.errno not in _TAKEN:
                 raise
         _clear(ready, "ready", wait=True)
     raise OSError(errno.EAGAIN, f"{_TRIES} publications in a row came first", str(ready))
 
 
 def _move_in(fd: int, ready: Path) -> None:
-    """Move the entries of the published folder ``fd`` (at ``ready``, ``.NAME.ready``) in beside it, ``NAME`` last
-    (a folder in the way deleted), then remove it. By ``fd``: a link swapped in for it moves nothing."""
+    """Move the entries of the published folder ``fd`` (at ``ready``, ``.NAME.ready``) in beside it, ``NAME`` last,
+    then remove it. By ``fd``: a link swapped in for ``ready`` moves nothing."""
     name = ready.name[1:-len(".ready")]
     for entry in sorted(os.listdir(fd), key=lambda entry: entry == name):
         try:
             os.replace(entry, ready.parent / entry, src_dir_fd=fd)
-        except OSError as error:  # a directory cannot be renamed over a non-empty one: that one goes first
-            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+        except OSError as error:  # a folder cannot be renamed over a non-empty one: that one is deleted first
+            if error.errno not in _TAKEN:
                 raise
             retire(ready.parent / entry)
             os.replace(entry, ready.parent / entry, src_dir_fd=fd)
@@ -151,16 +151,16 @@ def _move_in(fd: int, ready: Path) -> None:
 def retire(path: Path) -> None:
     """Delete a directory so that it disappears at once: renamed into a held ``.tmp`` (which ``sweep`` clears,
     should the deletion be cut short), then removed."""
-    with _held_folder(path) as doomed:
+    with _held_folder(path) as doomed:  # not staging_beside: a sweep must not start inside another
         os.replace(path, doomed / path.name)
         _fsync(path.parent)
 
 
 def sweep(directory: str | Path, only: str | None = None, min_age_s: float = 0) -> list[Path]:
     """Finish what killed writers left in ``directory`` (of ``only`` if named): a ``.ready`` folder is moved in, a
-    temporary deleted; only what no live process holds, older than ``min_age_s`` (for where a lock may not tell:
-    no flock, or locks that other machines do not see). One that cannot be opened (out of fds, another user's) is
-    kept. Returns what was removed."""
+    temporary deleted; only what no live process holds, and is older than ``min_age_s`` (for where a lock may not
+    tell: no flock, or locks that other machines do not see). One that cannot be opened (out of fds, another
+    user's) is kept. Returns what was removed."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -182,9 +182,10 @@ def _clear(entry: Path, kind: str, min_age_s: float = 0, wait: bool = False) -> 
             return False
         if kind != "ready":
             return remove_tree(entry)
-        if stat.S_ISDIR(os.fstat(fd).st_mode):  # (a file so named is none of ours)
+        folder = stat.S_ISDIR(os.fstat(fd).st_mode)  # a file so named is none of ours
+        if folder:
             _move_in(fd, entry)
-        return stat.S_ISDIR(os.fstat(fd).st_mode)
+        return folder
     finally:
         os.close(fd)
 
@@ -242,22 +243,6 @@ def _locked(fd: int, path: str | Path, wait: bool, min_age_s: float = 0) -> bool
     return os.path.samestat(os.fstat(fd), now) and time.time() - now.st_mtime >= min_age_s
 
 
-def name_the_file(error: BaseException, path: Path) -> None:
-    """A failed write (ENOSPC, EIO) names no file by itself: name the one being written."""
-    if isinstance(error, OSError) and error.errno is not None and error.filename is None:
-        raise OSError(error.errno, error.strerror, str(path)) from error
-
-
-@contextlib.contextmanager
-def os_errors(path: str | Path) -> Iterator[None]:
-    """Report a failed write as the OSError it is: torch.save raises RuntimeError and safetensors
-    SafetensorError when the disk is full or a file size limit is reached."""
-    try:
-        yield
-    except (RuntimeError, SafetensorError) as error:
-        raise OSError(f"{path}: could not write ({' '.join(str(error).split())}); is the disk full?") from error
-
-
 def _fsync(path: Path) -> None:
     """Make a file's data, or a folder's renames, durable (where the OS can fsync a folder)."""
     try:
@@ -272,7 +257,7 @@ def _fsync(path: Path) -> None:
 
 
 def remove_tree(path: Path) -> bool:
-    """Delete a file, or a directory tree; whether it was. A failure is a warning naming it and why (a prune that
+    """Delete a file or a directory tree; whether it was. A failure is a warning naming it and why (a prune that
     fails is reported, not hidden)."""
     try:
         shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
@@ -282,3 +267,19 @@ def remove_tree(path: Path) -> bool:
         warnings.warn(f"could not delete {path}: {error}; delete it by hand to free the space", stacklevel=2)
         return False
     return True
+
+
+def name_the_file(error: BaseException, path: Path) -> None:
+    """A failed write (ENOSPC, EIO) names no file by itself: name the one being written."""
+    if isinstance(error, OSError) and error.errno is not None and error.filename is None:
+        raise OSError(error.errno, error.strerror, str(path)) from error
+
+
+@contextlib.contextmanager
+def os_errors(path: str | Path) -> Iterator[None]:
+    """Report a failed write as the OSError it is: torch.save raises RuntimeError and safetensors
+    SafetensorError when the disk is full or a file size limit is reached."""
+    try:
+        yield
+    except (RuntimeError, SafetensorError) as error:
+        raise OSError(f"{path}: could not write ({' '.join(str(error).split())}); is the disk full?") from error
