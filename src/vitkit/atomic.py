@@ -47,8 +47,7 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator:
             yield handle
         move_into_place((Path(tmp), path))
     except BaseException as error:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        remove_tree(Path(tmp))
         name_the_file(error, path)
         raise
     finally:
@@ -219,8 +218,7 @@ def _held_temporary(path: Path, folder: bool) -> tuple[int, str]:
                 return fd, name
         except BaseException:  # interrupted while waiting for the lock: neither the fd nor the temporary outlives us
             os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                (os.rmdir if folder else os.unlink)(name)
+            remove_tree(Path(name))
             raise
         os.close(fd)
     raise OSError(errno.EAGAIN, f"{_TRIES} temporaries in a row were swept before they could be locked (is another "
