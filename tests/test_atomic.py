@@ -1,5 +1,5 @@
-"""Atomic writes after a crash: leftovers swept (those of killed writers only), a version moved aside put back, a
-full disk named."""
+"""Atomic writes after a crash: leftovers swept (those of killed writers only), a published version moved in
+whole, a full disk named."""
 
 import errno
 import fcntl
@@ -15,23 +15,28 @@ import pytest
 from launch import start_until_ready
 
 from vitkit import atomic
-from vitkit.atomic import (GROUP_FILE, atomic_directory, atomic_file, move_group_into_place, retire, staging_beside,
-                           sweep)
+from vitkit.atomic import atomic_directory, atomic_file, move_group_into_place, retire, staging_beside, sweep
 from vitkit.train.metrics_log import MetricsLog
 
 
-def test_sweep_puts_back_a_version_moved_aside_and_clears_temporaries(tmp_path):
-    # The state a kill leaves between atomic_directory's two renames: the old `best` moved aside, the new
-    # one complete in its staging folder but not renamed; plus an interrupted file write.
+def test_sweep_moves_a_published_version_in_and_clears_temporaries(tmp_path):
+    # The state a kill leaves once atomic_directory has published the new `best` (renamed its staging folder to
+    # `.best.ready`) but not yet moved it in; plus a killed staging folder, an interrupted file write, and the
+    # `.old` folder that earlier versions of vitkit moved a replaced version into (deleted, never put back).
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "config.json").write_text("old")
+    (tmp_path / ".best.ready" / "best").mkdir(parents=True)
+    (tmp_path / ".best.ready" / "best" / "config.json").write_text("new")
     (tmp_path / ".best.k3j2.old" / "best").mkdir(parents=True)
-    (tmp_path / ".best.k3j2.old" / "best" / "config.json").write_text("old")
+    (tmp_path / ".best.k3j2.old" / "best" / "config.json").write_text("older")
     (tmp_path / ".best.x9a1.tmp").mkdir()
-    (tmp_path / ".best.x9a1.tmp" / "config.json").write_text("new")
+    (tmp_path / ".best.x9a1.tmp" / "config.json").write_text("half")
     (tmp_path / ".summary.json.q0w9.tmp").write_text("{")
     (tmp_path / ".hidden-but-ours-not").write_text("kept")
     removed = sweep(tmp_path)
-    assert (tmp_path / "best" / "config.json").read_text() == "old"
-    assert sorted(p.name for p in removed) == [".best.k3j2.old", ".best.x9a1.tmp", ".summary.json.q0w9.tmp"]
+    assert (tmp_path / "best" / "config.json").read_text() == "new"
+    assert sorted(p.name for p in removed) == [".best.k3j2.old", ".best.ready", ".best.x9a1.tmp",
+                                               ".summary.json.q0w9.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden-but-ours-not", "best"]
 
 
@@ -58,9 +63,9 @@ def test_a_full_disk_names_the_metrics_file(tmp_path):
 
 
 # A writer of TARGET, of the KIND named, that stops in the middle of its write (its temporaries made, READY
-# touched) until GO exists, then finishes. "replacing" stops atomic_directory between its two renames: the
-# previous version moved aside into its `.old` folder, the new one not yet in place; "retiring" stops retire
-# with the folder it deletes half deleted.
+# touched) until GO exists, then finishes. "replacing" stops atomic_directory once it has published the new
+# version (`.model.ready`) and moved the previous one aside to delete it, the new one not yet in place; "retiring"
+# stops retire with the folder it deletes half deleted.
 PAUSED_WRITER = """
 import os, sys, time
 from pathlib import Path
@@ -98,9 +103,9 @@ elif kind == "retiring":
     atomic.retire(target)
 else:
     replace = os.replace
-    def pause_once_moved_aside(source, destination):
-        replace(source, destination)
-        if Path(destination).parent.name.endswith(".old"):
+    def pause_once_moved_aside(source, destination, **fds):
+        replace(source, destination, **fds)
+        if Path(destination).parent.name.endswith(".tmp"):
             pause()
     os.replace = pause_once_moved_aside
     with atomic.atomic_directory(target) as staging:
@@ -154,7 +159,10 @@ def test_sweep_keeps_a_live_writers_temporaries_and_clears_a_killed_ones_at_once
     assert killed.wait(timeout=60) == -signal.SIGKILL
     next_writer_sweeps()
     assert temporaries(folder, target.name) == [], "a killed writer's temporaries go at once, whatever their age"
-    assert landed() == whole, "the version the killed writer was replacing is whole (put back if moved aside)"
+    if kind == "replacing":
+        assert landed() == "never", "the version the killed writer published is moved in, whole"
+    else:
+        assert landed() == whole, "the version the killed writer was replacing is whole"
 
 
 def test_a_checkpoint_whose_deletion_was_cut_short_is_not_put_back(tmp_path):
@@ -306,34 +314,34 @@ def test_a_temporary_that_sweep_cannot_open_is_kept(tmp_path, monkeypatch, error
 
 
 def test_a_link_named_as_a_temporary_goes_alone(tmp_path):
-    # A hostile `.old` link: were it followed, the folder it points to would be "put back" into the swept one.
+    # A hostile `.ready` link: were it followed, what the folder it points to holds would be moved into the swept one.
     victim, folder = tmp_path / "victim", tmp_path / "run"
     (victim / "x").mkdir(parents=True)
     (victim / "x" / "config.json").write_text("theirs")
     folder.mkdir()
-    (folder / ".x.abc.old").symlink_to(victim)
+    (folder / ".x.ready").symlink_to(victim)
     (folder / ".y.abc.tmp").symlink_to(victim / "x")
-    assert sorted(p.name for p in sweep(folder)) == [".x.abc.old", ".y.abc.tmp"]
+    assert sorted(p.name for p in sweep(folder)) == [".x.ready", ".y.abc.tmp"]
     assert list(folder.iterdir()) == [] and (victim / "x" / "config.json").read_text() == "theirs"
 
 
 def test_a_link_swapped_in_after_the_lock_moves_nothing(tmp_path, monkeypatch):
-    """The ``.old`` folder is swapped for a link from inside sweep's ``flock``, once its lock is taken: the
+    """The ``.ready`` folder is swapped for a link from inside sweep's ``flock``, once its lock is taken: the
     moment an attacker (or a writer renaming its temporary) would have to hit, made certain."""
     victim, folder = tmp_path / "victim", tmp_path / "run"
     (victim / "x").mkdir(parents=True)
     (victim / "x" / "config.json").write_text("theirs")
-    (folder / ".x.abc.old" / "x").mkdir(parents=True)
+    (folder / ".x.ready" / "x").mkdir(parents=True)
     real = fcntl.flock
 
     def swap_after_locking(fd, operation):
         real(fd, operation)
         monkeypatch.setattr(fcntl, "flock", real)
-        (folder / ".x.abc.old").rename(tmp_path / "elsewhere")
-        (folder / ".x.abc.old").symlink_to(victim)
+        (folder / ".x.ready").rename(tmp_path / "elsewhere")
+        (folder / ".x.ready").symlink_to(victim)
     monkeypatch.setattr(fcntl, "flock", swap_after_locking)
     assert sweep(folder) == [], "what was locked is no longer there: nothing done"
-    assert [p.name for p in folder.iterdir()] == [".x.abc.old"] and (victim / "x" / "config.json").exists()
+    assert [p.name for p in folder.iterdir()] == [".x.ready"] and (victim / "x" / "config.json").exists()
 
 
 def test_two_sweeps_at_once_remove_and_report_a_temporary_once(tmp_path, monkeypatch):
@@ -351,25 +359,41 @@ def test_two_sweeps_at_once_remove_and_report_a_temporary_once(tmp_path, monkeyp
     assert sweep(tmp_path) == [] and other == [killed] and not killed.exists()
 
 
-def test_a_put_back_that_loses_the_race_to_a_writer_keeps_the_old_version_aside(tmp_path, monkeypatch):
-    """A live writer of the same target renames its version in between sweep's look and its put-back: made
-    certain by running that writer from inside ``os.replace``."""
-    target = tmp_path / "ckpt"
-    (tmp_path / ".ckpt.k3j2.old" / "ckpt").mkdir(parents=True)
-    (tmp_path / ".ckpt.k3j2.old" / "ckpt" / "config.json").write_text("old")
-    real_replace = os.replace
+def test_a_writer_moves_in_an_earlier_publication_of_its_target_before_its_own(tmp_path):
+    """A killed writer published `ckpt` (its `.ckpt.ready` holds it whole) but never moved it in: the next writer of
+    `ckpt` finishes that one first, then publishes its own; nothing is left beside it."""
+    (tmp_path / ".ckpt.ready" / "ckpt").mkdir(parents=True)
+    (tmp_path / ".ckpt.ready" / "ckpt" / "config.json").write_text("killed")
+    with atomic_directory(tmp_path / "ckpt") as staging:
+        (staging / "config.json").write_text("new")
+    assert (tmp_path / "ckpt" / "config.json").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
-    def writer_first(source, destination, **fds):
-        if os.path.basename(source) == "ckpt" and not target.exists():
-            with atomic_directory(target) as staging:
-                (staging / "config.json").write_text("new")
-        real_replace(source, destination, **fds)
-    with monkeypatch.context() as patched:
-        patched.setattr(os, "replace", writer_first)
-        assert sweep(tmp_path) == []
-    assert (target / "config.json").read_text() == "new"
-    assert [p.name for p in sweep(tmp_path)] == [".ckpt.k3j2.old"], "the next sweep clears it"
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"] and (target / "config.json").read_text() == "new"
+
+def test_a_writer_waits_for_a_live_publication_of_its_target_then_lands_after_it(tmp_path):
+    """A live writer is stopped half-way through moving its published version in (the previous one moved aside,
+    the new one not yet in place): a second writer of the same target waits for it, and lands last."""
+    import threading
+
+    folder, ready, go = tmp_path / "out", tmp_path / "ready", tmp_path / "go"
+    target = folder / "model"
+    with atomic_directory(target) as staging:
+        (staging / "config.json").write_text("before")
+    live = paused_writer("replacing", target, ready, go, "first")
+
+    def second_writer():
+        with atomic_directory(target) as staging:
+            (staging / "config.json").write_text("second")
+    second = threading.Thread(target=second_writer)
+    second.start()
+    second.join(timeout=2)
+    assert second.is_alive() and not target.exists(), "the second writer waits while the first moves its version in"
+    go.touch()
+    _, err = live.communicate(timeout=240)
+    assert live.returncode == 0, err[-3000:]
+    second.join(timeout=60)
+    assert not second.is_alive() and (target / "config.json").read_text() == "second"
+    assert temporaries(folder, target.name) == []
 
 
 def test_an_old_version_whose_deletion_failed_is_never_put_back(tmp_path, monkeypatch):
@@ -394,9 +418,9 @@ def test_an_old_version_whose_deletion_failed_is_never_put_back(tmp_path, monkey
     assert list(tmp_path.iterdir()) == [], "the half-deleted version 1 is not put back"
 
 
-def test_replacing_a_version_makes_no_folder_once_the_new_one_is_in_place(tmp_path, monkeypatch):
-    """A disk full after the new version is renamed in (``mkdir`` failing with ENOSPC, made so here: root may fill
-    no disk in a test): the save stands, the old version is deleted, nothing is left behind."""
+def test_replacing_a_version_makes_no_folder_but_its_staging_and_the_old_ones_deletion(tmp_path, monkeypatch):
+    """A disk full once the new version is written (``mkdir`` failing with ENOSPC, made so here: root may fill no
+    disk in a test): publishing and moving it in make no further folder, so the save stands and nothing is left."""
     import tempfile
 
     target = tmp_path / "step-1"
@@ -404,7 +428,7 @@ def test_replacing_a_version_makes_no_folder_once_the_new_one_is_in_place(tmp_pa
         (staging / "model.safetensors").write_text("weights 1")
     made, real = [], tempfile.mkdtemp
 
-    def two_folders_then_full(*args, **kwargs):  # the staging folder and the .old, then no space
+    def two_folders_then_full(*args, **kwargs):  # the staging folder and the old version's, then no space
         made.append(args)
         if len(made) > 2:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -415,25 +439,25 @@ def test_replacing_a_version_makes_no_folder_once_the_new_one_is_in_place(tmp_pa
     assert (target / "model.safetensors").read_text() == "weights 2" and list(tmp_path.iterdir()) == [target]
 
 
-def test_an_old_version_that_cannot_be_renamed_for_deletion_waits_for_the_next_sweep(tmp_path, monkeypatch):
-    """The rename of the held ``.old`` to a ``.tmp`` refused (EIO, made so here): the save stands with a warning,
-    and the next sweep deletes the old version rather than putting it back."""
+def test_a_published_version_that_cannot_be_moved_in_yet_waits_for_the_next_sweep(tmp_path, monkeypatch):
+    """Moving the previous version aside refused (EIO, made so here) once the new one is published: the save fails
+    naming its target, the previous version is still in place, and the next sweep moves the published one in."""
     target = tmp_path / "step-1"
     with atomic_directory(target) as staging:
         (staging / "model.safetensors").write_text("weights 1")
     real = os.replace
 
-    def refuse_to_rename_an_old(source, destination, *args, **kwargs):
-        if str(source).endswith(".old"):
-            raise OSError(errno.EIO, os.strerror(errno.EIO), str(source))
+    def refuse_to_move_aside(source, destination, *args, **kwargs):
+        if Path(destination).parent.name.endswith(".tmp"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
         return real(source, destination, *args, **kwargs)
     with monkeypatch.context() as patched:
-        patched.setattr(os, "replace", refuse_to_rename_an_old)
-        with pytest.warns(UserWarning, match="the next sweep of"), \
-                atomic_directory(target, allowed_existing=("model.safetensors",)) as staging:
+        patched.setattr(os, "replace", refuse_to_move_aside)
+        with pytest.raises(OSError) as error, atomic_directory(target, allowed_existing=("model.safetensors",)) as staging:
             (staging / "model.safetensors").write_text("weights 2")
-    assert (target / "model.safetensors").read_text() == "weights 2" and len(list(tmp_path.iterdir())) == 2
-    sweep(tmp_path)
+    assert error.value.errno == errno.EIO and error.value.filename == str(target)
+    assert (target / "model.safetensors").read_text() == "weights 1"
+    assert [p.name for p in sweep(tmp_path)] == [".step-1.ready"]
     assert list(tmp_path.iterdir()) == [target] and (target / "model.safetensors").read_text() == "weights 2"
 
 
@@ -468,24 +492,34 @@ def test_without_flock_writes_land_and_sweep_goes_by_age(tmp_path, monkeypatch, 
     assert sweep(tmp_path) == [recent]
 
 
-def test_a_group_set_aside_is_put_back_whole_and_names_nothing_outside_its_folder(tmp_path):
-    """A kill between the renames of a group leaves its ``.old`` folder: sweep puts every file it kept back over
-    the new one and removes a new file the group did not have; a listed name that climbs out moves nothing."""
+def test_a_published_group_is_moved_in_by_sweep_its_named_file_last(tmp_path):
+    """A kill while a group is moved in (its weights in place, its graph not yet) leaves its ``.ready`` folder: the
+    next sweep moves the rest in, so the graph and its weights are the new pair."""
     folder = tmp_path / "out"
     folder.mkdir()
-    (tmp_path / "outside").write_text("keep")
-    (folder / "g.bin").write_text("new weights")  # renamed in before the kill
-    (folder / "g.xml").write_text("old graph")  # not yet replaced
-    (folder / "g.extra").write_text("new, of a group that had none")
-    aside = folder / ".g.xml.abc.old"
-    aside.mkdir()
-    (aside / "g.bin").write_text("old weights")
-    (aside / "g.xml").write_text("old graph")
-    (aside / GROUP_FILE).write_text("g.bin\ng.extra\n../outside\ng.xml\n")
-    assert sweep(folder) == [aside]
+    (folder / "g.bin").write_text("new weights")  # moved in before the kill
+    (folder / "g.xml").write_text("old graph")
+    (folder / ".g.xml.ready").mkdir()
+    (folder / ".g.xml.ready" / "g.xml").write_text("new graph")
+    assert sweep(folder) == [folder / ".g.xml.ready"]
     assert sorted(p.name for p in folder.iterdir()) == ["g.bin", "g.xml"]
-    assert (folder / "g.bin").read_text() == "old weights" and (folder / "g.xml").read_text() == "old graph"
-    assert (tmp_path / "outside").read_text() == "keep"
+    assert (folder / "g.bin").read_text() == "new weights" and (folder / "g.xml").read_text() == "new graph"
+
+
+def test_a_group_is_moved_in_in_order_the_named_file_last(tmp_path, monkeypatch):
+    """Each rename into place, recorded: the weights land before the graph that a reader opens, so a graph is never
+    beside weights older than itself."""
+    for name, text in (("new.bin", "new weights"), ("new.xml", "new graph")):
+        (tmp_path / name).write_text(text)
+    real, landed = os.replace, []
+
+    def recorded(source, destination, *args, **kwargs):
+        real(source, destination, *args, **kwargs)
+        if Path(destination).parent == tmp_path:
+            landed.append(Path(destination).name)
+    monkeypatch.setattr(os, "replace", recorded)
+    move_group_into_place((tmp_path / "new.bin", tmp_path / "g.bin"), (tmp_path / "new.xml", tmp_path / "g.xml"))
+    assert landed == ["g.bin", "g.xml"]
 
 
 def test_a_group_moved_into_place_leaves_nothing_aside(tmp_path):

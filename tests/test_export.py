@@ -144,17 +144,19 @@ def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
         export(model, tmp_path / "q.xml", "openvino", quantize="int8")
 
 
-# A `vitkit convert` whose process is SIGKILLed at the rename of its file ending in {suffix}, just before it or
-# just after it: the moments an export is cut short with its work in a staging folder (and, for OpenVINO's
-# .bin, a pair written file by file torn apart).
+# A `vitkit convert` whose process is SIGKILLed at the {count}th rename of a file to a name ending in {suffix},
+# just before it or just after it: the moments an export is cut short with its work in a staging folder (and, for
+# OpenVINO's .bin, once gathered for publication and once moved into place, a pair moved in file by file).
 KILLED_AT_A_RENAME = """
 import os, signal, sys
-real_replace = os.replace
-def replace_and_die(source, target):
-    if str(target).endswith({suffix!r}) and not {after}:
+real_replace, seen = os.replace, []
+def replace_and_die(source, target, **fds):
+    if str(target).endswith({suffix!r}):
+        seen.append(target)
+    if len(seen) == {count} and str(target).endswith({suffix!r}) and not {after}:
         os.kill(os.getpid(), signal.SIGKILL)
-    real_replace(source, target)
-    if str(target).endswith({suffix!r}) and {after}:
+    real_replace(source, target, **fds)
+    if len(seen) == {count} and str(target).endswith({suffix!r}) and {after}:
         os.kill(os.getpid(), signal.SIGKILL)
 os.replace = replace_and_die
 from vitkit.cli import main
@@ -162,10 +164,11 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def convert_killed(source, target, to, suffix, after):
-    """Run ``vitkit convert SOURCE TARGET --to TO`` in a process SIGKILLed at the rename of ``suffix``."""
+def convert_killed(source, target, to, suffix, after, count=1):
+    """Run ``vitkit convert SOURCE TARGET --to TO`` in a process SIGKILLed at the ``count``th rename to ``suffix``."""
     env = child_env()
-    killed = subprocess.run([sys.executable, "-c", KILLED_AT_A_RENAME.format(suffix=suffix, after=after), "convert",
+    script = KILLED_AT_A_RENAME.format(suffix=suffix, after=after, count=count)
+    killed = subprocess.run([sys.executable, "-c", script, "convert",
                              str(source), str(target), "--to", to], env=env, capture_output=True, text=True,
                             timeout=240)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -191,9 +194,10 @@ def test_an_onnx_export_killed_before_its_rename_keeps_the_old_file_and_its_left
 
 
 def test_an_openvino_pair_is_replaced_as_one_unit_and_never_runs_another_exports_weights(tmp_path, capsys):
-    """A kill between the renames of the weights and the graph leaves the previous pair set aside; reading the
-    graph puts it back whole (or, for a first export, takes the lone weights away). A pair of two exports put
-    together by hand is refused by the digest the graph records."""
+    """A kill before the pair is published leaves the previous pair; a kill once it is, between the renames of the
+    weights and the graph into place, leaves the new pair's graph waiting beside its weights, and reading the graph
+    moves it in (for a first export too): a reader runs the old pair or the new one, never a mix. A pair of two
+    exports put together by hand is refused by the digest the graph records."""
     pytest.importorskip("openvino")
     old, new = small_model(), small_model()
     old.save(tmp_path / "old")
@@ -201,19 +205,19 @@ def test_an_openvino_pair_is_replaced_as_one_unit_and_never_runs_another_exports
     assert main(["convert", str(tmp_path / "old"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0
     images = torch.randn(2, 3, 16, 24)
     torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), old(images).detach(), atol=1e-4, rtol=0)
-    convert_killed(tmp_path / "new", tmp_path / "m.xml", "openvino", ".bin", after=True)
-    aside, staging = sorted(hidden(tmp_path), key=lambda name: name.endswith(".tmp"))  # the previous pair set
-    assert staging.startswith(".m.xml.") and staging.endswith(".tmp")  # aside, and the killed export's work
-    assert (tmp_path / staging / "model.xml").is_file() and aside.startswith(".m.xml.") and aside.endswith(".old")
-    assert sorted(p.name for p in (tmp_path / aside).iterdir()) == [".group", "m.bin", "m.xml"]
+    convert_killed(tmp_path / "new", tmp_path / "m.xml", "openvino", ".bin", after=True, count=1)  # gathered only
+    assert all(name.startswith(".m.xml.") and name.endswith(".tmp") for name in hidden(tmp_path))
     torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), old(images).detach(), atol=1e-4, rtol=0)
-    assert hidden(tmp_path) == []  # put back whole, the leftovers swept
-    convert_killed(tmp_path / "new", tmp_path / "first.xml", "openvino", ".bin", after=True)  # no previous pair
-    assert (tmp_path / "first.bin").is_file() and not (tmp_path / "first.xml").exists()
-    with pytest.raises(FileNotFoundError):
-        OpenVinoModel(tmp_path / "first.xml")
-    assert not (tmp_path / "first.bin").exists() and hidden(tmp_path) == []  # the lone weights taken away
-    assert main(["convert", str(tmp_path / "new"), str(tmp_path / "n.xml"), "--to", "openvino"]) == 0
+    assert hidden(tmp_path) == []  # the killed export's work swept
+    convert_killed(tmp_path / "new", tmp_path / "m.xml", "openvino", ".bin", after=True, count=2)  # the weights in
+    assert ".m.xml.ready" in hidden(tmp_path) and (tmp_path / ".m.xml.ready" / "m.xml").is_file()
+    torch.testing.assert_close(OpenVinoModel(tmp_path / "m.xml")(images), new(images).detach(), atol=1e-4, rtol=0)
+    assert hidden(tmp_path) == []  # moved in whole, the leftovers swept
+    convert_killed(tmp_path / "old", tmp_path / "first.xml", "openvino", ".bin", after=True, count=2)  # a first
+    assert (tmp_path / "first.bin").is_file() and not (tmp_path / "first.xml").exists()  # export, torn the same way
+    torch.testing.assert_close(OpenVinoModel(tmp_path / "first.xml")(images), old(images).detach(), atol=1e-4, rtol=0)
+    assert hidden(tmp_path) == []
+    assert main(["convert", str(tmp_path / "old"), str(tmp_path / "n.xml"), "--to", "openvino"]) == 0
     shutil.copy(tmp_path / "n.bin", tmp_path / "m.bin")  # another export's weights beside m.xml
     with pytest.raises(CheckpointError, match="m.bin is not the weights file this graph was exported with"):
         OpenVinoModel(tmp_path / "m.xml")

@@ -61,9 +61,10 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     batches), checked by OpenVINO in fp32; ``traced`` is an ONNX export of this very model to convert instead of
     tracing again.
 
-    The two files are replaced as one unit (``atomic.move_group_into_place``): a kill between their renames leaves
-    the previous pair set aside, put back by the next export or read of ``path``. The graph also records the
-    SHA-256 of its weights, so that a pair of two exports (copied by hand) is refused when read, never run."""
+    The two files are published as one unit (``atomic.move_group_into_place``): a kill before that leaves the
+    previous pair, and one while they are moved in leaves the new graph waiting, moved in by the next export or
+    read of ``path``. The graph also records the SHA-256 of its weights, so that a pair of two exports (copied by
+    hand) is refused when read, never run."""
     openvino = _require_openvino()
     path = Path(path)
     if path.suffix != ".xml":
@@ -121,7 +122,7 @@ class OpenVinoModel(ExportedModel):
         super().__init__()
         openvino = _require_openvino()
         self.path = Path(path)
-        if self.path.parent.is_dir():  # an export of this pair cut short: its previous pair is put back first
+        if self.path.parent.is_dir():  # an export of this pair cut short while moving it in: finished first
             sweep(self.path.parent, only=self.path.name)
         for needed in (self.path, self.path.with_suffix(".bin")):
             regular_file(needed)  # a FIFO would block OpenVINO's reader

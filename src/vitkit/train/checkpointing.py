@@ -4,8 +4,9 @@
 ``training_state.pt`` (optimiser, RNG, EMA, counters: tensors and plain values only, read back with
 ``weights_only=True``). When the trained module wraps a ViT as ``.encoder`` (masked patch prediction),
 the directory is still a plain ViT checkpoint, and the wrapper's own weights (its [mask] embedding and
-prediction head) go beside it in ``objective.safetensors``. Each is written atomically, so the
-previous one survives a crash at any moment; only the last ``keep_last`` are kept. The files hold
+prediction head) go beside it in ``objective.safetensors``. Each is written once, under its own step's name, and
+published by one rename (``atomic.atomic_directory``), so the earlier ones survive a crash at any moment; only the
+last ``keep_last`` are kept. The files hold
 whole tensors whether the run was one process, DDP or FSDP (``distributed.full_state`` gathers the
 shards), and every rank's random generator.
 """
@@ -48,7 +49,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def sweep_run(run_dir: Path) -> None:
-    """Clear what writers killed mid-write left in a run directory (each a checkpoint's size)."""
+    """Finish what writers killed mid-write left in a run directory: a checkpoint published but not yet moved in is
+    moved in, one not yet published (a checkpoint's size) deleted."""
     for directory in (Path(run_dir), Path(run_dir) / "checkpoints"):
         sweep(directory)
 
