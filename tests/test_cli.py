@@ -23,7 +23,8 @@ import vitkit
 from launch import child_env, launch
 from vitkit.cli import build_parser, load_checkpoint, main
 from vitkit.errors import ConfigError
-from vitkit.declare import FLAG_PREFIX, declared, flag_values
+from vitkit.declare import declared
+from vitkit.declare_flags import FLAG_PREFIX, flag_values
 from vitkit.models.config import pair
 from vitkit.train.recipes import IMAGE_SIZE_FORMS, MODEL_ARGS_FLAG, SECTIONS, resolve
 

@@ -10,7 +10,8 @@ import pytest
 
 import vitkit
 from vitkit.cli import build_parser, main
-from vitkit.declare import FLAG_PREFIX, declared, flag_defaults
+from vitkit.declare import declared
+from vitkit.declare_flags import FLAG_PREFIX, flag_defaults
 from vitkit.errors import ConfigError
 from vitkit.train.recipes import FLAT, SECTIONS, Optim, Recipe, read_config_file, resolve
 

@@ -60,7 +60,7 @@ def cli_reference() -> str:
     """Markdown for the ``vitkit`` parser and every (nested) subcommand, in the order ``vitkit --help`` lists them."""
     sys.path.insert(0, str(ROOT / "src"))
     from vitkit.cli import build_parser
-    from vitkit.declare import flag_defaults
+    from vitkit.declare_flags import flag_defaults
     from vitkit.train.recipes import SECTIONS
 
     recipe_defaults = flag_defaults(SECTIONS.items())

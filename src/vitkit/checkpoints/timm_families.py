@@ -30,6 +30,7 @@ from ..models.config import Provenance, ViTConfig
 from .files import check_fields
 from .inference import infer_config
 from .names import Names, rename
+from .timm_naflex import NAFLEX_ARCHITECTURES, NAFLEX_DEFAULTS, read_timm_naflex
 
 # The arguments of timm's Eva, in timm's words, where its definitions use other values than these.
 EVA_DEFAULTS: dict[str, Any] = dict(
@@ -80,34 +81,9 @@ NAMES = Names([
 ])
 
 
-# timm's NaFlexViT (one model for any aspect ratio, SigLIP 2's NaFlex): its configuration's fields, in timm's
-# words, and those of its definitions vitkit reads; a position table of 16 x 16 by default, resampled per image.
-NAFLEX_DEFAULTS: dict[str, Any] = dict(
-    global_pool="map", fc_norm=None, final_norm=True, pool_include_prefix=False, pos_embed="learned",
-    pos_embed_interp_mode="bicubic", pos_embed_antialias=True, pos_embed_align_corners=False,
-    pos_embed_ar_preserving=False, pos_embed_use_grid_sample=False, act_layer=None, rope_type="",
-    patchify_channels_last=True, attn_type="standard", num_kv_heads=None,
-)
-NAFLEX_ARCHITECTURES = {
-    r"naflexvit_base_patch16_gap": dict(global_pool="avg", fc_norm=True),
-    r"naflexvit_base_patch16_map": {},
-    r"naflexvit_so150m2_patch16_reg1_gap": dict(global_pool="avg", fc_norm=True),
-    r"naflexvit_so150m2_patch16_reg1_map": {},
-    r"naflexvit_(base|so400m)_patch16_siglip": dict(act_layer="gelu_tanh", pos_embed_interp_mode="bilinear"),
-}
-NAFLEX_HEADS = {832: 13, 1152: 16}
 # What the numbers of a hub directory's model_args must be (kinds of files.FIELD_KINDS).
 MODEL_ARG_KINDS = dict(rope_temperature="positive", rope_grid_offset="number", attn_pool_num_heads="count",
                        attn_pool_mlp_ratio="positive", num_reg_tokens="whole")
-NAFLEX_NAMES = Names([
-    ("embeds.pos_embed", "pos_embed.weight"),
-    ("embeds.cls_token", "cls_token"),
-    ("embeds.reg_token", "reg_token"),
-    ("embeds.proj.{rest}", "patch_embed.proj.{rest}"),
-    ("embeds.norm.{rest}", "patch_embed.norm.{rest}"),
-    ("attn_pool.latent", "attn_pool.probe"),
-    ("{rest}", "{rest}"),
-])
 
 
 def family_of_architecture(architecture: str) -> tuple[str, dict[str, Any]] | None:
@@ -282,57 +258,6 @@ def read_timm_hub_family(state: dict[str, torch.Tensor], hub: dict[str, Any], fa
     size = model_args.get("img_size", input_size[1:] if isinstance(input_size, list) and len(input_size) == 3 else None)
     return read_timm_family(state, family, args, overrides, str(path), model_args.get("num_heads"),
                             tuple(size) if isinstance(size, list) else size)
-
-
-def naflex_fields(args: dict[str, Any], source: Any) -> dict[str, Any]:
-    """vitkit's config fields for timm NaFlexViT configuration ``args`` (the definition's, then model_args)."""
-    a = {**NAFLEX_DEFAULTS, **args}
-    refused = [f"{name}={a[name]!r}" for name, bad in [
-        ("pos_embed", a["pos_embed"] not in ("learned", "none")), ("pos_embed_ar_preserving", a["pos_embed_ar_preserving"]),
-        ("rope_type", a["rope_type"] not in ("", "none")), ("attn_type", a["attn_type"] != "standard"),
-        ("pos_embed_use_grid_sample", a["pos_embed_use_grid_sample"]),
-        ("num_kv_heads", a["num_kv_heads"] is not None), ("global_pool", a["global_pool"] not in ("avg", "map", "token")),
-        ("act_layer", a["act_layer"] not in (None, "gelu", "gelu_tanh")), ("final_norm", not a["final_norm"]),
-    ] if bad]
-    if refused:
-        raise CheckpointError(f"{source}: a NaFlexViT with {', '.join(refused)}, which vitkit does not compute")
-    fc_norm = a["fc_norm"] if a["fc_norm"] is not None else a["global_pool"] == "avg"
-    return dict(pool={"avg": "gap", "map": "map", "token": "token"}[a["global_pool"]], fc_norm=fc_norm,
-                pool_prefix=a["pool_include_prefix"], gelu="tanh" if a["act_layer"] == "gelu_tanh" else "exact",
-                pos_interp=a["pos_embed_interp_mode"], pos_interp_antialias=a["pos_embed_antialias"],
-                pos_interp_align_corners=a["pos_embed_align_corners"], no_embed_class=True, ln_eps=1e-6)
-
-
-def read_timm_naflex(state: dict[str, torch.Tensor], args: dict[str, Any], overrides: dict[str, Any], source: str,
-                     told_heads: int | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    """A timm NaFlexViT: its linear patch embedding over flattened patches (channels last) becomes the patch
-    kernel, its (1, rows, cols, D) position table a table of the patches alone, on a grid of rows x cols."""
-    fields = naflex_fields(args, source)
-    state = rename(state, NAFLEX_NAMES, source)
-    proj, table = state["patch_embed.proj.weight"], state.get("pos_embed.weight")
-    if proj.ndim == 2:
-        channels = proj.shape[1]
-        in_chans = args.get("in_chans", 3)
-        patch = round((channels // in_chans) ** 0.5)
-        if patch * patch * in_chans != channels:
-            raise CheckpointError(f"{source}: embeds.proj.weight of shape {tuple(proj.shape)} is no patch kernel of "
-                                  f"{in_chans} channels")
-        if {**NAFLEX_DEFAULTS, **args}["patchify_channels_last"]:  # each patch flattened (row, column, channel)
-            kernel = proj.reshape(-1, patch, patch, in_chans).permute(0, 3, 1, 2)
-        else:
-            kernel = proj.reshape(-1, in_chans, patch, patch)
-        state["patch_embed.proj.weight"] = kernel
-    if table is not None:
-        rows, cols = table.shape[1:3]
-        state["pos_embed.weight"] = table.reshape(1, rows * cols, -1)
-        size = (rows * state["patch_embed.proj.weight"].shape[-1], cols * state["patch_embed.proj.weight"].shape[-1])
-        overrides = {"image_size": size, **overrides} if rows != cols else overrides
-    dim = state["patch_embed.proj.weight"].shape[0]
-    heads = told_heads or NAFLEX_HEADS.get(dim)
-    if heads:
-        fields["num_heads"] = heads
-    return infer_config(state, overrides, source, **fields,
-                        provenance=Provenance(format="timm", source=source))
 
 
 # ---------------------------------------------------------------------------------------------- writing

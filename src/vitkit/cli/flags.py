@@ -12,7 +12,8 @@ from ..checkpoints import load
 from ..classnames import escape_name
 from ..data import ALL, RESIZE_MODES, SPLITS
 from ..data.splits import SUITE_SPLITS
-from ..declare import Float, Int, reader
+from ..declare import Float, Int
+from ..declare_flags import reader
 from ..errors import parse_json
 from ..evaluate.accuracy import DEFAULT_VAL_FRACTION
 from ..models.config import pair

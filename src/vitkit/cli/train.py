@@ -9,7 +9,8 @@ import textwrap
 
 from ..train.distributed import leave
 from ..train.launch import train
-from ..declare import FLAG_PREFIX, help_of
+from ..declare import help_of
+from ..declare_flags import FLAG_PREFIX
 from ..train.recipes import DEFAULT_PRESETS, MODEL_ARGS_FLAG, RECIPE_PRESETS, Model, add_recipe_flags, recipe_from_args
 from .flags import override_flags, print_table, runtime_flags
 

@@ -10,7 +10,8 @@ from torch import nn
 
 from ..errors import InputError
 from .config import ViTConfig
-from .position import RelativePositionLogits, apply_rope
+from .position import RelativePositionLogits
+from .rotary import apply_rope
 
 
 class PatchEmbed(nn.Module):

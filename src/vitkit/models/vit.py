@@ -29,7 +29,8 @@ from .config import ViTConfig, pair
 from .layers import AttentionPool, Block, PatchEmbed, make_norm
 from .naflex import PatchBatch, check_patch_batch
 from .patch_resize import resample_patch_kernel
-from .position import make_position_embedding, make_rope
+from .position import make_position_embedding
+from .rotary import make_rope
 from .resnet import make_backbone
 
 # Weights of R, G and B in grey (ITU-R 601-2, as torchvision's rgb_to_grayscale and PIL's convert('L')).

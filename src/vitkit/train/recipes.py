@@ -21,9 +21,9 @@ import yaml
 
 from ..data.loading import CORRUPT
 from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
-from ..declare import (FLAG_PREFIX, Bool, Choice, FieldError, Float, Int, Invalid, Items, Mapping, Maybe, Parsed,
-                       Text, add_flags, check_fields, check_keys, declared, flag_values, load_yaml, refuse, require,
-                       setting)
+from ..declare import (Bool, Choice, FieldError, Float, Int, Invalid, Items, Mapping, Maybe, Parsed, Text,
+                       check_fields, check_keys, declared, load_yaml, refuse, require, setting)
+from ..declare_flags import FLAG_PREFIX, add_flags, flag_values
 from ..errors import ConfigError, parse_json
 from ..models import ViTConfig
 from ..normalization import NORMALIZATION
