@@ -185,7 +185,7 @@ def test_a_bare_dinov3_layout_needs_its_pooling_told(tmp_path):
                                                                r"finite number"),
     ("eva02_tiny_patch14_224", dict(ref_feat_shape=[16, 8]), r"ref_feat_shape=\[16, 8\]; vitkit's rotary grid is "
                                                              r"square"),
-    ("vit_small_patch16_dinov3", dict(img_size="x"), r"image_size='x', expected an int or a \(height, width\)"),
+    ("vit_small_patch16_dinov3", dict(img_size="x"), r"image_size: expected an int or a \(height, width\) pair of ints, each >= 1, got 'x'"),
     ("vit_pe_core_base_patch16_224", dict(attn_pool_num_heads=0), r"model_args.attn_pool_num_heads=0; expected an "
                                                                    r"integer >= 1"),
 ])
