@@ -449,7 +449,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
     from .data import SplitSpec, default_split, evaluation_loader, load_dataset
     from .data.survey import conversions, image_geometry
-    from .evaluate.metrics import evaluate, write_report
+    from .evaluate.metrics import evaluate, real_top1, write_report
 
     model, device, dtype = inference_model(args)
     config = model.config
@@ -475,14 +475,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         transform = checkpoint_transform(config, args.resize)
         loader = evaluation_loader(dataset, transform, args.batch_size, args.num_workers, args.corrupt,
                                    device=device)
-    report = write_report(evaluate(model, loader, config.num_classes, device, dtype), dataset.classes, args.out,
-                          split)
+    evaluation = evaluate(model, loader, config.num_classes, device, dtype, keep_predictions=bool(args.real_labels))
+    real = real_top1(evaluation, args.real_labels, dataset, config.num_classes) if args.real_labels else None
+    report = write_report(evaluation, dataset.classes, args.out, split, real)
     print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
                                         for name, acc in report["per_class"].items()])
     kept = f"report and confusion matrix in {args.out}" if args.out else "pass --out DIR to keep the report and " \
         "confusion matrix"
     print(f"{args.dataset} [{split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
-          f"({report['images']} images); {kept}")
+          f"({report['images']} images)" + (f"  ReaL top-1 {100 * real['real_top1']:.2f}% ({real['real_images']} "
+                                            f"images with labels)" if real else "") + f"; {kept}")
     return 0
 
 
@@ -985,6 +987,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_.add_argument("--val-fraction", type=_fraction, help=f"images held out where the dataset lacks the "
                            f"split (default: the run's, else {DEFAULT_VAL_FRACTION})")
     evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
+    evaluate_.add_argument("--real-labels", metavar="JSON", help="ImageNet's reassessed labels (real.json of "
+                           "google-research/reassessed-imagenet): ReaL top-1 beside top-1")
     evaluate_.add_argument("--batch-size", "-b", type=_positive, default=256)
     evaluate_.add_argument("--num-workers", "-j", type=_count, default=0)
     evaluate_.add_argument("--out", metavar="DIR", help="folder for eval-<split>.json and confusion-<split>.png "
