@@ -608,6 +608,15 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_transfer(args: argparse.Namespace) -> int:
+    """The paper's evaluation suite, run by ``vitkit.transfer.run_transfer``."""
+    from .transfer import run_transfer
+
+    run_transfer(args.checkpoint, args.suite, args.data_dir, args.out, args.budget, args.fewshot, not args.no_finetune,
+                 args.real_labels, args.device, args.recipe)
+    return 0
+
+
 def _drawn_support(args: argparse.Namespace, split: str, features, labels) -> tuple[tuple, tuple, list[int], int]:
     """Support and query (features, labels) drawn from the one set of images of ``split`` (seed 0), said in one
     line; with the shot counts measured and the examples of each class that choose the regulariser."""
@@ -874,6 +883,10 @@ COMMAND_HELP: dict[str, tuple[str, str | None]] = {
              "  vitkit eval model.onnx --dataset imagefolder:photos --split all"),
     "fewshot": ("Few-shot linear evaluation of frozen representations, with a linear probe and k-NN on request.",
                 "example:\n  vitkit fewshot runs/x/model --dataset mnist --data-dir data --shots 1 5 10 25 --knn 20"),
+    "transfer": ("The paper's evaluation suite (Table 2): fine-tune on each task found under --data-dir as appendix "
+                 "B.1.1 does, then print the table row (each dataset, VTAB-1k's group means and mean).",
+                 "examples:\n  vitkit transfer ViT-B/16.npz --suite paper --data-dir /data --out runs/suite\n"
+                 "  vitkit transfer runs/x/model --suite mnist cifar10 --data-dir data --budget small --fewshot"),
     "data": ("Inspect, check and convert datasets.", None),
     "data info": ("Split sizes, classes and images per class of a dataset; nothing is decoded.", None),
     "data verify": ("Decode every image of a dataset once, in parallel, and list the unreadable ones (exit 1).", None),
@@ -1023,6 +1036,26 @@ def build_parser() -> argparse.ArgumentParser:
     _resize_flag(fewshot)
     _runtime_flags(fewshot)
     fewshot.set_defaults(run=cmd_fewshot)
+
+    transfer = sub.add_parser("transfer", help="the paper's evaluation suite: fine-tune on each task, print the table")
+    transfer.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
+    transfer.add_argument("--suite", nargs="+", required=True, metavar="SUITE|TASK",
+                          help="paper (ImageNet, CIFAR-10/100, Pets, Flowers-102, VTAB-1k), vtab1k, or task names")
+    transfer.add_argument("--data-dir", required=True, metavar="DIR", help="the folder holding the tasks' data, "
+                          "each in its usual layout (cifar-10-batches-py/, oxford-iiit-pet/, vtab-1k/<task>/, ...)")
+    transfer.add_argument("--budget", choices=("paper", "small"), default="paper",
+                          help="small: steps and resolution scaled down for a CPU (not the paper's protocol)")
+    transfer.add_argument("--fewshot", action="store_true", help="also few-shot linear rows (appendix B.1.2)")
+    transfer.add_argument("--no-finetune", action="store_true",
+                          help="evaluate the checkpoint as it is (its head must have each task's classes)")
+    transfer.add_argument("--real-labels", metavar="JSON", help="ImageNet's ReaL labels (default: imagenet/real.json "
+                          "under --data-dir where it is there)")
+    _override_flags(transfer, dest="recipe", help="a recipe field of every fine-tuning run, e.g. accum_steps=8 "
+                                                  "(repeatable)")
+    transfer.add_argument("--out", metavar="DIR", help="the suite's folder; the same one resumes a suite that was "
+                          "stopped (default: a new one under runs/)")
+    _runtime_flags(transfer, precision=False)
+    transfer.set_defaults(run=cmd_transfer)
 
     data = sub.add_parser("data", help="inspect, check and convert datasets").add_subparsers(dest="data_command",
                                                                                           required=True)

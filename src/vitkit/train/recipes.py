@@ -55,6 +55,8 @@ class Recipe:
     dataset: str = setting("digits", "data",
         "digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH, webdataset:ROOT, hf:PATH")
     data_dir: str | None = setting(None, "data", "where torchvision's datasets lie")
+    train_split: str = setting("train", "data",
+        "the split a run trains on, as the dataset names its splits (VTAB-1k: train800val200; Pets: trainval)")
     val_fraction: float = setting(0.1, "data",
         "training images held out for validation where the dataset has no val split")
     train_subset: int = setting(0, "data", "train on this many images only (0: all); for quick checks")

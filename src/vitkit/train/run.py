@@ -162,9 +162,9 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     spec = SplitSpec(recipe.val_fraction, seed=0)
     pretraining = recipe.objective == "mpp"
     evaluated = evaluated_splits(recipe, pretraining)
-    splits = load_splits(recipe.dataset, ("train", *evaluated), recipe.data_dir, spec,
+    splits = load_splits(recipe.dataset, (recipe.train_split, *evaluated), recipe.data_dir, spec,
                          recipe.corrupt)  # once per run, every evaluation reuses them
-    train_set = splits["train"]
+    train_set = splits[recipe.train_split]
     if recipe.train_subset:
         if isinstance(train_set, ShardedSplit):
             raise ConfigError(f"train_subset needs a dataset with random access, not the shards of {recipe.dataset}")
@@ -207,7 +207,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
             yield images, labels
 
     loaders = {name: evaluation_loader(dataset, eval_transform, recipe.eval_batch_size, workers, recipe.corrupt,
-                                       env.device) for name, dataset in splits.items() if name != "train"}
+                                       env.device) for name, dataset in splits.items() if name != recipe.train_split}
 
     def measure(network: VisionTransformer, split_name: str) -> Evaluation:
         return evaluate(network, loaders[split_name], len(classes), env.device)
