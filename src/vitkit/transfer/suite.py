@@ -119,16 +119,16 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
 def present_tasks(suite: Sequence[str], root: Path) -> tuple[list[Found], list[str]]:
     """The tasks ``suite`` asks for that lie under ``root``, and the names of those that do not; a task named
     one by one must be there (a DatasetError naming where it was looked for), and so must one task of a suite."""
-    tasks, from_suite = suite_tasks(suite)
+    tasks = suite_tasks(suite)
     found, absent = [], []
-    for task in tasks:
+    for task, named in tasks.values():
         where = find_task(task, root)
-        if where is None and not from_suite:
+        if where is None and named:
             raise DatasetError(f"task {task.name}: not under {root} (expected {expected_places(task, root)})")
         (found if where else absent).append(where or task.name)
     if not found:
         raise DatasetError(f"--suite {' '.join(suite)}: no task under {root}; expected folders such as "
-                           f"{expected_places(tasks[0], root)} (see vitkit.transfer.tasks)")
+                           f"{expected_places(next(iter(tasks.values()))[0], root)} (see vitkit.transfer.tasks)")
     return found, absent
 
 

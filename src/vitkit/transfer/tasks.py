@@ -149,21 +149,20 @@ SUITES: dict[str, tuple[str, ...]] = {
 """The named suites: ``paper`` (Table 2: ImageNet, CIFAR-10/100, Pets, Flowers-102 and VTAB-1k), ``vtab1k``."""
 
 
-def suite_tasks(names: list[str] | tuple[str, ...]) -> tuple[list[Task], bool]:
-    """The tasks ``names`` ask for (a suite's name or task names; ``vtab-`` may be left off a VTAB-1k task), and
-    whether they came from a suite (whose absent tasks are skipped) rather than named one by one (each must be
-    there); a ConfigError naming an unknown one."""
-    tasks, named = [], False
+def suite_tasks(names: list[str] | tuple[str, ...]) -> dict[str, tuple[Task, bool]]:
+    """The tasks ``names`` ask for (suites' names or task names; ``vtab-`` may be left off a VTAB-1k task), each
+    with whether it was named one by one (then it must be there; a suite's may be absent); a ConfigError naming
+    an unknown one."""
+    tasks: dict[str, tuple[Task, bool]] = {}
     for name in names:
         key = name if name in TASKS or name in SUITES else VTAB_PREFIX + name
         if key in SUITES:
-            tasks.extend(TASKS[task] for task in SUITES[key])
+            tasks.update({task: (TASKS[task], tasks.get(task, (None, False))[1]) for task in SUITES[key]})
         elif key in TASKS:
-            tasks.append(TASKS[key])
-            named = True
+            tasks[key] = (TASKS[key], True)
         else:
             raise ConfigError(f"--suite {name}: expected paper, vtab1k or task names ({', '.join(TASKS)})")
-    return list({task.name: task for task in tasks}.values()), not named
+    return {name: tasks[name] for name in TASKS if name in tasks}  # in the table's order
 
 
 @dataclass(frozen=True)
