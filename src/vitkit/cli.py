@@ -1050,8 +1050,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="evaluate the checkpoint as it is (its head must have each task's classes)")
     transfer.add_argument("--real-labels", metavar="JSON", help="ImageNet's ReaL labels (default: imagenet/real.json "
                           "under --data-dir where it is there)")
-    _override_flags(transfer, dest="recipe", help="a recipe field of every fine-tuning run, e.g. accum_steps=8 "
-                                                  "(repeatable)")
+    transfer.add_argument("--recipe", type=_override, action=_Overrides, default={}, metavar="KEY=VALUE",
+                          help="a recipe field of every fine-tuning run, e.g. accum_steps=8 (repeatable)")
     transfer.add_argument("--out", metavar="DIR", help="the suite's folder; the same one resumes a suite that was "
                           "stopped (default: a new one under runs/)")
     _runtime_flags(transfer, precision=False)
