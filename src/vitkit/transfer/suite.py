@@ -7,7 +7,7 @@ a killed suite skips the tasks whose ``result.json`` is written and resumes the 
 from __future__ import annotations
 
 import json
-import logging
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -30,8 +30,6 @@ from ..train.recipes import resolve
 from ..train.run import run
 from .table import group_means, markdown, table_row
 from .tasks import TASKS, Found, Task, expected_places, find_task, suite_tasks
-
-logger = logging.getLogger(__name__)
 
 SUITE_FILE, RESULT_FILE, SUMMARY_FILE = "suite.json", "result.json", "summary.json"
 TABLE_JSON, TABLE_MARKDOWN = "transfer.json", "transfer.md"
@@ -85,9 +83,11 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
         raise ConfigError(f"--budget {budget}: expected one of {', '.join(BUDGETS)}")
     chosen = BUDGETS[budget]
     note = chosen.note
+    main = is_main()
 
     def tell(line: str) -> None:
-        say(note + line)
+        if main:  # under torchrun every rank trains; one speaks and writes
+            say(note + line)
 
     root = Path(data_dir)
     if not root.is_dir():
@@ -98,12 +98,16 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
     out = Path(out or f"runs/transfer-{time.strftime('%Y%m%d-%H%M%S')}")
     settings = {"checkpoint": str(checkpoint), "budget": budget, "finetune": finetune, "fewshot": fewshot,
                 "recipe": recipe or {}}
-    start_suite(out, settings)
+    if main:
+        start_suite(out, settings)
+    tell(f"suite folder {out} (the same --out resumes it)")
     results = {}
     for where in found:
         real = imagenet_real_labels(where, real_labels)
         results[where.task.name] = task_result(where, checkpoint, chosen, out / where.task.name, finetune, fewshot,
                                                real, device, recipe or {}, tell)
+    if not main:
+        return {}
     report = suite_table(results, settings, absent, note)
     with atomic_file(out / TABLE_JSON) as handle:
         json.dump(report, handle, indent=1)
@@ -114,6 +118,11 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
         tell(line)
     tell(f"table in {out / TABLE_MARKDOWN} and {out / TABLE_JSON}")
     return report
+
+
+def is_main() -> bool:
+    """Whether this process is the one that measures, writes and speaks: rank 0 under torchrun, else the only one."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def present_tasks(suite: Sequence[str], root: Path) -> tuple[list[Found], list[str]]:
@@ -175,6 +184,9 @@ def task_result(where: Found, checkpoint: str, budget: Budget, folder: Path, fin
                               "test_split": task.test_split}
     if finetune:
         result.update(finetune_task(where, checkpoint, budget, folder, device, recipe, tell))
+    if not is_main():  # the other ranks of torchrun's group take part in the training runs only
+        return result
+    if finetune:
         measured = folder / "final" / "model" if real else None
     else:
         measured = checkpoint
@@ -228,11 +240,12 @@ def task_recipe(where: Found, checkpoint: str, budget: Budget, lr: float, held_o
 
 
 def sub_run(recipe, device: str | None) -> dict[str, Any]:
-    """A fine-tuning run's summary: read back where it finished, else run (resumed from its last checkpoint)."""
+    """A fine-tuning run's summary, as its ``summary.json`` holds it (every rank reads the one rank 0 wrote): run
+    first unless it finished earlier, resumed from its last checkpoint where one was cut short."""
     summary = Path(recipe.run_dir) / SUMMARY_FILE
-    if summary.is_file():
-        return parse_json(read_text(summary, "run summary"))
-    return run(recipe, resume=True, device=device)
+    if not summary.is_file():
+        run(recipe, resume=True, device=device)
+    return parse_json(read_text(summary, "run summary"))
 
 
 def measure(where: Found, model_path: str | Path, real: Path | None, device: str | None) -> dict[str, Any]:
