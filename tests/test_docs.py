@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "vitkit"
 # The public API: the package's exports and the __all__ of these modules (what docs/reference/api.md renders).
 PUBLIC_MODULES = ("vitkit", "vitkit.models", "vitkit.checkpoints", "vitkit.train", "vitkit.data", "vitkit.evaluate",
-                  "vitkit.analysis")
+                  "vitkit.analysis", "vitkit.transfer")
 
 
 def documented_constants() -> set[str]:

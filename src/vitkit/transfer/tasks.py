@@ -42,6 +42,7 @@ VTAB_GROUPS = {
     "structured": ("clevr_count", "clevr_distance", "dmlab", "kitti_distance", "dsprites_location",
                    "dsprites_orientation", "smallnorb_azimuth", "smallnorb_elevation"),
 }
+"""VTAB-1k's 19 tasks in its three groups, named as the VTAB paper names them."""
 # The folder names of the VPT and NOAH code bases' vtab-1k/, where they differ from the task's name.
 VTAB_FOLDERS = {"cifar100": "cifar", "clevr_distance": "clevr_dist", "kitti_distance": "kitti",
                 "dsprites_location": "dsprites_loc", "dsprites_orientation": "dsprites_ori",
