@@ -3,6 +3,7 @@ the table's rows and VTAB-1k group means against hand computations, where tasks 
 partial), and a suite killed between tasks that resumes where it stopped."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -170,20 +171,28 @@ def resumed_suite(tmp_path_factory):
 
     settings = dict(budget="small", fewshot=True, recipe={"steps": 3, "threads": 1, "batch_size": 16, "eval_batch_size": 64})
     patch = pytest.MonkeyPatch()
+    lines, logged = [], []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # what the training runs log
+    logger = logging.getLogger("vitkit")
+    level = logger.level
     try:
         patch.setattr(suite_module, "run", counted(0, stop_at="fashion-mnist/lr-0.01"))
         with pytest.raises(KeyboardInterrupt):
             run_transfer(checkpoint, ["vtab1k", "mnist", "fashion-mnist"], root, out, say=lambda line: None, **settings)
         patch.setattr(suite_module, "run", counted(1))
-        lines = []
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
         report = run_transfer(checkpoint, ["vtab1k", "mnist", "fashion-mnist"], root, out, say=lines.append, **settings)
     finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
         patch.undo()
-    return report, calls, lines, out, root
+    return report, calls, (lines, logged), out, root
 
 
 def test_a_killed_suite_resumes_at_the_task_it_stopped(resumed_suite):
-    report, (first, second), lines, out, _ = resumed_suite
+    report, (first, second), (lines, _), out, _ = resumed_suite
     assert first == ["mnist/lr-0.001", "mnist/lr-0.003", "mnist/lr-0.01", "mnist/lr-0.03", "mnist/final",
                      "fashion-mnist/lr-0.001", "fashion-mnist/lr-0.003", "fashion-mnist/lr-0.01"]
     assert second == ["fashion-mnist/lr-0.01", "fashion-mnist/lr-0.03", "fashion-mnist/final"]  # mnist finished: its result is read back
@@ -192,8 +201,9 @@ def test_a_killed_suite_resumes_at_the_task_it_stopped(resumed_suite):
 
 
 def test_every_line_says_the_small_budget_and_absent_tasks_are_named(resumed_suite):
-    _, _, lines, _, root = resumed_suite
+    _, _, (lines, logged), _, root = resumed_suite
     assert lines and all(line.startswith(SMALL) for line in lines)
+    assert any("fine-tuning" in line for line in logged) and all(line.startswith(SMALL) for line in logged)
     absent = [line for line in lines if "absent" in line]
     assert absent == [SMALL + f"absent under {root}: " + ", ".join(name for name in TASKS if name.startswith("vtab-"))]
 
@@ -201,7 +211,7 @@ def test_every_line_says_the_small_budget_and_absent_tasks_are_named(resumed_sui
 def test_the_table_holds_each_task_measured_by_hand(resumed_suite):
     """The fine-tuned row's mnist cell is the final model's top-1 on the npz's test images, computed here from
     the arrays (normalised as the model was trained, argmax of its logits)."""
-    report, _, lines, out, root = resumed_suite
+    report, _, (lines, _), out, root = resumed_suite
     arrays = np.load(root / "mnist.npz")
     model = vitkit.load(out / "mnist" / "final" / "model")
     mean, std = model.config.input_statistics

@@ -6,11 +6,13 @@ a killed suite skips the tasks whose ``result.json`` is written and resumes the 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,10 +104,11 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
         start_suite(out, settings)
     tell(f"suite folder {out} (the same --out resumes it)")
     results = {}
-    for where in found:
-        real = imagenet_real_labels(where, real_labels)
-        results[where.task.name] = task_result(where, checkpoint, chosen, out / where.task.name, finetune, fewshot,
-                                               real, device, recipe or {}, tell)
+    with noted_messages(note):
+        for where in found:
+            real = imagenet_real_labels(where, real_labels)
+            results[where.task.name] = task_result(where, checkpoint, chosen, out / where.task.name, finetune,
+                                                   fewshot, real, device, recipe or {}, tell)
     if not main:
         return {}
     report = suite_table(results, settings, absent, note)
@@ -118,6 +121,26 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
         tell(line)
     tell(f"table in {out / TABLE_MARKDOWN} and {out / TABLE_JSON}")
     return report
+
+
+@contextlib.contextmanager
+def noted_messages(note: str) -> Iterator[None]:
+    """While the suite's runs go, every message vitkit logs (through the handlers of vitkit's logger and of the
+    root logger) starts with ``note`` too, as the suite's own lines do: a budget other than the paper's is said
+    on every line."""
+    def prefixed(record: logging.LogRecord) -> bool:
+        if record.name.startswith("vitkit") and not str(record.msg).startswith(note):
+            record.msg = note + str(record.msg)
+        return True
+
+    handlers = [*logging.getLogger("vitkit").handlers, *logging.getLogger().handlers] if note else []
+    for handler in handlers:
+        handler.addFilter(prefixed)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(prefixed)
 
 
 def is_main() -> bool:
