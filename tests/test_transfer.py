@@ -245,3 +245,18 @@ def test_evaluating_as_is_needs_the_tasks_classes(tmp_path):
     with pytest.raises(ConfigError, match="task mnist: .* predicts 10 classes but npz:.*mnist.npz has 2; expected "
                                           "a head of 2 classes to evaluate without fine-tuning"):
         run_transfer(checkpoint, ["mnist"], tmp_path, tmp_path / "out", finetune=False, say=lambda line: None)
+
+
+def test_the_learning_rate_is_never_picked_on_the_test_split(monkeypatch, tmp_path):
+    """ImageNet is tested on its val split: a dataset whose sweep runs measured that split (its own val) instead
+    of a part held out of training is refused."""
+    found = suite_module.Found(TASKS["imagenet"], "imagenet:/data/imagenet", None, "/data/imagenet")
+    monkeypatch.setattr(suite_module, "sub_run", lambda recipe, device: {"val/accuracy": 0.5, "test/split": "val"})
+    with pytest.raises(DatasetError, match="task imagenet: imagenet:/data/imagenet measures its own val split, "
+                                           "which it is tested on"):
+        suite_module.finetune_task(found, "ckpt", BUDGETS["paper"], tmp_path, None, {}, lambda line: None)
+    monkeypatch.setattr(suite_module, "sub_run", lambda recipe, device: {
+        "val/accuracy": float(recipe.lr == 0.01), "test/split": "val" if recipe.val_fraction == 0 else "test",
+        "test/accuracy": 0.7, "test/images": 50, "steps": recipe.steps})
+    result = suite_module.finetune_task(found, "ckpt", BUDGETS["paper"], tmp_path, None, {}, lambda line: None)
+    assert result["lr"] == 0.01 and result["steps"] == 20_000 and result["accuracy"] == 0.7

@@ -885,7 +885,7 @@ COMMAND_HELP: dict[str, tuple[str, str | None]] = {
                 "example:\n  vitkit fewshot runs/x/model --dataset mnist --data-dir data --shots 1 5 10 25 --knn 20"),
     "transfer": ("The paper's evaluation suite (Table 2): fine-tune on each task found under --data-dir as appendix "
                  "B.1.1 does, then print the table row (each dataset, VTAB-1k's group means and mean).",
-                 "examples:\n  vitkit transfer ViT-B/16.npz --suite paper --data-dir /data --out runs/suite\n"
+                 "examples:\n  vitkit transfer ViT-B_16.npz --suite paper --data-dir /data --out runs/suite\n"
                  "  vitkit transfer runs/x/model --suite mnist cifar10 --data-dir data --budget small --fewshot"),
     "data": ("Inspect, check and convert datasets.", None),
     "data info": ("Split sizes, classes and images per class of a dataset; nothing is decoded.", None),

@@ -236,6 +236,10 @@ def finetune_task(where: Found, checkpoint: str, budget: Budget, folder: Path, d
         for lr in task.lrs:
             summary = sub_run(task_recipe(where, checkpoint, budget, lr, task.held_out, folder / f"lr-{lr:g}", recipe),
                               device)
+            if summary.get("test/split") == "val":  # the dataset's own val split, not a part held out of training
+                raise DatasetError(f"task {task.name}: {where.spec} measures its own val split, which it is tested "
+                                   f"on, as the validation of the learning-rate runs; expected {task.held_out:.0%} "
+                                   f"of {task.train_split} held out for them")
             if "val/accuracy" not in summary:
                 raise DatasetError(f"task {task.name}: {where.spec} held out no validation images to pick the "
                                    f"learning rate on (expected {task.held_out:.0%} of {task.train_split})")
