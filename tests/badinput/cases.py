@@ -496,6 +496,25 @@ CASES = [
         t))], 2, "{tmp}/run: holds 'passwd', which a training run does not write"),
     Case("recipe that is /dev/zero", lambda t: ["train", "--config", "/dev/zero"], 1,
          "/dev/zero: a character device, not a regular file"),
+    # ---------------------------------------------------------------- ReaL labels and the evaluation suite
+    Case("ReaL labels of another length than the validation set", lambda t: [
+        "eval", str(model_dir(t)), "--dataset", "digits", "--set", "num_classes=10", "--real-labels",
+        str(write(t / "real.json", "[[1], [2]]"))], 1, "holds 2 label sets for a validation set of 359 images"),
+    Case("ReaL labels whose entry is not a list", lambda t: [
+        "eval", str(model_dir(t)), "--dataset", "digits", "--set", "num_classes=10", "--real-labels",
+        str(write(t / "real.json", json.dumps([[1]] * 358 + [3])))], 1, "real.json: entry 358 is 3; expected"),
+    Case("transfer task folder missing", lambda t: ["transfer", str(model_dir(t)), "--suite", "pets", "--data-dir",
+                                                    str(t)], 1, "task pets: not under {tmp} (expected"),
+    Case("transfer task folder partial", lambda t: ["transfer", str(model_dir(t)), "--suite", "cifar10",
+                                                    "--data-dir", str(write(t / "cifar-10-batches-py" / "test_batch",
+                                                                            "").parent.parent)],
+         1, "task cifar10: {tmp}/cifar-10-batches-py lacks data_batch_1"),
+    Case("transfer VTAB-1k task of fewer than 1,000 training examples", lambda t: [
+        "transfer", str(model_dir(t)), "--suite", "vtab1k", "--data-dir", str(_vtab_task(t, 640))], 1,
+         "task vtab-dtd: {tmp}/vtab-1k/dtd/train800val200.txt lists 640 examples; VTAB-1k trains on 1,000"),
+    Case("transfer without fine-tuning, a head of other classes", lambda t: [
+        "transfer", str(model_dir(t)), "--suite", "digits", "--data-dir", str(t), "--no-finetune", "--out",
+        str(t / "suite")], 2, "task digits: {tmp}/ckpt predicts 3 classes but digits has 10"),
 ]
 
 
@@ -635,3 +654,11 @@ def _parquet(tmp: Path, metadata: bytes) -> str:
     path.parent.mkdir(parents=True)
     pq.write_table(table.replace_schema_metadata({b"huggingface": metadata}), path)
     return f"hf:{tmp / 'hf'}"
+
+
+def _vtab_task(tmp: Path, examples: int) -> Path:
+    """A folder holding VTAB-1k's dtd task in the file-list layout, its train800val200.txt of ``examples`` lines."""
+    for name, count in (("train800.txt", 800), ("val200.txt", 200), ("train800val200.txt", examples),
+                        ("test.txt", 10)):
+        write(tmp / "vtab-1k" / "dtd" / name, "".join(f"images/{i}.jpg 0\n" for i in range(count)))
+    return tmp

@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     evaluate_.add_argument("--val-fraction", type=unit_fraction, help=f"images held out where the dataset lacks the "
                            f"split (default: the run's, else {DEFAULT_VAL_FRACTION})")
     evaluate_.add_argument("--corrupt", default="fail", choices=CORRUPT)
+    evaluate_.add_argument("--real-labels", metavar="JSON", help="ImageNet's reassessed labels (real.json of "
+                           "google-research/reassessed-imagenet): ReaL top-1 beside top-1")
     evaluate_.add_argument("--batch-size", "-b", type=positive, default=256)
     evaluate_.add_argument("--num-workers", "-j", type=count, default=0)
     evaluate_.add_argument("--out", metavar="DIR", help="folder for eval-<split>.json and confusion-<split>.png "
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                             data_dir=args.data_dir, val_fraction=args.val_fraction, corrupt=args.corrupt,
                             batch_size=args.batch_size, num_workers=args.num_workers, out=args.out,
                             resize=args.resize, max_patches=args.max_patches, device=device, dtype=dtype,
-                            source=args.checkpoint, command=f"vitkit {args.command}")
+                            source=args.checkpoint, command=f"vitkit {args.command}", real_labels=args.real_labels)
     report = done.report
     if done.whole:
         print(f"{args.dataset} names no test or validation split: every one of its {report['images']} images is "
@@ -59,5 +61,7 @@ def run(args: argparse.Namespace) -> int:
     kept = f"report and confusion matrix in {args.out}" if args.out else "pass --out DIR to keep the report and " \
         "confusion matrix"
     print(f"{args.dataset} [{done.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
-          f"({report['images']} images); {kept}")
+          f"({report['images']} images)" + (f"  ReaL top-1 {100 * report['real_top1']:.2f}% "
+                                            f"({report['real_images']} images with labels)"
+                                            if "real_top1" in report else "") + f"; {kept}")
     return 0

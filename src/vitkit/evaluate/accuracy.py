@@ -16,7 +16,7 @@ from ..data.survey import conversions, image_geometry
 from ..errors import ConfigError
 from ..memory import Plan, check, check_workers, estimate
 from ..models.vit import VisionTransformer
-from .metrics import evaluate, write_report
+from .metrics import evaluate, real_top1, write_report
 from .preprocessing import checkpoint_transform, naflex_loader
 
 logger = logging.getLogger(__name__)
@@ -39,15 +39,16 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
                      data_dir: str | Path | None = None, val_fraction: float = DEFAULT_VAL_FRACTION,
                      corrupt: str = "fail", batch_size: int = 256, num_workers: int = 0, out: str | Path | None = None,
                      resize: str = "crop", max_patches: int | None = None, device: torch.device | str = "cpu",
-                     dtype: torch.dtype = torch.float32, source: str = "the model",
-                     command: str = "vitkit eval") -> DatasetEvaluation:
+                     dtype: torch.dtype = torch.float32, source: str = "the model", command: str = "vitkit eval",
+                     real_labels: str | Path | None = None) -> DatasetEvaluation:
     """Measure ``model`` (a ``VisionTransformer`` or an exported graph, already on ``device``, computing in
     ``dtype``) on ``split`` of ``dataset`` (default: its test split, else its validation split, else all of it;
     a split it lacks is held out of its training images, ``val_fraction`` of them): top-1/top-5, per-class
     accuracy and the confusion matrix, written as ``eval-<split>.json`` and ``confusion-<split>.png`` into
     ``out`` when given. The images are prepared as the checkpoint wants them (``resize``), or with
-    ``max_patches`` each at its own aspect ratio (NaFlex). ``source`` names the model and ``command`` the
-    command in refusals; the conversions the images need are logged."""
+    ``max_patches`` each at its own aspect ratio (NaFlex). ``real_labels``: ImageNet's reassessed labels
+    (``real.json``), whose ReaL top-1 the report adds. ``source`` names the model and ``command`` the command in
+    refusals; the conversions the images need are logged."""
     device = torch.device(device)
     config = model.config
     chosen = split or default_split(dataset)
@@ -63,7 +64,9 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     else:
         loader = evaluation_loader(data, checkpoint_transform(config, resize), batch_size, num_workers, corrupt,
                                    device=device)
-    report = write_report(evaluate(model, loader, config.num_classes, device, dtype), data.classes, out, chosen)
+    evaluation = evaluate(model, loader, config.num_classes, device, dtype, keep_predictions=real_labels is not None)
+    real = real_top1(evaluation, real_labels, data, config.num_classes) if real_labels is not None else None
+    report = write_report(evaluation, data.classes, out, chosen, real)
     return DatasetEvaluation(dataset, chosen, chosen == ALL and split is None, report)
 
 

@@ -39,6 +39,7 @@ OBJECTIVES = ("classification", "mpp")
 NORMALIZATIONS = ("", *NORMALIZATION)
 OPTIMIZERS = ("adamw", "sgd")
 CHANNEL_CHOICES = ("", "rgb", "grey")
+TRAIN_SPLITS = ("train", "trainval", "train800", "train800val200")
 MAX_THREADS = 1024  # intra-op threads: more than the largest machines have cores (torch itself takes up to 2**31)
 IMAGE_SIZE_FORMS = "a size such as 224, 384x512 (height x width) or [384, 512], with sides >= 1"
 
@@ -98,6 +99,9 @@ class Data(Section):
     dataset: str = setting("digits", Text(),
         "digits, mnist, fashion-mnist, cifar10, cifar100, npz:PATH, imagefolder:PATH, webdataset:ROOT, hf:PATH")
     data_dir: str | None = setting(None, Maybe(Text()), "where torchvision's datasets lie")
+    train_split: str = setting("train", Choice(TRAIN_SPLITS), "the split trained on: train, or a published "
+                               "training split (Pets' and Flowers-102's trainval, VTAB-1k's train800val200), out of "
+                               "which the validation images are then held")
     val_fraction: float = setting(0.1, FRACTION,
         "training images held out for validation where the dataset has no val split")
     train_subset: int = setting(0, Int(0), "train on this many images only (0: all); for quick checks")

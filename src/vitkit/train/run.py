@@ -23,6 +23,7 @@ from ..atomic import atomic_file
 from ..checkpoints.loading import build, read_checkpoint
 from ..data import (ALL, STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, default_split,
                     evaluation_loader, load_splits, split_names, training_loader)
+from ..data.map_style import held_part
 from ..data.splits import seeded_permutation
 from ..data.survey import Geometry, image_geometry
 from ..data.transforms import augreg_level
@@ -114,8 +115,28 @@ def evaluated_splits(recipe: Recipe, pretraining: bool) -> tuple[str, ...]:
     if recipe.data.val_fraction == 0 and default_split(recipe.data.dataset) == ALL:
         return (ALL,)
     available = split_names(recipe.data.dataset)
-    validation = ("val",) if recipe.data.val_fraction > 0 and "val" in available else ()
+    held = recipe.data.train_split != "train"  # validation held out of the split trained on
+    validation = ("val",) if recipe.data.val_fraction > 0 and ("val" in available or held) else ()
     return tuple(dict.fromkeys((*validation, "test" if "test" in available else "val")))
+
+
+TRAINING = "training"  # the key of the images a run trains on, beside the splits it measures
+
+
+def training_splits(recipe: Recipe, evaluated: tuple[str, ...], spec: SplitSpec) -> dict:
+    """The images a run trains on (under ``TRAINING``) and the splits it measures. A run trained on a split
+    other than ``train`` (Pets' ``trainval``, VTAB-1k's ``train800val200``) holds its validation images out of
+    that split, never reading the dataset's own ``val`` (part of ``trainval``), so none is trained on."""
+    data = recipe.data
+    held = data.train_split != "train" and "val" in evaluated
+    named = tuple(split for split in evaluated if not (held and split == "val"))
+    splits = load_splits(data.dataset, (data.train_split, *named), data.data_dir, spec, data.corrupt)
+    training = splits[data.train_split] if data.train_split in named else splits.pop(data.train_split)
+    if held:
+        name = f"{data.dataset}[{data.train_split}]"
+        splits["val"] = held_part(training, spec.val_fraction, spec.seed, True, f"{name}[val]")
+        training = held_part(training, spec.val_fraction, spec.seed, False, name)
+    return {TRAINING: training, **splits}
 
 
 @dataclass
@@ -164,9 +185,8 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     spec = SplitSpec(recipe.data.val_fraction, seed=0)
     pretraining = recipe.objective.kind == "mpp"
     evaluated = evaluated_splits(recipe, pretraining)
-    splits = load_splits(recipe.data.dataset, ("train", *evaluated), recipe.data.data_dir, spec,
-                         recipe.data.corrupt)  # once per run, every evaluation reuses them
-    train_set = splits["train"]
+    splits = training_splits(recipe, evaluated, spec)  # once per run, every evaluation reuses them
+    train_set = splits.pop(TRAINING)
     if recipe.data.train_subset:
         if isinstance(train_set, ShardedSplit):
             raise ConfigError(f"train_subset needs a dataset with random access, not the shards of "
@@ -212,8 +232,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
             yield images, labels
 
     loaders = {name: evaluation_loader(dataset, eval_transform, recipe.run.eval_batch_size, workers,
-                                       recipe.data.corrupt, env.device)
-               for name, dataset in splits.items() if name != "train"}
+                                       recipe.data.corrupt, env.device) for name, dataset in splits.items()}
 
     def measure(network: VisionTransformer, split_name: str) -> Evaluation:
         return evaluate(network, loaders[split_name], len(classes), env.device)

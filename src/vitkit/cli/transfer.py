@@ -1,0 +1,46 @@
+"""``vitkit transfer``: the paper's evaluation suite (Table 2) of a checkpoint: fine-tuned on each task found under
+``--data-dir`` as appendix B.1.1 does, then the table row printed."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..transfer import BUDGETS, run_transfer
+from .flags import Overrides, override_pair, runtime_flags
+
+HELP: dict[str, tuple[str, str | None]] = {
+    "transfer": ("The paper's evaluation suite (Table 2): fine-tune on each task found under --data-dir as appendix "
+                 "B.1.1 does, then print the table row (each dataset, VTAB-1k's group means and mean).",
+                 "examples:\n  vitkit transfer ViT-B_16.npz --suite paper --data-dir /data --out runs/suite\n"
+                 "  vitkit transfer runs/x/model --suite mnist cifar10 --data-dir data --budget small --fewshot"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the command to ``sub``, the subparsers of ``vitkit``."""
+    transfer = sub.add_parser("transfer", help="the paper's evaluation suite: fine-tune on each task, print the table")
+    transfer.add_argument("checkpoint", metavar="CHECKPOINT", help="anything vitkit.load reads")
+    transfer.add_argument("--suite", nargs="+", required=True, metavar="SUITE|TASK",
+                          help="paper (ImageNet, CIFAR-10/100, Pets, Flowers-102, VTAB-1k), vtab1k, or task names")
+    transfer.add_argument("--data-dir", required=True, metavar="DIR", help="the folder holding the tasks' data, "
+                          "each in its usual layout (cifar-10-batches-py/, oxford-iiit-pet/, vtab-1k/<task>/, ...)")
+    transfer.add_argument("--budget", choices=tuple(BUDGETS), default="paper",
+                          help="small: steps and resolution scaled down for a CPU (not the paper's protocol)")
+    transfer.add_argument("--fewshot", action="store_true", help="also few-shot linear rows (appendix B.1.2)")
+    transfer.add_argument("--no-finetune", action="store_true",
+                          help="evaluate the checkpoint as it is (its head must have each task's classes)")
+    transfer.add_argument("--real-labels", metavar="JSON", help="ImageNet's ReaL labels (default: imagenet/real.json "
+                          "under --data-dir where it is there)")
+    transfer.add_argument("--recipe", type=override_pair, action=Overrides, default={}, metavar="SECTION.FIELD=VALUE",
+                          help="a recipe field of every fine-tuning run, e.g. schedule.accum_steps=8 (repeatable)")
+    transfer.add_argument("--out", metavar="DIR", help="the suite's folder; the same one resumes a suite that was "
+                          "stopped (default: a new one under runs/)")
+    runtime_flags(transfer, precision=False)
+    transfer.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The paper's evaluation suite, run by ``vitkit.transfer.run_transfer``, which prints the table."""
+    run_transfer(args.checkpoint, args.suite, args.data_dir, args.out, args.budget, args.fewshot, not args.no_finetune,
+                 args.real_labels, args.device, args.recipe)
+    return 0
