@@ -3,7 +3,6 @@ confusion matrix, from one pass over a loader."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
