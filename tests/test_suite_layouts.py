@@ -177,3 +177,21 @@ def test_sources_through_load_dataset(pets_root, flowers_root, tmp_path):
     assert len(load_dataset(f"vtab:{task}", "train800val200")) == 1000
     with pytest.raises(DatasetError, match="unknown split 'train800'"):
         load_dataset(f"pets:{pets_root}", "train800")
+
+
+def test_a_run_on_trainval_holds_its_validation_out_of_trainval(pets_root, flowers_root):
+    """Pets' and Flowers' val images are part of trainval: a run trained on trainval validates on a part held out
+    of it and trains on the rest, so no validation image is trained on."""
+    from vitkit.data.map_style import SplitSpec
+    from vitkit.train.recipes import Recipe
+    from vitkit.train.run import TRAINING, evaluated_splits, training_splits
+
+    for spec, trainval in ((f"pets:{pets_root}", pets.read(pets_root, "trainval")),
+                           (f"flowers102:{flowers_root}", flowers.read(flowers_root, "trainval"))):
+        recipe = Recipe(data={"dataset": spec, "train_split": "trainval", "val_fraction": 0.25})
+        evaluated = evaluated_splits(recipe, pretraining=False)
+        assert evaluated == ("val", "test")
+        splits = training_splits(recipe, evaluated, SplitSpec(0.25))
+        trained, val = ({str(path) for path in splits[name].files} for name in (TRAINING, "val"))
+        assert not trained & val and trained | val == {str(path) for path in trainval.files}
+        assert len(val) == round(0.25 * len(trainval)) and len(splits["test"]) == 2 + (spec[0] == "p")
