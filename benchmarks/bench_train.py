@@ -29,7 +29,7 @@ import torch
 
 from vitkit.atomic import atomic_file
 from vitkit.train import resolve
-from vitkit.train.recipes import merge
+from vitkit.train.presets import merge
 
 from timing import timed_run
 

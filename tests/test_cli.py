@@ -26,7 +26,8 @@ from vitkit.errors import ConfigError
 from vitkit.declare import declared
 from vitkit.declare_flags import FLAG_PREFIX, flag_values
 from vitkit.models.config import pair
-from vitkit.train.recipes import IMAGE_SIZE_FORMS, MODEL_ARGS_FLAG, SECTIONS, resolve
+from vitkit.train.presets import MODEL_ARGS_FLAG, resolve
+from vitkit.train.recipes import IMAGE_SIZE_FORMS, SECTIONS
 
 TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, in_chans=1, num_classes=3)
 TINY_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}

@@ -13,7 +13,8 @@ from vitkit.cli import build_parser, main
 from vitkit.declare import declared
 from vitkit.declare_flags import FLAG_PREFIX, flag_defaults
 from vitkit.errors import ConfigError
-from vitkit.train.recipes import FLAT, SECTIONS, Optim, Recipe, read_config_file, resolve
+from vitkit.train.presets import read_config_file, resolve
+from vitkit.train.recipes import FLAT, SECTIONS, Optim, Recipe
 
 
 def refused(source: str, where: str, rest: str) -> str:
@@ -69,7 +70,7 @@ def test_unknown_recipe_keys_name_the_nearest_field(tmp_path):
 
 
 def main_recipe(argv):
-    from vitkit.train.recipes import recipe_from_args
+    from vitkit.train.presets import recipe_from_args
     return recipe_from_args(build_parser().parse_args(argv))
 
 

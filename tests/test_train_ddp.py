@@ -53,7 +53,7 @@ import sys
 from pathlib import Path
 import torch.distributed as dist
 from vitkit.cli import main
-from vitkit.train.recipes import resolve
+from vitkit.train.presets import resolve
 from vitkit.train.run import run
 
 model_args, out = %r, Path(sys.argv[1])

@@ -22,7 +22,8 @@ from launch import child_env, launch
 from safetensors.torch import load_file
 
 from vitkit.train.checkpointing import list_checkpoints, load_checkpoint
-from vitkit.train.recipes import Recipe, read_config_file
+from vitkit.train.presets import read_config_file
+from vitkit.train.recipes import Recipe
 from vitkit.train.run import prepare
 
 MODEL = json.dumps({"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1})

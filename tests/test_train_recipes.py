@@ -8,7 +8,8 @@ import vitkit
 from vitkit.cli import build_parser, main, recipe_from_args
 from vitkit.errors import ConfigError
 from vitkit.train import RECIPE_PRESETS, Recipe, resolve
-from vitkit.train.recipes import Optim, read_config_file
+from vitkit.train.presets import read_config_file
+from vitkit.train.recipes import Optim
 
 
 def test_preset_then_yaml_then_overrides(tmp_path):

@@ -11,7 +11,8 @@ from ..train.distributed import leave
 from ..train.launch import train
 from ..declare import help_of
 from ..declare_flags import FLAG_PREFIX
-from ..train.recipes import DEFAULT_PRESETS, MODEL_ARGS_FLAG, RECIPE_PRESETS, Model, add_recipe_flags, recipe_from_args
+from ..train.presets import DEFAULT_PRESETS, MODEL_ARGS_FLAG, RECIPE_PRESETS, add_recipe_flags, recipe_from_args
+from ..train.recipes import Model
 from .flags import override_flags, print_table, runtime_flags
 
 EXAMPLES: dict[str, tuple[str, str | None]] = {

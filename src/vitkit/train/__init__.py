@@ -5,7 +5,8 @@ from .ema import EMA
 from .launch import check_run_size, train
 from .objectives import Classification, Objective
 from .optim import decay_mask, learning_rate, make_optimizer
-from .recipes import RECIPE_PRESETS, Recipe, resolve
+from .presets import RECIPE_PRESETS, resolve
+from .recipes import Recipe
 from .records import RunData, recorded_data
 from .run import build_model, run
 from .trainer import LoopConfig, Trainer

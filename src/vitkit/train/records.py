@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .recipes import Recipe, read_config_file
+from .presets import read_config_file
+from .recipes import Recipe
 from .run import RECIPE_FILE
 
 logger = logging.getLogger(__name__)

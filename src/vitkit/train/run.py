@@ -40,7 +40,8 @@ from .distributed import setup, shard
 from .mpp import MaskedPatchPrediction
 from .objectives import Classification, MaskedPatches
 from .optim import learning_rate, make_optimizer
-from .recipes import RECIPE_FILE, Recipe, read_config_file
+from .presets import RECIPE_FILE, read_config_file
+from .recipes import Recipe
 from .sizing import fresh_model_args, finetune_channels, finetune_size, say_sizing
 from .skipped import SkippedFiles
 from .trainer import LoopConfig, Trainer

@@ -28,7 +28,7 @@ from ..evaluate.metrics import evaluate, real_top1
 from ..evaluate.preprocessing import checkpoint_transform
 from ..paths import own_folder, read_text
 from ..runtime import select_device
-from ..train.recipes import merge, resolve
+from ..train.presets import merge, resolve
 from ..train.run import run
 from .table import group_means, markdown, table_row
 from .tasks import TASKS, Found, Task, expected_places, find_task, suite_tasks

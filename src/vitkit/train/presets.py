@@ -1,0 +1,178 @@
+"""The named recipes (presets) and how a run's recipe is put together from layers: a preset, then a recipe file
+(YAML or JSON), then the command line's flags, each later layer winning field by field.
+
+The recipe itself, its sections and the checks of every field are ``recipes``; this module only chooses and
+merges what the fields are set to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..declare import load_yaml
+from ..declare_flags import FLAG_PREFIX, add_flags, flag_values
+from ..errors import ConfigError, parse_json
+from ..paths import read_text
+from .recipes import FLAT, SECTIONS, Recipe, flat_note, sectioned
+
+logger = logging.getLogger(__name__)
+
+_GREY_28 = dict(model=dict(image_size=28, args=dict(patch_size=4, dim=64, depth=4, num_heads=4, mlp_dim=128,
+                                                    in_chans=1, pool="gap")),
+                data=dict(val_fraction=0.02), augment=dict(transform="finetune"), objective=dict(label_smoothing=0.1),
+                optim=dict(lr=2e-3, weight_decay=0.05), schedule=dict(epochs=10, batch_size=128, warmup_steps=300))
+RECIPE_PRESETS: dict[str, dict[str, Any]] = {
+    # The default of `vitkit train`: >= 97% test accuracy on 8x8 digits in under 45 s on 2 cores
+    # (benchmarks/results/train_speed.md: 3 layers, mild crops, 50 epochs at batch 128).
+    "digits": dict(model=dict(image_size=8, args=dict(patch_size=2, dim=64, depth=3, num_heads=4, mlp_dim=128,
+                                                      in_chans=1, pool="gap")),
+                   data=dict(dataset="digits", val_fraction=0.05),
+                   augment=dict(transform="pretrain", crop_scale=(0.8, 1.0), hflip=False),
+                   objective=dict(label_smoothing=0.1), optim=dict(lr=6e-3, weight_decay=0.05),
+                   schedule=dict(epochs=50, batch_size=128, warmup_steps=100), run=dict(threads=1)),
+    # Small ViTs for the 28 px grey sets: patch 4 (a 7x7 grid), random shifts of up to 3 px.
+    "mnist": {**_GREY_28, "data": {**_GREY_28["data"], "dataset": "mnist"},
+              "augment": {**_GREY_28["augment"], "hflip": False}},
+    # Fashion-MNIST underfits the MNIST model (85.8% after 8 epochs, train accuracy as low as test):
+    # wider, only mild crops, and long. Measured (benchmarks/results/train_fashion*.json): 87.6% after
+    # 6 epochs, 90.2% after 15, 90.9% after 20; 6 layers for 12 epochs (the same compute as 18) 89.4%.
+    "fashion-mnist": {**_GREY_28,
+                      "model": {**_GREY_28["model"], "args": {**_GREY_28["model"]["args"], "dim": 96, "mlp_dim": 192}},
+                      "data": {**_GREY_28["data"], "dataset": "fashion-mnist"},
+                      "augment": dict(transform="pretrain", crop_scale=(0.85, 1.0), hflip=True),
+                      "schedule": {**_GREY_28["schedule"], "epochs": 20}},
+    # Paper, ImageNet from scratch (table 3 / appendix B.1): Adam, lr 3e-3, wd 0.3, batch 4096, 10k
+    # warm-up steps, cosine decay, dropout 0.1, 300 epochs at 224 px, pre-logits head.
+    "paper-pretrain": dict(model=dict(name="ViT-B/16", args=dict(dropout=0.1, representation_size=768),
+                                      image_size=224),
+                           augment=dict(transform="pretrain"),
+                           optim=dict(optimizer="adamw", lr=3e-3, weight_decay=0.3, clip_norm=1.0),
+                           schedule=dict(epochs=300, batch_size=4096, warmup_steps=10_000, decay="cosine"),
+                           run=dict(checkpoint_every=1000, eval_every=5000)),
+    # Paper, fine-tuning (section 3.2 / B.1.1): SGD momentum 0.9, batch 512, no weight decay, cosine
+    # decay after 500 warm-up steps, lr 0.03 (swept over 0.001..0.03), 10k steps (CIFAR), 384 px.
+    "paper-finetune": dict(model=dict(image_size=384), augment=dict(transform="finetune"),
+                           optim=dict(optimizer="sgd", lr=0.03, weight_decay=0.0, momentum=0.9, clip_norm=1.0),
+                           schedule=dict(steps=10_000, batch_size=512, warmup_steps=500, decay="cosine"),
+                           run=dict(checkpoint_every=1000, eval_every=1000)),
+}
+"""The named recipes (``--preset``): name -> recipe fields by section; ``digits`` is ``vitkit train``'s default."""
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A recipe (or part of one) from YAML or JSON, in sections (flat keys of earlier versions are moved into
+    theirs, with a one-line note); a ``preset`` key names the preset it starts from."""
+    path = Path(path)
+    try:
+        text = read_text(path, "recipe")
+        data = load_yaml(text) if path.suffix in (".yaml", ".yml") else parse_json(text)
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not a text file ({error})") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from error
+    except RecursionError:  # YAML's composer recurses once per level of nesting
+        raise ConfigError(f"{path}: not valid YAML (nested deeper than the YAML parser goes)") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of recipe sections, got {type(data).__name__}")
+    preset = {"preset": data.pop("preset")} if "preset" in data else {}
+    nested, moved = sectioned(data, str(path))
+    if moved:
+        logger.warning(flat_note(str(path), moved))
+    return {**preset, **nested}
+
+
+def merge(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Sectioned layers, later ones winning field by field; ``model.args`` are merged key by key, so that one
+    override keeps the rest."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for section, values in layer.items():
+            if section not in SECTIONS:
+                merged[section] = values
+                continue
+            into = merged.setdefault(section, {})
+            for name, value in values.items():
+                if (section, name) == ("model", "args") and isinstance(value, dict):
+                    value = {**into.get("args", {}), **value}
+                into[name] = value
+    return merged
+
+
+# What a preset says about the architecture; a run from a checkpoint (``init``) has the checkpoint's.
+ARCHITECTURE = ("name", "args")
+# The presets whose training settings a run starts from when none is named: from scratch, and from a checkpoint.
+DEFAULT_PRESETS = {False: "digits", True: "paper-finetune"}
+# What a default preset leaves to the data (and to the checkpoint): the input's size and channels, the patch.
+SIZED_MODEL_ARGS = ("patch_size", "in_chans")
+
+
+def unsized(preset: dict[str, Any], named_model: bool) -> dict[str, Any]:
+    """A preset without its input geometry (and, where the run names a model, without its model), so that
+    the run's model is sized from the data: the preset of a command run without ``--preset``."""
+    model = {key: value for key, value in preset.get("model", {}).items() if key != "image_size"}
+    if named_model:
+        model.pop("args", None)
+    elif "args" in model:
+        model["args"] = {key: value for key, value in model["args"].items() if key not in SIZED_MODEL_ARGS}
+    return {**preset, "model": model}
+
+
+def resolve(preset: str | None = None, config_file: str | Path | None = None,
+            overrides: dict[str, Any] | None = None) -> Recipe:
+    """Preset, then config file, then overrides (sectioned, as ``{"optim": {"lr": 0.01}}``). When the run starts
+    from a checkpoint, the preset's architecture is left out: it describes a fresh model, and a fine-tuning run
+    may start from any preset. Without a preset, the training settings are digits' (paper-finetune's from a
+    checkpoint) and the input's size, channels and patch are left to the data and the checkpoint."""
+    layers = [read_config_file(config_file)] if config_file else []
+    name = preset or (layers[0].pop("preset", None) if layers else None)
+    if name is not None and (not isinstance(name, str) or name not in RECIPE_PRESETS):
+        raise ConfigError(f"{config_file or 'recipe'}: unknown preset {name!r}; expected one of "
+                          f"{sorted(RECIPE_PRESETS)}")
+    asked_overrides, moved = sectioned(overrides or {}, "overrides")
+    for key in moved:
+        warnings.warn(f"resolve(overrides={{{key!r}: ...}}) is deprecated; use the section: {'.'.join(FLAT[key])}",
+                      DeprecationWarning, stacklevel=2)
+    layers.append(asked_overrides)
+    model = merge(*layers).get("model", {})
+    base = RECIPE_PRESETS[name] if name else unsized(RECIPE_PRESETS[DEFAULT_PRESETS[bool(model.get("init"))]],
+                                                     bool(model.get("name")))
+    if model.get("init"):
+        base = {**base, "model": {key: value for key, value in base.get("model", {}).items()
+                                  if key not in ARCHITECTURE}}
+    return Recipe.from_dict(merge(base, *layers), str(config_file) if config_file else None)
+
+
+# ------------------------------------------------------------------------------------------- command line
+RECIPE_FILE = "recipe.json"  # the resolved recipe, in the run's folder
+MODEL_ARGS_FLAG = FLAG_PREFIX + "model.args"  # the destination of --set, --model-args and --drop-path
+
+
+def add_recipe_flags(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """One flag per recipe field (``--lr``, ``--batch-size``, ...: the field's flat name), in a help group per
+    section, generated from the declarations; returns the groups, so that the caller adds the model's
+    ``--set``/``--model-args`` flags (destination ``MODEL_ARGS_FLAG``) to the model's."""
+    return add_flags(parser, SECTIONS.items(), title="recipe: ", skip={"model.args"})
+
+
+def recipe_from_args(args: argparse.Namespace) -> Recipe:
+    """The recipe a train/finetune command line describes: ``--preset`` < ``--config`` < the recipe flags;
+    ``--resume`` starts from the run's own ``recipe.json`` so that the continued run is the same run."""
+    overrides = flag_values(args)
+    if getattr(args, "checkpoint", None):
+        overrides.setdefault("model", {})["init"] = args.checkpoint
+    run_dir = overrides.get("run", {}).get("dir")
+    saved = Path(run_dir or "") / RECIPE_FILE
+    if args.resume and run_dir is not None and saved.is_file():
+        return Recipe.from_dict(merge(read_config_file(saved), overrides), str(saved))
+    if args.resume:
+        raise ConfigError("--resume needs --run-dir with the run to continue (a folder holding recipe.json)")
+    return resolve(args.preset, args.config, overrides)
