@@ -211,3 +211,70 @@ def test_every_command_help_reads_well_in_a_terminal():
 def test_api_reference_shows_no_sphinx_roles(site):
     api = (site / "reference" / "api" / "index.html").read_text()
     assert "PatchBatch" in api and not re.search(r":(?:class|func|meth):", api)
+
+
+def undocumented_modules(root: Path) -> list[str]:
+    """Every module under ``root`` whose docstring is missing or whose first line is empty (the line that says
+    what the module is for)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(), str(path)), clean=False)
+        if not doc or not doc.splitlines()[0].strip():
+            found.append(str(path.relative_to(root.parent)))
+    return found
+
+
+def test_every_module_says_what_it_is_for():
+    assert undocumented_modules(SRC) == []
+
+
+def test_the_module_check_finds_a_missing_or_empty_docstring(tmp_path):
+    root = tmp_path / "vitkit"
+    files = {"__init__.py": '"""The package."""\n', "bare.py": "x = 1\n", "blank.py": '"""\nSays it late."""\n',
+             "sub/kept.py": '"""A module.\n\nMore."""\n', "sub/__init__.py": "# a comment is no docstring\n"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    assert undocumented_modules(root) == ["vitkit/bare.py", "vitkit/blank.py", "vitkit/sub/__init__.py"]
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+FILE_PATH = re.compile(r"\bsrc/vitkit/[\w/]+\.py\b")
+DOTTED = re.compile(r"(?<![\w/.-])vitkit(?:\.[A-Za-z_]\w*)+")
+
+
+def is_module(parts: list[str]) -> bool:
+    """Whether ``vitkit.x.y`` (as its parts) is a module of the source tree: a file or a package."""
+    path = ROOT / "src" / Path(*parts)
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def missing_names(text: str) -> list[str]:
+    """The ``src/vitkit/...py`` paths and ``vitkit.x.y`` names in ``text`` that do not exist: a path must be a
+    file; a dotted name, a module (file or package) of vitkit, or a name defined in the module it starts with."""
+    missing = [path for path in sorted(set(FILE_PATH.findall(text))) if not (ROOT / path).is_file()]
+    for name in sorted(set(DOTTED.findall(text))):
+        parts = name.split(".")
+        depth = max(end for end in range(1, len(parts) + 1) if is_module(parts[:end]))
+        value = importlib.import_module(".".join(parts[:depth]))
+        for part in parts[depth:]:
+            value = getattr(value, part, None)
+        if value is None:
+            missing.append(name)
+    return missing
+
+
+def test_the_architecture_page_names_only_what_exists():
+    text = ARCHITECTURE.read_text()
+    assert missing_names(text) == []
+    assert "architecture.md" in (ROOT / "mkdocs.yml").read_text()
+    from test_layers import TIERS
+
+    unnamed = [package for package in TIERS if package not in ("vitkit", "__main__") and f"{package}" not in text]
+    assert not unnamed, f"packages of tests/test_layers.py's TIERS not drawn in docs/architecture.md: {unnamed}"
+
+
+def test_the_name_check_finds_a_path_or_module_that_is_gone():
+    text = ("`src/vitkit/cli/main.py`, `src/vitkit/cli.py`, `vitkit.train.trainer.Trainer`, `vitkit.load`, "
+            "`vitkit.data.datasets.load_splits`, `vitkit.train.loop2`, `vitkit.checkpoints.loading.nothing`")
+    assert missing_names(text) == ["src/vitkit/cli.py", "vitkit.checkpoints.loading.nothing", "vitkit.train.loop2"]

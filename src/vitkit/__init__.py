@@ -1,4 +1,7 @@
-"""vitkit: Vision Transformers as in *An Image is Worth 16x16 Words* (Dosovitskiy et al., ICLR 2021)."""
+"""vitkit: Vision Transformers as in *An Image is Worth 16x16 Words* (Dosovitskiy et al., ICLR 2021).
+
+The public API in one place: ``load``, ``create_model``, ``VisionTransformer``, ``ViTConfig``, the errors, and
+what the commands do (``evaluate_dataset``, ``predict``, ``bench_checkpoint`` ...), imported on first use."""
 
 import importlib
 

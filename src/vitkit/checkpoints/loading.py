@@ -1,4 +1,5 @@
-"""``vitkit.load``: find out what a path holds, read it, and build the model it describes."""
+"""``vitkit.load``: find out what a path holds, read it, and build the model it describes; the one place that
+tells the formats apart (a directory's files, an HF ``model_type``, a state dict's names) and picks a reader."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""ONNX: one more format ``vitkit convert`` writes and ``vitkit eval`` / ``predict`` read, so it sits beside
-the other formats. The graph takes images of any batch, height and width (multiples of the patch): position
-tables are resampled and rotary tables computed in it for the input's grid. With ``naflex`` it takes a NaFlex
+"""ONNX export (``write_onnx``, checked by ONNX Runtime before it is published) and the runner of an exported
+graph (``OnnxModel``, what ``vitkit eval`` / ``predict`` run): a format beside the others of ``checkpoints``.
+
+The graph takes images of any batch, height and width (multiples of the patch): position tables are resampled and rotary tables computed in it for the input's grid. With ``naflex`` it takes a NaFlex
 batch instead (``patches``, ``coords``, ``mask``, ``grids`` as :class:`~vitkit.models.naflex.PatchBatch` holds
 them; any batch and number of patches). Every export is checked by ONNX Runtime before it replaces anything:
 probe batches of other sizes than the traced one (another batch, and another image size or patch count) must

@@ -8,7 +8,7 @@ One module a command (or a family of commands), each with ``register(sub)`` (its
     flags     what the commands share: flag types, CHECKPOINT/--set/--device flags, a run's defaults, tables
     models    models, info          convert   convert           analyze   analyze
     train     train, pretrain, finetune                         eval      eval
-    fewshot   fewshot               data      data info/verify/convert
+    fewshot   fewshot               transfer  transfer          data      data info/verify/convert
     predict   predict               bench     bench
 
 A new command is a new module listed in ``main.COMMANDS``.

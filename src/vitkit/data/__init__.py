@@ -1,5 +1,5 @@
-"""Datasets (in memory, listed image folders, sharded streams), transform presets and the loaders of a
-run, whose batches are fixed by (seed, step)."""
+"""Datasets read by their sources (``sources``), transform presets and the loaders of a run, whose batches are
+fixed by (seed, step); it knows images, labels and sizes, nothing of models, so it imports only leaf utilities."""
 
 from .datasets import STREAMED, DatasetError, dataset_info, default_split, load_dataset, load_splits, split_names
 from .images import read_image

@@ -1,6 +1,9 @@
-"""Datasets by name, each read by its source (``sources``): the embedded ``digits``, torchvision's MNIST /
-Fashion-MNIST / CIFAR, arrays in ``.npz`` files, ``imagefolder:PATH`` (listed, decoded on access) and the sharded
-``webdataset:`` and ``hf:``.
+"""Datasets by name, each read by its source (``sources.SOURCES``): what callers ask for (``load_dataset``,
+``load_splits``, ``dataset_info``), put in front of the sources so that none of them imports another.
+
+The names: the embedded ``digits``, torchvision's MNIST / Fashion-MNIST / CIFAR, arrays in ``.npz`` files,
+``imagefolder:PATH`` (listed, decoded on access), the sharded ``webdataset:`` and ``hf:``, and the evaluation
+suite's ``imagenet:``, ``pets:``, ``flowers102:`` and ``vtab:``.
 
 Every dataset yields ``(image, label)`` with the image a uint8 ``(C, H, W)`` tensor and keeps its
 class names in ``.classes``. Splits are ``train``, ``val`` and ``test``; a dataset without a

@@ -1,9 +1,9 @@
 """Batch memory that a loader fills again and again rather than taking anew for every batch.
 
-On the CPU, memory touched for the first time is what a float batch costs most: on this project's 2-core VM a
-new 64 x 3 x 224 x 224 batch takes over 10x the time of one already touched ("Filling a ... float batch" in
-benchmarks/results/data.md), and a batch made in a loader's worker used to be new shared memory twice over,
-once in the worker and once where the main process mapped it. Here each process that finishes batches (a
+On the CPU, memory touched for the first time is what a float batch costs most: on a 2-core VM a new
+64 x 3 x 224 x 224 batch takes over 10x the time of one already touched ("Filling a ... float batch" in
+benchmarks/results/data.md), and a batch made anew in a loader's worker is new shared memory twice over, once
+in the worker and once where the main process maps it. Here each process that finishes batches (a
 worker, or the main process when there are none) keeps up to ``SLOTS`` of them, in shared memory when it is a
 worker; the main process maps each slot once a pass (``pipelines.Arrived`` holds them, so torch's shared-memory
 cache finds a slot again when the next batch in it is sent).

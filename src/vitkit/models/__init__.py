@@ -1,4 +1,5 @@
-"""The model: configuration, layers, position embeddings, the ViT and its named variants."""
+"""The model: its configuration, layers, position embeddings (tables and rotary), the ViT and its named variants;
+the bottom package above the leaf utilities, which imports nothing else of vitkit's."""
 
 from .config import Provenance, ViTConfig
 from .registry import create_model, list_models, model_config

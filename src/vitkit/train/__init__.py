@@ -1,4 +1,5 @@
-"""Training: optimisers and schedules, objectives, the loop (checkpoints, resume, DDP), recipes."""
+"""Training: recipes, a run wired from one (``run``, ``launch``), the ``Trainer`` with its EMA, metrics log and
+signal handling beside it, run checkpoints and resume, DDP/FSDP, optimisers, schedules and objectives."""
 
 from ..errors import TrainingDiverged
 from .ema import EMA

@@ -6,9 +6,8 @@
 the directory is still a plain ViT checkpoint, and the wrapper's own weights (its [mask] embedding and
 prediction head) go beside it in ``objective.safetensors``. Each is written once, under its own step's name, and
 published by one rename (``atomic.atomic_directory``), so the earlier ones survive a crash at any moment; only the
-last ``keep_last`` are kept. The files hold
-whole tensors whether the run was one process, DDP or FSDP (``distributed.full_state`` gathers the
-shards), and every rank's random generator.
+last ``keep_last`` are kept. The files hold whole tensors whether the run
+was one process, DDP or FSDP (``distributed.full_state`` gathers the shards), and every rank's random generator.
 """
 
 from __future__ import annotations

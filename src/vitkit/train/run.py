@@ -1,5 +1,5 @@
-"""Run a recipe end to end: data, model (fresh or fine-tuned from a checkpoint), the loop, and the
-final evaluation on the test split."""
+"""A recipe run end to end: ``prepare`` makes its sections into the data, the model (fresh or fine-tuned from a
+checkpoint) and a ``Trainer``; ``run`` trains, saves the final model and evaluates it on the test split."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sources of datasets, one module each, and ``SOURCES``: the registry that ``datasets`` dispatches on, keyed
-by the prefix of a dataset's name (``npz:``, ``imagefolder:``, ``webdataset:``, ``hf:``) or by a plain name.
+by the prefix of a dataset's name (``npz:``, ``imagefolder:``, ``webdataset:``, ``hf:``, ``vtab:`` ...) or a plain name.
 
 Adding a source (say a Lance or Zarr store, ``lance:PATH``): write ``sources/lance.py`` with a subclass of
 ``base.Source`` that implements ``open`` (and ``splits``, ``recognises`` where the defaults do not fit), build
