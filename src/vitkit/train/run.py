@@ -250,12 +250,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     _, mixup_alpha = augreg_level(recipe.augment.aug_level)
     objective = MaskedPatches() if pretraining else \
         Classification(len(classes), recipe.objective.label_smoothing, mixup_alpha, recipe.augment.cutmix_alpha)
-    runtime = recipe.run
-    loop = LoopConfig(total_steps=steps, accum_steps=recipe.schedule.accum_steps, clip_norm=optim.clip_norm,
-                      precision=runtime.precision, ema_decay=optim.ema_decay, log_every=runtime.log_every,
-                      eval_every=runtime.eval_every, checkpoint_every=runtime.checkpoint_every,
-                      checkpoint_minutes=runtime.checkpoint_minutes, keep_last=runtime.keep_last,
-                      compile=runtime.compile)
+    loop = LoopConfig(steps, recipe.optim, recipe.schedule, recipe.run)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
     return Experiment(recipe, run_dir, trainer, classes, measure, skipped, evaluated[-1] if evaluated else None)
 

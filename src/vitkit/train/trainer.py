@@ -26,7 +26,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from .distributed import (Distributed, clip_gradients, full_state, full_weights,
 from .ema import EMA
 from .metrics_log import MetricsLog
 from .objectives import Objective
+from .recipes import Optim, Run, Schedule
 from .signals import StopRequest
 
 logger = logging.getLogger(__name__)
@@ -49,21 +50,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class LoopConfig:
-    """How the ``Trainer`` runs: steps, accumulation, clipping, precision, EMA, and when it logs, evaluates and
-    saves checkpoints (the recipe fields of the same names)."""
+    """How the ``Trainer`` runs: ``total_steps`` (what the data and the schedule make of the recipe) and three
+    sections of the recipe, handed over whole: ``optim`` (clipping, EMA), ``schedule`` (accumulation) and ``run``
+    (precision, compilation, and when it logs, evaluates and saves checkpoints)."""
 
     total_steps: int
-    accum_steps: int = 1
-    clip_norm: float | None = 1.0
-    precision: str = "fp32"
-    ema_decay: float = 0.0
-    log_every: int = 20
-    eval_every: int = 0  # 0: only at the end
-    checkpoint_every: int = 0  # steps; 0: by wall time (and at the end) only
-    checkpoint_minutes: float = 10.0  # wall time; 0: by steps (and at the end) only
-    keep_last: int = 2
+    optim: Optim = field(default_factory=Optim)
+    schedule: Schedule = field(default_factory=Schedule)
+    run: Run = field(default_factory=Run)
     best_metric: str = "val/accuracy"  # higher is better
-    compile: bool = False
 
 
 class Trainer:
@@ -83,15 +78,15 @@ class Trainer:
         self.lr_at, self.batches, self.config, self.evaluate = lr_at, batches, config, evaluate
         self.env = env or Distributed()
         self.run_dir = Path(run_dir)
-        self.ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
+        self.ema = EMA(model, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
         self.step = 0
         self.asked = (False, False)  # agreed over ranks at the last step: (stop, save)
         self.best: float | None = None
         self.saved_at = time.monotonic()  # when the last checkpoint was written (or training began)
         self.network = wrap(model, self.env)
-        if config.compile:
+        if config.run.compile:
             self.network = torch.compile(self.network)
-        self.dtype = autocast_dtype(config.precision, self.env.device)
+        self.dtype = autocast_dtype(config.run.precision, self.env.device)
         self._log = MetricsLog(self.run_dir, self.env.is_main)
 
     def record(self, step: int, values: dict[str, float]) -> None:
@@ -148,7 +143,7 @@ class Trainer:
         weights, optimizer = full_state(self.model, self.optimizer)
         state = self.training_state(optimizer)
         if self.env.is_main:
-            save_checkpoint(self.run_dir, self.step, self.model, weights, state, self.config.keep_last)
+            save_checkpoint(self.run_dir, self.step, self.model, weights, state, self.config.run.keep_last)
         self.env.barrier()
         self.saved_at = time.monotonic()
 
@@ -160,7 +155,7 @@ class Trainer:
         if done == config.total_steps:  # the final checkpoint follows the final evaluation
             return
         stopping, late = self.asked
-        due = bool(config.checkpoint_every and done % config.checkpoint_every == 0) or late
+        due = bool(config.run.checkpoint_every and done % config.run.checkpoint_every == 0) or late
         if stopping or due:
             self.save()
         if stopping:
@@ -168,7 +163,7 @@ class Trainer:
 
     def _requests(self, stop: StopRequest | None) -> list[float]:
         """This rank's (a signal asked to stop, a checkpoint is due by wall time), as 0/1."""
-        minutes = self.config.checkpoint_minutes
+        minutes = self.config.run.checkpoint_minutes
         late = bool(minutes and time.monotonic() - self.saved_at >= 60 * minutes)
         return [float(stop is not None and stop.signum is not None), float(late)]
 
@@ -206,7 +201,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         self.optimizer.zero_grad(set_to_none=True)
-        accum = self.config.accum_steps
+        accum = self.config.schedule.accum_steps
         totals: dict[str, torch.Tensor] = {}
         images = 0
         for index in range(accum):
@@ -219,7 +214,7 @@ class Trainer:
                 (loss / accum).backward()
             for key, value in {"loss": loss.detach(), **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + value.detach().float() / accum
-        clip = self.config.clip_norm or math.inf
+        clip = self.config.optim.clip_norm or math.inf
         norm = clip_gradients(self.model.parameters(), clip)
         keys = sorted(totals)
         # the one host sync of the step: the weights must not be updated from a non-finite gradient; the
@@ -307,13 +302,13 @@ class Trainer:
                 window.append((last["train/images"], time.perf_counter() - tick))
                 done = self.step
                 progress.advance(done)
-                if done % config.log_every == 0 or done == config.total_steps:
+                if done % config.run.log_every == 0 or done == config.total_steps:
                     rate = sum(n for n, _ in window) / max(sum(t for _, t in window), 1e-9)
                     window.clear()
                     shown = {k: v for k, v in last.items() if k != "train/images"}
                     self.record(done, {**shown, "train/images_per_s": rate})
                     progress.report(done, shown, rate)
-                if config.eval_every and done % config.eval_every == 0 and done < config.total_steps:
+                if config.run.eval_every and done % config.run.eval_every == 0 and done < config.total_steps:
                     last.update(self._evaluate())
                 self._after_step(stop)
         last.update(self._evaluate())
