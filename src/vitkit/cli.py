@@ -23,13 +23,14 @@ from .analysis import inputs
 from .analysis.attention import HEAD_FUSIONS, READOUTS
 from .analysis.report import REPORT_FILE, analyze
 from .checkpoints import export, load
-from .checkpoints.convert import FORMATS
+from .checkpoints.convert import FORMATS, check_quantizable
 from .checkpoints.hub import is_remote
-from .checkpoints.onnx import QUANTIZATIONS
+from .checkpoints.quantize import QUANTIZATIONS
 from .classnames import escape_name
 from .data import ALL, CORRUPT, RESIZE_MODES, SPLITS
 from .data.datasets import DATASET_FORMS
 from .errors import ConfigError, VitkitError, parse_json
+from .evaluate.calibration import CALIBRATION_IMAGES
 from .evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from .evaluate.knn import DEFAULT_TEMPERATURE
 from .evaluate.preprocessing import checkpoint_transform, naflex_transform
@@ -106,20 +107,28 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
     timm state dict, ONNX (checked by ONNX Runtime after writing) or OpenVINO IR (checked by OpenVINO)."""
     args.to = output_format(args.dst, args.to)
+    check_quantizable(args.to, args.dst, args.quantize, args.calibration is not None)
     model = load_checkpoint(args)
-    written = export(model, args.dst, args.to, args.quantize, select_device(args.device), args.naflex)
+    calibration = None
+    if args.calibration is not None:
+        from .evaluate.calibration import calibration_batches
+
+        calibration = calibration_batches(model.config, args.calibration, args.calibration_size,
+                                          data_dir=args.data_dir)
+    written = export(model, args.dst, args.to, args.quantize, select_device(args.device), args.naflex, calibration)
     print(f"wrote {args.dst} ({args.to}): {model.config.provenance.format or 'vitkit'} -> {args.to}, "
           f"{count_parameters(model):,} parameters")
     if args.to == "openvino":
         print(f"OpenVINO (fp32) vs PyTorch on a probe batch: max |difference| {written.max_difference:.2g}")
+    if args.to in ("onnx", "openvino") and written.quantized_difference is not None:
+        kind = "static, calibrated on " + args.calibration if calibration else "dynamic"
+        print(f"{args.quantize} ({kind}): max |difference| {written.quantized_difference:.3g}, top-1 kept on "
+              f"{100 * written.quantized_agreement:.0f}% of the probe images (random; check accuracy with "
+              f"`vitkit eval {args.dst}`)")
     if args.to == "onnx":
         inputs = "NaFlex batches of any size" if args.naflex else "images of any batch and size"
         print(f"opset {written.opset}, takes {inputs}; ONNX Runtime vs PyTorch on probe batches: max |difference| "
               f"{written.max_difference:.2g}")
-        if written.quantized_difference is not None:
-            print(f"{args.quantize} weights: max |difference| {written.quantized_difference:.3g}, top-1 kept on "
-                  f"{100 * written.quantized_agreement:.0f}% of the probe images (random; check accuracy with "
-                  f"`vitkit eval {args.dst}`)")
     return 0
 
 
@@ -923,7 +932,14 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("dst", metavar="DST", help="the file or folder to write: .onnx, .xml (OpenVINO), .npz "
                       "(Google), .safetensors (timm), or a folder (vitkit's own unless --to says hf or timm)")
     conv.add_argument("--to", choices=FORMATS, help="the format (default: the one DST's extension names)")
-    conv.add_argument("--quantize", choices=QUANTIZATIONS, help="ONNX only: int8 weights (dynamic quantisation)")
+    conv.add_argument("--quantize", choices=QUANTIZATIONS,
+                      help="ONNX and OpenVINO: int8 matrix products (static with --calibration; ONNX without it: "
+                           "dynamic, activations quantised on the fly)")
+    conv.add_argument("--calibration", metavar="DATASET", help="int8: calibrate activation scales on this dataset's "
+                      "train split, read through the checkpoint's evaluation preprocessing (needed for OpenVINO)")
+    conv.add_argument("--calibration-size", type=_positive, default=CALIBRATION_IMAGES, metavar="N",
+                      help=f"calibration images, drawn with a fixed seed (default: {CALIBRATION_IMAGES})")
+    conv.add_argument("--data-dir", help="where --calibration lies (torchvision layout)")
     conv.add_argument("--naflex", action="store_true",
                       help="ONNX and OpenVINO: a graph taking NaFlex batches (patches, coords, mask, grids: images at "
                            "their own aspect ratio, run with --max-patches) instead of image tensors")

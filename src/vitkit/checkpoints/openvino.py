@@ -12,6 +12,7 @@ step, and a graph must never run another export's weights.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from xml.etree import ElementTree
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,9 @@ from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from ..paths import regular_file
 from ..runtime import precision_name
-from .onnx import CONFIG_KEY, INPUT, NAFLEX_INPUTS, ExportedModel, checked_difference, feeds, probe_logits, trace
+from .onnx import (CONFIG_KEY, INPUT, NAFLEX_INPUTS, ExportedModel, checked_difference, feeds, probe_logits,
+                   quantized_agreement, trace)
+from .quantize import check_quantize, openvino_precision, quantize_openvino
 
 WEIGHTS_KEY = "vitkit.weights_sha256"  # runtime info: the digest of the .bin the graph was exported with
 _DIGEST_PENDING = "pending-" + "0" * 56  # a digest's length, filled in once the weights are written
@@ -36,6 +39,8 @@ PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # the CPU plug
 class OpenVinoExport:
     path: Path
     max_difference: float  # of OpenVINO fp32 against PyTorch, on the probe batch
+    quantized_difference: float | None = None  # of the int8 graph (run with fp32 elsewhere), for information
+    quantized_agreement: float | None = None  # share of probe images whose top-1 class int8 keeps
 
 
 def _require_openvino():
@@ -56,10 +61,13 @@ def _compiled(openvino, graph, precision: str):
 
 
 def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu",
-                   traced: Path | None = None, naflex: bool = False) -> OpenVinoExport:
+                   traced: Path | None = None, naflex: bool = False, quantize: str | None = None,
+                   calibration: Sequence[np.ndarray] | None = None) -> OpenVinoExport:
     """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it; with ``naflex`` taking NaFlex
     batches), checked by OpenVINO in fp32; ``traced`` is an ONNX export of this very model to convert instead of
-    tracing again.
+    tracing again. ``quantize="int8"`` quantises the checked graph's matrix products statically on
+    ``calibration`` (batches of preprocessed images; ``quantize.quantize_openvino``); the precision of the rest
+    is told to the runtime at load (on a CPU with native bf16, OpenVINO's default is bf16).
 
     The two files are replaced as one unit (``atomic.move_group_into_place``): a kill between their renames leaves
     the previous pair set aside, put back by the next export or read of ``path``. The graph also records the
@@ -68,6 +76,7 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     path = Path(path)
     if path.suffix != ".xml":
         raise CheckpointError(f"{path}: an OpenVINO model is written as NAME.xml (its weights go to NAME.bin)")
+    check_quantize(quantize, calibration, model.config.in_chans, naflex, str(path), needs_calibration=True)
     model = model.to(device).eval()
     probes = probe_logits(model, naflex, device)
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
@@ -75,6 +84,9 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
         if traced is None:
             trace(model, onnx_path, device, metadata=False, naflex=naflex)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
+        if quantize:  # the fp32 graph checked first, then quantised
+            fp32_difference = _checked(_compiled(openvino, graph, "fp32"), probes, path)
+            graph = quantize_openvino(graph, calibration)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
         graph.set_rt_info(_DIGEST_PENDING, WEIGHTS_KEY)
         openvino.save_model(graph, ir_path, compress_to_fp16=False)
@@ -85,10 +97,23 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
                                   f"nothing was written")
         ir_path.write_text(graph_text.replace(_DIGEST_PENDING, weights_digest(bin_path)), encoding="utf-8")
         compiled = _compiled(openvino, openvino.Core().read_model(ir_path), "fp32")
-        names = input_names(compiled)
-        difference = checked_difference(lambda inputs: compiled(feeds(inputs, names))[0], probes, path, "OpenVINO")
+        if quantize:
+            report = OpenVinoExport(path, fp32_difference, *quantized_agreement(_runner(compiled), probes[0]))
+        else:
+            report = OpenVinoExport(path, _checked(compiled, probes, path))
         move_group_into_place((bin_path, path.with_suffix(".bin")), (ir_path, path))  # the weights, then their graph
-    return OpenVinoExport(path, difference)
+    return report
+
+
+def _runner(compiled):
+    """A compiled model as a function of images or a NaFlex batch to logits."""
+    names = input_names(compiled)
+    return lambda inputs: compiled(feeds(inputs, names))[0]
+
+
+def _checked(compiled, probes, path: Path) -> float:
+    """The largest logit difference of a compiled fp32 graph from PyTorch's (``onnx.checked_difference``)."""
+    return checked_difference(_runner(compiled), probes, path, "OpenVINO")
 
 
 def input_names(compiled) -> list[str]:
@@ -146,6 +171,7 @@ class OpenVinoModel(ExportedModel):
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' runtime info ({error})") from error
         self.compiled = _compiled(openvino, graph, precision_name(dtype))
         self.inputs = input_names(self.compiled)
+        self.precision = openvino_precision(self.compiled)
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return self.compiled(arrays)[0]
