@@ -15,6 +15,7 @@ from vitkit.checkpoints import CheckpointError, export
 from vitkit.checkpoints.onnx import CONFIG_KEY, OPSET, OnnxModel
 from vitkit.checkpoints.openvino import OpenVinoModel
 from vitkit.cli import main
+from vitkit.errors import ConfigError
 from vitkit.models import Provenance, ViTConfig, VisionTransformer, create_model
 
 onnx = pytest.importorskip("onnx")
@@ -61,9 +62,9 @@ def test_classes_and_normalisation_travel_in_the_metadata(tmp_path):
 
 def test_bad_requests_are_clear_errors_and_keep_existing_files(tmp_path):
     model = small_model()
-    with pytest.raises(CheckpointError, match="quantize='int8' applies to ONNX export only"):
+    with pytest.raises(CheckpointError, match="quantize='int8' applies to ONNX and OpenVINO exports, not to 'native'"):
         export(model, tmp_path / "x", "native", quantize="int8")
-    with pytest.raises(CheckpointError, match="quantize='int4'; expected one of"):
+    with pytest.raises(ConfigError, match="quantize='int4'; expected one of"):
         export(model, tmp_path / "m.onnx", "onnx", quantize="int4")
     bare = tmp_path / "bare.onnx"
     torch.onnx.export(model, (torch.randn(1, 3, 16, 24),), str(bare), dynamo=False)
@@ -71,7 +72,7 @@ def test_bad_requests_are_clear_errors_and_keep_existing_files(tmp_path):
         OnnxModel(bare)
     previous = tmp_path / "kept.onnx"
     previous.write_bytes(b"previous export")
-    with pytest.raises(CheckpointError):
+    with pytest.raises(ConfigError):
         export(model, previous, "onnx", quantize="int4")
     assert previous.read_bytes() == b"previous export"
 
@@ -139,7 +140,7 @@ def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
         OpenVinoModel(tmp_path / "torn.xml")
     with pytest.raises(CheckpointError, match=r"x\.onnx: an OpenVINO model is written as NAME\.xml"):
         export(model, tmp_path / "x.onnx", "openvino")
-    with pytest.raises(CheckpointError, match="applies to ONNX export only, not to 'openvino'"):
+    with pytest.raises(ConfigError, match=r"q\.xml: int8 OpenVINO export is static and needs calibration images"):
         export(model, tmp_path / "q.xml", "openvino", quantize="int8")
 
 

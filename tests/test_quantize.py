@@ -100,7 +100,7 @@ def test_openvino_reports_the_precision_its_plugin_runs(tmp_path):
     model = small_model()
     export(model, tmp_path / "f.xml", "openvino")
     assert OpenVinoModel(tmp_path / "f.xml", torch.float32).precision == "fp32"
-    report = export(model, tmp_path / "q.xml", "openvino", quantize="int8", calibration=digits_batches(model))
+    report = export(model, tmp_path / "q.xml", "openvino", quantize="int8", calibration=digits_batches(model, 8))
     assert report.max_difference <= 1e-4 and report.quantized_agreement is not None
     assert OpenVinoModel(tmp_path / "q.xml", torch.float32).precision.startswith("int8")
     if native_bf16(torch.device("cpu")):
@@ -156,6 +156,7 @@ def test_the_cli_refuses_in_one_line(tmp_path, capsys, argv, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
+@pytest.mark.slow  # trains a model: about a minute on 2 cores
 def test_static_int8_keeps_trained_digits_accuracy_within_one_point(tmp_path):
     """A small digits model trained here: static int8 ONNX (QDQ) and OpenVINO (NNCF), calibrated on the train
     split, within 1 point of the fp32 checkpoint on the test split."""

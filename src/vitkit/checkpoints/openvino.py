@@ -1,7 +1,7 @@
 """OpenVINO IR: ``vitkit convert CKPT OUT.xml --to openvino`` writes ``OUT.xml`` (the graph) and ``OUT.bin``
-(the weights), and ``vitkit eval`` / ``predict`` run ``.xml`` files on OpenVINO's CPU plugin. On a CPU with
-native bf16 it ran ViT-S/16 in bf16 1.25x faster than ONNX Runtime's int8 and 1.7x faster than torch's bf16,
-and 1.1x ONNX Runtime in fp32 (``benchmarks/results/deploy_int8_openvino.md``).
+(the weights), and ``vitkit eval`` / ``predict`` run ``.xml`` files on OpenVINO's CPU plugin; ``--quantize int8``
+writes a static int8 IR (NNCF, calibrated). Which export runs fastest on which CPU, against timm, is measured in
+``benchmarks/results/deploy_cpu.md``.
 
 The graph comes from the ONNX trace and is checked once, by OpenVINO against PyTorch, after conversion; the
 ``ViTConfig`` travels in the model's runtime info (``vitkit.config``), as in ONNX's metadata, beside the SHA-256
