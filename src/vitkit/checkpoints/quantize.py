@@ -133,12 +133,17 @@ def quantize_openvino(graph, batches: Sequence[np.ndarray]):
     """An OpenVINO model's matrix products in int8 (NNCF post-training quantisation for transformers: softmax
     and norms stay in the precision the runtime is told at load), with activation scales from ``batches``.
     SmoothQuant is off: on a small trained digits ViT it took top-1 from 84% to 50% (without it: 85%)."""
+    extensions = logging.getLogger("torch.utils.cpp_extension")
+    level = extensions.level
+    extensions.setLevel(logging.ERROR)  # nncf's import loads it, which warns of CUDA_HOME on machines without CUDA
     try:
         import nncf
         from nncf.quantization.advanced_parameters import (AdvancedQuantizationParameters,
                                                            AdvancedSmoothQuantParameters)
     except ImportError as error:
         raise ImportError(f"int8 OpenVINO export needs nncf: pip install 'vitkit[deploy]' ({error})") from None
+    finally:
+        extensions.setLevel(level)
     nncf.set_log_level(logging.ERROR)
     no_smoothing = AdvancedQuantizationParameters(smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1))
     return nncf.quantize(graph, nncf.Dataset(list(batches)), model_type=nncf.ModelType.TRANSFORMER,
