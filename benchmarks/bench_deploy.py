@@ -1,22 +1,27 @@
-"""Deployment runtimes side by side: static int8 through ONNX Runtime (``quantize_static``, calibrated) against
-dynamic int8, and OpenVINO (fp32, bf16, int8 from a static QDQ graph) against ONNX Runtime and torch eager, on one
-ViT with the same weights, timed in turn within each repeat (medians; ratios are medians of per-repeat ratios).
+"""CPU deployment: vitkit's exports (ONNX Runtime fp32, dynamic int8, static int8; OpenVINO fp32, bf16, static
+int8) against timm's paths (eager fp32, ``torch.compile`` fp32 and, where the CPU computes bf16 natively, bf16
+weights), one ViT with the same weights, timed in turn within each repeat (medians; ratios are medians of
+per-repeat ratios), and the int8 exports' accuracy on trained checkpoints.
 
-    OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/bench_deploy.py speed [--model ViT-S/16] [--repeats 9]
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_deploy.py accuracy runs/digits/model
+    OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/bench_deploy.py speed [--model ViT-S/16] [--repeats 7]
+    OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/bench_deploy.py accuracy RUN/model --dataset digits
 
-``speed`` times random-weight models (the head re-drawn, so that the logits are not all zero) at batch 16;
-``accuracy`` gives the test top-1 of a trained checkpoint in fp32 ONNX, dynamic int8 and static int8
-calibrated on 256 training images (the evaluation transform). OpenVINO rows appear when ``openvino`` is
-importable (`vitkit[openvino]`). Prints a markdown table; the numbers on record are in
-``benchmarks/results/deploy_int8_openvino.md``.
+``speed`` times random-weight models (the head re-drawn, so that the logits are not all zero) at batch 16, the
+static int8 graphs calibrated on random images (speed does not depend on the scales); each row says the precision
+that ran (the graph's products for ONNX, the plugin's per-layer precisions for OpenVINO). ``accuracy`` gives the
+test top-1 of a trained checkpoint in PyTorch and in each export, int8 calibrated on 256 training images through
+the evaluation transform, as ``vitkit convert --quantize int8 --calibration DATASET`` does. Both print Markdown;
+``--out FILE`` also writes it, with the machine, its CPU flags, the date and the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,142 +29,162 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
-from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from vitkit.benchmark import timm_twin
 from vitkit.checkpoints import load
-from vitkit.checkpoints.onnx import INPUT, OUTPUT, session, write_onnx
+from vitkit.checkpoints.onnx import OnnxModel, write_onnx
+from vitkit.checkpoints.openvino import OpenVinoModel, write_openvino
+from vitkit.checkpoints.quantize import INT8_DOT_FLAGS
 from vitkit.data import evaluation_loader, load_dataset
+from vitkit.evaluate.calibration import calibration_batches
 from vitkit.evaluate.preprocessing import checkpoint_transform
 from vitkit.models import create_model
+from vitkit.runtime import NATIVE_BF16_CPU_FLAGS, cpu_flags, native_bf16
+
+FLAGS_SHOWN = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 
-class Batches(CalibrationDataReader):
-    """Calibration input for ``quantize_static``: one batch at a time, then None."""
-
-    def __init__(self, batches: list[np.ndarray]):
-        self.remaining = iter(batches)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        batch = next(self.remaining, None)
-        return None if batch is None else {INPUT: batch}
-
-
-def graphs(model, folder: Path, calibration: list[np.ndarray]) -> dict[str, Path]:
-    """fp32 ONNX (checked by vitkit's export), dynamic int8 (what `--quantize int8` writes) and static int8
-    (QDQ, uint8 activations, int8 weights, calibrated by min-max on ``calibration``)."""
-    paths = {name: folder / f"{name}.onnx" for name in ("fp32", "dynamic", "prepared", "static")}
-    write_onnx(model, paths["fp32"])
-    quantize_dynamic(paths["fp32"], paths["dynamic"], weight_type=QuantType.QInt8)
-    quant_pre_process(str(paths["fp32"]), str(paths["prepared"]))
-    quantize_static(str(paths["prepared"]), str(paths["static"]), Batches(calibration), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+def exports(model, folder: Path, calibration: list[np.ndarray]) -> dict[str, Path]:
+    """vitkit's exports of ``model``: fp32, dynamic and static int8 ONNX; fp32 and static int8 OpenVINO."""
+    paths = {"onnx fp32": folder / "fp32.onnx", "onnx dynamic": folder / "dynamic.onnx",
+             "onnx static": folder / "static.onnx", "openvino": folder / "fp32.xml", "openvino int8": folder / "int8.xml"}
+    write_onnx(model, paths["onnx fp32"])
+    write_onnx(model, paths["onnx dynamic"], quantize="int8")
+    write_onnx(model, paths["onnx static"], quantize="int8", calibration=calibration)
+    write_openvino(model, paths["openvino"], traced=paths["onnx fp32"])
+    write_openvino(model, paths["openvino int8"], traced=paths["onnx fp32"], quantize="int8", calibration=calibration)
     return paths
 
 
-def onnxruntime_runner(path: Path) -> Callable[[np.ndarray], np.ndarray]:
-    graph = session(path)
-    return lambda images: graph.run([OUTPUT], {INPUT: images})[0]
+def deployed(paths: dict[str, Path]) -> dict[str, torch.nn.Module]:
+    """Each export as vitkit runs it (``vitkit eval`` / ``predict``): OpenVINO in fp32 and, where the CPU computes
+    bf16 natively, in bf16 (its int8 graph then runs its other layers in bf16, else in fp32)."""
+    low = torch.bfloat16 if native_bf16(torch.device("cpu")) else torch.float32
+    runners = {"vitkit onnxruntime fp32": OnnxModel(paths["onnx fp32"]),
+               "vitkit onnxruntime int8 dynamic": OnnxModel(paths["onnx dynamic"]),
+               "vitkit onnxruntime int8 static": OnnxModel(paths["onnx static"]),
+               "vitkit openvino fp32": OpenVinoModel(paths["openvino"], torch.float32)}
+    if low == torch.bfloat16:
+        runners["vitkit openvino bf16"] = OpenVinoModel(paths["openvino"], low)
+    runners["vitkit openvino int8"] = OpenVinoModel(paths["openvino int8"], low)
+    return runners
 
 
-def speed(name: str, repeats: int, batch: int = 16) -> None:
+def timm_paths(model, images: torch.Tensor) -> dict[str, tuple[str, Callable[[], torch.Tensor]]]:
+    """timm's ways to run ``model``'s weights: eager fp32, compiled fp32, and bf16 weights where native."""
+    twin = timm_twin(model).eval()
+    compiled = torch.compile(twin)
+    paths = {"timm eager": ("fp32", lambda: twin(images)), "timm torch.compile": ("fp32", lambda: compiled(images))}
+    if native_bf16(torch.device("cpu")):
+        low, low_images = timm_twin(model).eval().to(torch.bfloat16), images.to(torch.bfloat16)
+        paths["timm bf16 weights"] = ("bf16", lambda: low(low_images).float())
+    return paths
+
+
+def speed(name: str, repeats: int, batch: int = 16) -> str:
     torch.manual_seed(0)
     model = create_model(name).eval()
     torch.nn.init.normal_(model.head.weight, std=0.02)
-    size = model.config.image_size
     rng = np.random.default_rng(0)
-    calibration = [rng.standard_normal((8, 3, *size)).astype(np.float32) for _ in range(2)]
-    images = rng.standard_normal((batch, 3, *size)).astype(np.float32)
-
-    def eager(dtype: torch.dtype) -> Callable[[np.ndarray], np.ndarray]:
-        @torch.no_grad()
-        def run(x: np.ndarray) -> np.ndarray:
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-                return model(torch.from_numpy(x)).float().numpy()
-        return run
-
+    calibration = [rng.standard_normal((8, 3, *model.config.image_size)).astype(np.float32) for _ in range(2)]
+    images = torch.from_numpy(rng.standard_normal((batch, 3, *model.config.image_size)).astype(np.float32))
     with tempfile.TemporaryDirectory() as folder:
-        paths = graphs(model, Path(folder), calibration)
-        runners = {"torch eager fp32": eager(torch.float32), "torch eager bf16 (autocast)": eager(torch.bfloat16),
-                   "onnxruntime fp32": onnxruntime_runner(paths["fp32"]),
-                   "onnxruntime int8 dynamic (vitkit's --quantize int8)": onnxruntime_runner(paths["dynamic"]),
-                   "onnxruntime int8 static (QDQ, calibrated)": onnxruntime_runner(paths["static"])}
-        try:
-            import openvino
-        except ImportError:
-            print("openvino is not installed: its rows are left out")
-        else:
-            core = openvino.Core()
-
-            def openvino_runner(path: Path, precision: str) -> Callable[[np.ndarray], np.ndarray]:
-                compiled = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": precision,
-                                                                 "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-                                                                 "PERFORMANCE_HINT": "LATENCY"})
-                request = compiled.create_infer_request()
-                return lambda x: request.infer({0: x})[0]
-
-            runners.update({"openvino fp32": openvino_runner(paths["fp32"], "f32"),
-                            "openvino bf16": openvino_runner(paths["fp32"], "bf16"),
-                            "openvino int8 (the static QDQ graph)": openvino_runner(paths["static"], "f32")})
-        reference = runners["torch eager fp32"](images)
-        agreement = {}
-        for label, run in runners.items():  # warm-up, and how far each runtime is from torch fp32
-            logits = run(images)
-            agreement[label] = (float(np.abs(logits - reference).max()), int((logits.argmax(-1) ==
-                                                                              reference.argmax(-1)).sum()))
-        seconds: dict[str, list[float]] = {label: [] for label in runners}
-        load_before = os.getloadavg()[0]
-        for _ in range(repeats):
-            for label, run in runners.items():
-                start = time.perf_counter()
-                run(images)
-                seconds[label].append(time.perf_counter() - start)
-    print(f"{name}, batch {batch}, {torch.get_num_threads()} thread(s), median of {repeats} interleaved repeats, "
-          f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}; logits scale {np.abs(reference).max():.3g}")
-    print("| runtime | img/s | vs onnxruntime fp32 | vs onnxruntime int8 dynamic | max abs diff vs torch fp32 | "
-          f"top-1 as torch fp32 (of {batch}) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    bases = ("onnxruntime fp32", "onnxruntime int8 dynamic (vitkit's --quantize int8)")
+        runners = {label: (network.precision, lambda n=network: n(images))
+                   for label, network in deployed(exports(model, Path(folder), calibration)).items()}
+        runners.update(timm_paths(model, images))
+        with torch.no_grad():
+            reference = model(images)
+            agreement = {}
+            for label, (_, run) in runners.items():  # warm-up (compilation), and how far each is from torch fp32
+                run()
+                logits = run()
+                agreement[label] = (float((logits.float() - reference).abs().max()),
+                                    int((logits.argmax(-1) == reference.argmax(-1)).sum()))
+            seconds: dict[str, list[float]] = {label: [] for label in runners}
+            load_before = os.getloadavg()[0]
+            for repeat in range(repeats):
+                for label, (_, run) in list(runners.items())[::1 if repeat % 2 == 0 else -1]:
+                    start = time.perf_counter()
+                    run()
+                    seconds[label].append(time.perf_counter() - start)
+    timm_best = min((label for label in runners if label.startswith("timm")),
+                    key=lambda label: statistics.median(seconds[label]))
+    vitkit_best = min((label for label in runners if label.startswith("vitkit")),
+                      key=lambda label: statistics.median(seconds[label]))
+    lines = [f"{name}, batch {batch}, {torch.get_num_threads()} threads, median of {repeats} interleaved repeats, "
+             f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}; logits scale {reference.abs().max():.3g}", "",
+             f"| runtime | precision that ran | img/s (min-max) | vs timm's fastest ({timm_best}) | "
+             f"max abs diff vs torch fp32 | top-1 as torch fp32 (of {batch}) |", "|---|---|---:|---:|---:|---:|"]
     for label, times in seconds.items():
-        ratios = " | ".join(f"{statistics.median(b / t for b, t in zip(seconds[base], times)):.2f}x" for base in bases)
+        ratio = statistics.median(b / t for b, t in zip(seconds[timm_best], times))
         difference, same = agreement[label]
-        print(f"| {label} | {batch / statistics.median(times):.1f} | {ratios} | {difference:.3g} | {same} |")
+        lines.append(f"| {label} | {runners[label][0]} | {batch / statistics.median(times):.1f} "
+                     f"({batch / max(times):.1f}-{batch / min(times):.1f}) | {ratio:.2f}x | {difference:.3g} | {same} |")
+    best = statistics.median(b / t for b, t in zip(seconds[timm_best], seconds[vitkit_best]))
+    lines += ["", f"Fastest vitkit runtime: {vitkit_best} ({runners[vitkit_best][0]}), {best:.2f}x timm's fastest "
+                  f"path ({timm_best}, {runners[timm_best][0]})."]
+    return "\n".join(lines)
 
 
-def accuracy(checkpoint: str, calibration_images: int = 256) -> None:
+def top1(run: Callable[[torch.Tensor], torch.Tensor], loader) -> tuple[float, int]:
+    right = total = 0
+    with torch.no_grad():
+        for images, labels in loader:
+            right += int((run(images).argmax(-1) == labels).sum())
+            total += len(labels)
+    return 100 * right / total, total
+
+
+def accuracy(checkpoint: str, dataset: str, calibration_images: int = 256) -> str:
     model = load(checkpoint).eval()
-    transform = checkpoint_transform(model.config)
-    test = evaluation_loader(load_dataset("digits", "test"), transform, 256)
-    calibration = []
-    for images, _ in evaluation_loader(load_dataset("digits", "train"), transform, 64):
-        calibration.append(images.numpy())
-        if sum(len(b) for b in calibration) >= calibration_images:
-            break
+    calibration = calibration_batches(model.config, dataset, calibration_images)
+    test = evaluation_loader(load_dataset(dataset, "test"), checkpoint_transform(model.config), 64)
     with tempfile.TemporaryDirectory() as folder:
-        paths = graphs(model, Path(folder), calibration)
-        print("| graph | test top-1 |\n|---|---:|")
-        for label in ("fp32", "dynamic", "static"):
-            run = onnxruntime_runner(paths[label])
-            right = total = 0
-            for images, labels in test:
-                right += int((run(images.numpy()).argmax(-1) == labels.numpy()).sum())
-                total += len(labels)
-            print(f"| {label} | {100 * right / total:.2f}% ({total} images) |")
+        runners = {"PyTorch fp32 (the checkpoint)": ("fp32", model)}
+        runners.update({label: (network.precision, network)
+                        for label, network in deployed(exports(model, Path(folder), calibration)).items()})
+        found = {label: top1(network, test) for label, (_, network) in runners.items()}
+    reference = found["PyTorch fp32 (the checkpoint)"][0]
+    lines = [f"{checkpoint} on {dataset} (test split, {found[next(iter(found))][1]} images); int8 calibrated on "
+             f"{calibration_images} train images", "", "| runtime | precision that ran | top-1 | vs fp32 |",
+             "|---|---|---:|---:|"]
+    lines += [f"| {label} | {runners[label][0]} | {value:.2f}% | {value - reference:+.2f} |"
+              for label, (value, _) in found.items()]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    flags = cpu_flags()
+    shown = [flag for flag in FLAGS_SHOWN if flag in flags]
+    cpu = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    import onnxruntime
+    import openvino
+
+    return (f"{cpu}, {os.cpu_count()} cores visible, {torch.get_num_threads()} threads; CPU flags: {' '.join(shown)} "
+            f"(native bf16: {any(f in flags for f in NATIVE_BF16_CPU_FLAGS)}, int8 dot products: "
+            f"{any(f in flags for f in INT8_DOT_FLAGS)}); torch {torch.__version__}, onnxruntime "
+            f"{onnxruntime.__version__}, openvino {openvino.__version__.split('-')[0]}; "
+            f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["speed", "accuracy"])
-    parser.add_argument("checkpoint", nargs="?", help="accuracy: a trained digits checkpoint")
+    parser.add_argument("checkpoint", nargs="?", help="accuracy: a trained checkpoint")
+    parser.add_argument("--dataset", default="digits", help="accuracy: the checkpoint's dataset")
     parser.add_argument("--model", default="ViT-S/16")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", type=Path, help="also write the table, with the machine and command, to this file")
     args = parser.parse_args()
-    if args.what == "speed":
-        speed(args.model, args.repeats)
-    elif not args.checkpoint:
-        parser.error("accuracy needs a trained digits checkpoint")
-    else:
-        accuracy(args.checkpoint)
+    if args.what == "accuracy" and not args.checkpoint:
+        parser.error("accuracy needs a trained checkpoint")
+    table = speed(args.model, args.repeats) if args.what == "speed" else accuracy(args.checkpoint, args.dataset)
+    text = (f"Machine: {machine()}\n\nCommand: `OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} "
+            f"PYTHONPATH=src python benchmarks/bench_deploy.py {' '.join(sys.argv[1:])}`\n\n{table}\n")
+    print(text)
+    if args.out:
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,9 @@ def test_rows_cover_each_runtime_precision_and_phase(rows):
     kinds = {(r["runtime"], r["precision"], r["phase"]) for r in rows}
     expected = {("eager", "fp32", "inference"), ("eager", "fp32", "train_step"), ("timm", "fp32", "inference"),
                 ("timm", "fp32", "train_step"), ("onnxruntime", "fp32", "inference"),
-                ("onnxruntime", "int8", "inference")}
+                ("onnxruntime", "int8+fp32", "inference")}  # dynamic int8: the attention products stay fp32
     assert expected <= kinds
-    low = {precision for _, precision, _ in kinds} - {"fp32", "int8"}
+    low = {precision for _, precision, _ in kinds} - {"fp32", "int8+fp32"}
     from vitkit.benchmark import low_precision
 
     native = low_precision(torch.device("cpu"))
@@ -261,12 +261,12 @@ def test_the_model_is_traced_once_for_every_onnx_and_openvino_row(tmp_path, monk
                                 ["fp32", "int8"], tmp_path)
     assert len(traces) == 1 and skipped == {}
     rows = {(c.runtime, c.precision): c.step for c in found}
-    assert set(rows) == {("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("openvino", "fp32")}
+    assert set(rows) == {("onnxruntime", "fp32"), ("onnxruntime", "int8+fp32"), ("openvino", "fp32")}
     with torch.no_grad():
         expected = model(images)
     for runtime in ("onnxruntime", "openvino"):
         torch.testing.assert_close(rows[runtime, "fp32"](), expected, atol=1e-4, rtol=0)
-    assert rows["onnxruntime", "int8"]().shape == expected.shape
+    assert rows["onnxruntime", "int8+fp32"]().shape == expected.shape
 
 
 def test_rope_families_run_against_the_timm_model_given_compiled_against_compiled(tmp_path, monkeypatch):

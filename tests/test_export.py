@@ -15,6 +15,7 @@ from vitkit.checkpoints import CheckpointError, export
 from vitkit.checkpoints.onnx import CONFIG_KEY, OnnxModel
 from vitkit.checkpoints.openvino import OpenVinoModel
 from vitkit.cli import main
+from vitkit.errors import ConfigError
 from vitkit.models import Provenance, ViTConfig, VisionTransformer, create_model
 
 onnx = pytest.importorskip("onnx")
@@ -62,9 +63,9 @@ def test_classes_and_normalisation_travel_in_the_metadata(tmp_path):
 
 def test_bad_requests_are_clear_errors_and_keep_existing_files(tmp_path):
     model = small_model()
-    with pytest.raises(CheckpointError, match="quantize='int8' applies to ONNX export only"):
+    with pytest.raises(CheckpointError, match="quantize='int8' applies to ONNX and OpenVINO exports, not to 'native'"):
         export(model, tmp_path / "x", "native", quantize="int8")
-    with pytest.raises(CheckpointError, match="quantize='int4'; expected one of"):
+    with pytest.raises(ConfigError, match="quantize='int4'; expected one of"):
         export(model, tmp_path / "m.onnx", "onnx", quantize="int4")
     bare = tmp_path / "bare.onnx"
     torch.onnx.export(model, (torch.randn(1, 3, 16, 24),), str(bare), dynamo=False)
@@ -72,7 +73,7 @@ def test_bad_requests_are_clear_errors_and_keep_existing_files(tmp_path):
         OnnxModel(bare)
     previous = tmp_path / "kept.onnx"
     previous.write_bytes(b"previous export")
-    with pytest.raises(CheckpointError):
+    with pytest.raises(ConfigError):
         export(model, previous, "onnx", quantize="int4")
     assert previous.read_bytes() == b"previous export"
 
@@ -118,6 +119,22 @@ def test_a_model_over_protobufs_2gib_is_refused_before_any_work(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_openvino_runs_each_input_shape_compiled_for_it_keeping_the_last_few(tmp_path):
+    """Each new input shape is compiled for that shape (the plugin runs fixed shapes faster); the logits stay
+    PyTorch's, and only the last FIXED_SHAPES_KEPT compilations are held."""
+    pytest.importorskip("openvino")
+    from vitkit.checkpoints.openvino import FIXED_SHAPES_KEPT
+
+    model = small_model()
+    export(model, tmp_path / "m.xml", "openvino")
+    loaded = OpenVinoModel(tmp_path / "m.xml")
+    batches = list(range(1, FIXED_SHAPES_KEPT + 2))
+    for batch in batches:
+        images = torch.randn(batch, 3, 16, 24)
+        torch.testing.assert_close(loaded(images), model(images).detach(), atol=1e-4, rtol=0)
+    assert [dict(key)["images"][0] for key in loaded._fixed] == batches[1:]
+
+
 def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
     openvino = pytest.importorskip("openvino")
     model = small_model()
@@ -140,7 +157,7 @@ def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
         OpenVinoModel(tmp_path / "torn.xml")
     with pytest.raises(CheckpointError, match=r"x\.onnx: an OpenVINO model is written as NAME\.xml"):
         export(model, tmp_path / "x.onnx", "openvino")
-    with pytest.raises(CheckpointError, match="applies to ONNX export only, not to 'openvino'"):
+    with pytest.raises(ConfigError, match=r"q\.xml: int8 OpenVINO export is static and needs calibration images"):
         export(model, tmp_path / "q.xml", "openvino", quantize="int8")
 
 

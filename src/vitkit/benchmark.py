@@ -235,8 +235,8 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
             for precision in ("fp32", "int8"):
                 if wanted(precision):
                     path = traced if precision == "fp32" else quantize_onnx(traced, workdir / "int8.onnx")
-                    session = OnnxModel(path, device)
-                    found.append(Candidate("onnxruntime", precision, "inference", lambda s=session: s(images),
+                    session = OnnxModel(path, device)  # its precision: what the graph's products take
+                    found.append(Candidate("onnxruntime", session.precision, "inference", lambda s=session: s(images),
                                            precision))
         except ImportError as error:
             skipped["onnxruntime"] = str(error)
@@ -251,8 +251,9 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
                 for dtype in dtypes:
                     name = precision_name(dtype)
                     if wanted(name):
-                        network = OpenVinoModel(path, dtype)
-                        found.append(Candidate("openvino", name, "inference", lambda n=network: n(images), name))
+                        network = OpenVinoModel(path, dtype)  # its precision: what the plugin runs
+                        found.append(Candidate("openvino", network.precision, "inference", lambda n=network: n(images),
+                                               name))
             except ImportError as error:
                 skipped["openvino"] = str(error)
     return found, skipped

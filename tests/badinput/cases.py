@@ -358,6 +358,14 @@ CASES = [
     Case("HF export of an average-pooled model", lambda t: ["convert", str(model_dir(t)), str(t / "hf"), "--to",
                                                             "hf"], 2,
          "HF's ViT has no pool='gap'; write it as 'native'"),
+    Case("int8 for a format that holds weights only", lambda t: ["convert", str(model_dir(t)), str(t / "m.safetensors"),
+                                                                  "--quantize", "int8"], 2,
+         "quantize='int8' applies to ONNX and OpenVINO exports, not to 'timm'"),
+    Case("calibration without int8", lambda t: ["convert", str(model_dir(t)), str(t / "m.onnx"), "--calibration",
+                                                "digits"], 2, "calibration images apply to int8 quantisation"),
+    Case("calibration on a dataset of other classes", lambda t: [
+        "convert", str(model_dir(t)), str(t / "m.onnx"), "--quantize", "int8", "--calibration", "digits"], 2,
+         "--calibration digits (train split): 10 classes, but the model predicts 3"),
     Case("convert onto a folder of other files", lambda t: ["convert", str(model_dir(t)), str(write(
         t / "photos" / "cat.jpg", "x").parent)], 1, "does not look like a checkpoint directory"),
     Case("dataset .npz of noise", lambda t: [*TRAIN, "--dataset", f"npz:{write(t / 'd.npz', RANDOM)}"], 1,

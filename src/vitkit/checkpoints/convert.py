@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError, FormatError
@@ -19,6 +20,7 @@ from .timm import write_timm
 from .loading import load
 from .onnx import OnnxExport, write_onnx
 from .openvino import OpenVinoExport, write_openvino
+from .quantize import check_calibration_wanted
 
 WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "native": lambda model, path: model.save(path),
@@ -54,20 +56,20 @@ def hf_writer(config: ViTConfig) -> Callable[[VisionTransformer, Path], Path]:
 
 
 def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | None = None,
-           device: torch.device | str = "cpu", naflex: bool = False) -> Path | OnnxExport | OpenVinoExport:
+           device: torch.device | str = "cpu", naflex: bool = False,
+           calibration: list[np.ndarray] | None = None) -> Path | OnnxExport | OpenVinoExport:
     """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory, a timm state dict,
-    ONNX (traced on ``device``, checked by ONNX Runtime, optionally with int8 weights) or OpenVINO IR (checked
-    by OpenVINO); for the last two their report is returned. Their graphs take images of any size, or with
-    ``naflex`` NaFlex batches of any number of patches."""
+    ONNX (traced on ``device``, checked by ONNX Runtime; int8 static with ``calibration`` images, else dynamic)
+    or OpenVINO IR (checked by OpenVINO; int8 static, calibrated); for the last two their report is returned.
+    Their graphs take images of any size, or with ``naflex`` NaFlex batches of any number of patches."""
     if naflex and to not in ("onnx", "openvino"):
         raise CheckpointError(f"naflex applies to ONNX and OpenVINO export, not to {to!r}: the other formats hold "
                               f"weights, which take NaFlex batches once loaded")
     if to == "onnx":
-        return write_onnx(model, path, quantize, device, naflex)
-    if to == "openvino" and not quantize:
-        return write_openvino(model, path, device, naflex=naflex)
-    if quantize:
-        raise CheckpointError(f"quantize={quantize!r} applies to ONNX export only, not to {to!r}")
+        return write_onnx(model, path, quantize, device, naflex, calibration)
+    if to == "openvino":
+        return write_openvino(model, path, device, naflex=naflex, quantize=quantize, calibration=calibration)
+    check_quantizable(to, path, quantize, calibration is not None)
     if to not in WRITERS:
         raise CheckpointError(f"unknown export format {to!r}; expected one of {sorted(FORMATS)}")
     try:
@@ -77,6 +79,16 @@ def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | 
             raise
         raise FormatError(f"{error}; write it as 'native' (vitkit's own format holds every model) or, to run it "
                           f"elsewhere, as 'onnx'") from error
+
+
+def check_quantizable(to: str, path: str | Path, quantize: str | None, calibrated: bool) -> None:
+    """Refuse int8 (or calibration images) for a format that holds weights only in the model's own precision:
+    checked before any calibration images are read."""
+    if (quantize or calibrated) and to not in ("onnx", "openvino"):
+        what = f"quantize={quantize!r} applies" if quantize else "calibration images apply"
+        raise FormatError(f"{path}: {what} to ONNX and OpenVINO exports, not to {to!r}, whose files hold the "
+                          f"weights in the model's own precision; write .onnx or .xml for int8")
+    check_calibration_wanted(quantize, calibrated, str(path))
 
 
 def convert(source: str | Path, destination: str | Path, to: str, quantize: str | None = None,

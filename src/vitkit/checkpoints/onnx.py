@@ -10,8 +10,9 @@ give PyTorch's logits.
 The model's ``ViTConfig`` (class names and input normalisation included) travels in the file's metadata
 (``vitkit.config``), with ``classes``, ``mean``, ``std`` and ``crop_pct`` also as plain entries for other
 readers.
-``quantize="int8"`` stores the weights of the dense layers in int8 (ONNX Runtime's dynamic quantisation:
-activations are quantised on the fly, attention products stay in fp32).
+``quantize="int8"`` computes the dense layers in int8: with ``calibration`` images statically (QDQ, activation
+scales calibrated ahead: ``quantize.quantize_onnx_static``), else dynamically (activations quantised on the fly);
+the attention products stay in fp32 either way.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import logging
 import warnings
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +35,13 @@ from ..models.config import ViTConfig
 from ..models.naflex import PatchBatch, naflex_batch
 from ..models.vit import VisionTransformer
 from ..paths import regular_file, resolved, within
+from .quantize import check_quantize, onnx_precision, quantize_onnx_static
 
 OPSET = 17
 INPUT, OUTPUT = "images", "logits"
 NAFLEX_INPUTS = ("patches", "coords", "mask", "grids")  # a PatchBatch's fields, in its order
 CONFIG_KEY = "vitkit.config"
 TOLERANCE = 1e-4  # of the logits' scale: max |ONNX - PyTorch| / max(1, max |logit|)
-QUANTIZATIONS = ("int8",)
 PROTOBUF_LIMIT = 2**31  # bytes: an ONNX file is one protobuf message, and protobuf stops at 2 GiB
 _TRACE_BATCH, _PROBE_BATCH = 2, 3
 
@@ -51,6 +53,7 @@ class OnnxExport:
     max_difference: float  # of the fp32 graph against PyTorch, on the probe batch
     quantized_difference: float | None = None  # of the int8 graph, for information
     quantized_agreement: float | None = None  # share of probe images whose top-1 class int8 keeps
+    precision: str = "fp32"  # what the written graph's matrix products take (quantize.onnx_precision)
 
 
 def _require_runtime():
@@ -200,13 +203,22 @@ def checked_difference(run, probes: list[tuple[torch.Tensor | PatchBatch, np.nda
     return largest
 
 
+def quantized_agreement(run, probe: tuple[torch.Tensor | PatchBatch, np.ndarray]) -> tuple[float, float]:
+    """How far an int8 graph ``run`` (inputs -> logits) is from PyTorch's logits on one probe: the largest
+    |difference| and the share of images whose top-1 class it keeps."""
+    inputs, reference = probe
+    logits = run(inputs)
+    return float(np.abs(logits - reference).max()), float((logits.argmax(-1) == reference.argmax(-1)).mean())
+
+
 def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None = None,
-               device: torch.device | str = "cpu", naflex: bool = False) -> OnnxExport:
+               device: torch.device | str = "cpu", naflex: bool = False,
+               calibration: Sequence[np.ndarray] | None = None) -> OnnxExport:
     """Export ``model`` (traced on ``device``; with ``naflex`` taking NaFlex batches) to ``path``, check it with
-    ONNX Runtime, then put it in place."""
-    if quantize not in (None, *QUANTIZATIONS):
-        raise CheckpointError(f"quantize={quantize!r}; expected one of {QUANTIZATIONS} or none")
+    ONNX Runtime, then put it in place; ``quantize="int8"`` with ``calibration`` (batches of preprocessed
+    images) writes static int8, without it dynamic int8."""
     path, device = Path(path), torch.device(device)
+    check_quantize(quantize, calibration, model.config.in_chans, naflex, str(path))
     weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     if weight_bytes >= PROTOBUF_LIMIT:  # checked before any work: the exporter would fail late, with protobuf's words
         raise CheckpointError(f"{path}: the model's weights take {weight_bytes / 2**30:.2f} GiB, and an ONNX file "
@@ -220,12 +232,14 @@ def write_onnx(model: VisionTransformer, path: str | Path, quantize: str | None 
         report = OnnxExport(path, OPSET, checked_difference(_runner(exported, device), probes, path, "ONNX Runtime"))
         if quantize:
             quantized = tmp / "int8.onnx"
-            quantize_onnx(exported, quantized)
-            probe, reference = probes[0]
-            logits = _runner(quantized, device)(probe)
-            report.quantized_difference = float(np.abs(logits - reference).max())
-            report.quantized_agreement = float((logits.argmax(-1) == reference.argmax(-1)).mean())
+            if calibration is None:
+                quantize_onnx(exported, quantized)
+            else:
+                quantize_onnx_static(exported, quantized, calibration, INPUT, tmp)
+            report.quantized_difference, report.quantized_agreement = quantized_agreement(
+                _runner(quantized, device), probes[0])
             exported = quantized
+        report.precision = graph_precision(exported)
         move_into_place((exported, path))
     return report
 
@@ -246,6 +260,12 @@ def _refuse_outside_data(path: Path) -> None:
         within(folder, location, CheckpointError, f"{path}: the external data of tensor {tensor.name!r}")
 
 
+def graph_precision(path: Path) -> str:
+    """What an ONNX file's matrix products compute in, read from its graph (``quantize.onnx_precision``)."""
+    onnx, _ = _require_runtime()
+    return onnx_precision(onnx.load(str(path), load_external_data=False))
+
+
 class ExportedModel(nn.Module):
     """An exported graph behind a module's face: ``model(images)`` (or, for a graph exported with ``naflex``,
     ``model(patch_batch)``) gives logits and ``model.config`` the exported ``ViTConfig``, so evaluation and
@@ -254,6 +274,7 @@ class ExportedModel(nn.Module):
 
     path: Path
     inputs: list[str]
+    precision: str  # what the graph's matrix products run in, as the graph or the runtime tells
 
     @property
     def naflex(self) -> bool:
@@ -289,6 +310,7 @@ class OnnxModel(ExportedModel):
         except Exception as error:
             raise CheckpointError(f"{self.path}: not a model ONNX Runtime can read ({error})") from error
         self.inputs = [i.name for i in self.session.get_inputs()]
+        self.precision = graph_precision(self.path)
         metadata = self.session.get_modelmeta().custom_metadata_map
         if CONFIG_KEY not in metadata:
             raise CheckpointError(f"{self.path}: no '{CONFIG_KEY}' in the ONNX metadata; only files written by "

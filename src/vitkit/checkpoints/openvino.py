@@ -1,8 +1,7 @@
-"""OpenVINO IR, written from the ONNX trace (``write_openvino``: ``OUT.xml``, the graph, and ``OUT.bin``, the
-weights) and run on OpenVINO's CPU plugin (``OpenVinoModel``, what ``vitkit eval`` / ``predict`` run on ``.xml``).
-
-``vitkit convert CKPT OUT.xml --to openvino`` writes the pair. On a CPU with native bf16 it ran ViT-S/16 in bf16 1.25x faster than ONNX Runtime's int8 and 1.7x faster than torch's bf16,
-and 1.1x ONNX Runtime in fp32 (``benchmarks/results/deploy_int8_openvino.md``).
+"""OpenVINO IR: ``vitkit convert CKPT OUT.xml --to openvino`` writes ``OUT.xml`` (the graph) and ``OUT.bin``
+(the weights), and ``vitkit eval`` / ``predict`` run ``.xml`` files on OpenVINO's CPU plugin; ``--quantize int8``
+writes a static int8 IR (NNCF, calibrated). Which export runs fastest on which CPU, against timm, is measured in
+``benchmarks/results/deploy_cpu.md``.
 
 The graph comes from the ONNX trace and is checked once, by OpenVINO against PyTorch, after conversion; the
 ``ViTConfig`` travels in the model's runtime info (``vitkit.config``), as in ONNX's metadata, beside the SHA-256
@@ -13,6 +12,7 @@ step, and a graph must never run another export's weights.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from xml.etree import ElementTree
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +26,13 @@ from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from ..paths import regular_file
 from ..runtime import precision_name
-from .onnx import CONFIG_KEY, INPUT, NAFLEX_INPUTS, ExportedModel, checked_difference, feeds, probe_logits, trace
+from .onnx import (CONFIG_KEY, INPUT, NAFLEX_INPUTS, ExportedModel, checked_difference, feeds, probe_logits,
+                   quantized_agreement, trace)
+from .quantize import check_quantize, openvino_precision, quantize_openvino
 
 WEIGHTS_KEY = "vitkit.weights_sha256"  # runtime info: the digest of the .bin the graph was exported with
 _DIGEST_PENDING = "pending-" + "0" * 56  # a digest's length, filled in once the weights are written
+FIXED_SHAPES_KEPT = 4  # graphs compiled for fixed input shapes an OpenVinoModel keeps (eval: its batch and the last)
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # the CPU plugin's INFERENCE_PRECISION_HINT
 
 
@@ -37,6 +40,8 @@ PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # the CPU plug
 class OpenVinoExport:
     path: Path
     max_difference: float  # of OpenVINO fp32 against PyTorch, on the probe batch
+    quantized_difference: float | None = None  # of the int8 graph (run with fp32 elsewhere), for information
+    quantized_agreement: float | None = None  # share of probe images whose top-1 class int8 keeps
 
 
 def _require_openvino():
@@ -57,10 +62,13 @@ def _compiled(openvino, graph, precision: str):
 
 
 def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu",
-                   traced: Path | None = None, naflex: bool = False) -> OpenVinoExport:
+                   traced: Path | None = None, naflex: bool = False, quantize: str | None = None,
+                   calibration: Sequence[np.ndarray] | None = None) -> OpenVinoExport:
     """Export ``model`` to ``path`` (``.xml``, with its ``.bin`` beside it; with ``naflex`` taking NaFlex
     batches), checked by OpenVINO in fp32; ``traced`` is an ONNX export of this very model to convert instead of
-    tracing again.
+    tracing again. ``quantize="int8"`` quantises the checked graph's matrix products statically on
+    ``calibration`` (batches of preprocessed images; ``quantize.quantize_openvino``); the precision of the rest
+    is told to the runtime at load (on a CPU with native bf16, OpenVINO's default is bf16).
 
     The two files are published as one unit (``atomic.move_group_into_place``): a kill before that leaves the
     previous pair, and one while they are moved in leaves the new graph waiting, moved in by the next export or
@@ -70,6 +78,7 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
     path = Path(path)
     if path.suffix != ".xml":
         raise CheckpointError(f"{path}: an OpenVINO model is written as NAME.xml (its weights go to NAME.bin)")
+    check_quantize(quantize, calibration, model.config.in_chans, naflex, str(path), needs_calibration=True)
     model = model.to(device).eval()
     probes = probe_logits(model, naflex, device)
     with staging_beside(path) as tmp:  # the export is built beside its target, then renamed
@@ -77,6 +86,9 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
         if traced is None:
             trace(model, onnx_path, device, metadata=False, naflex=naflex)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
+        if quantize:  # the fp32 graph checked first, then quantised
+            fp32_difference = _checked(_compiled(openvino, graph, "fp32"), probes, path)
+            graph = quantize_openvino(graph, calibration)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
         graph.set_rt_info(_DIGEST_PENDING, WEIGHTS_KEY)
         openvino.save_model(graph, ir_path, compress_to_fp16=False)
@@ -87,10 +99,23 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
                                   f"nothing was written")
         ir_path.write_text(graph_text.replace(_DIGEST_PENDING, weights_digest(bin_path)), encoding="utf-8")
         compiled = _compiled(openvino, openvino.Core().read_model(ir_path), "fp32")
-        names = input_names(compiled)
-        difference = checked_difference(lambda inputs: compiled(feeds(inputs, names))[0], probes, path, "OpenVINO")
+        if quantize:
+            report = OpenVinoExport(path, fp32_difference, *quantized_agreement(_runner(compiled), probes[0]))
+        else:
+            report = OpenVinoExport(path, _checked(compiled, probes, path))
         move_group_into_place((bin_path, path.with_suffix(".bin")), (ir_path, path))  # the weights, then their graph
-    return OpenVinoExport(path, difference)
+    return report
+
+
+def _runner(compiled):
+    """A compiled model as a function of images or a NaFlex batch to logits."""
+    names = input_names(compiled)
+    return lambda inputs: compiled(feeds(inputs, names))[0]
+
+
+def _checked(compiled, probes, path: Path) -> float:
+    """The largest logit difference of a compiled fp32 graph from PyTorch's (``onnx.checked_difference``)."""
+    return checked_difference(_runner(compiled), probes, path, "OpenVINO")
 
 
 def input_names(compiled) -> list[str]:
@@ -148,6 +173,19 @@ class OpenVinoModel(ExportedModel):
             raise CheckpointError(f"{self.path}: bad '{CONFIG_KEY}' runtime info ({error})") from error
         self.compiled = _compiled(openvino, graph, precision_name(dtype))
         self.inputs = input_names(self.compiled)
+        self.precision = openvino_precision(self.compiled)
+        self._graph, self._hint, self._fixed = graph, precision_name(dtype), {}
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        return self.compiled(arrays)[0]
+        """The logits of ``arrays`` from the graph compiled for their very shapes (the CPU plugin runs a graph of
+        fixed shapes about 9% faster than the dynamic one: ViT-S/16, batch 16, bf16 and int8 alike); the last
+        few shapes' compilations are kept."""
+        shapes = tuple((name, array.shape) for name, array in arrays.items())
+        compiled = self._fixed.get(shapes)
+        if compiled is None:
+            if len(self._fixed) >= FIXED_SHAPES_KEPT:
+                self._fixed.pop(next(iter(self._fixed)))
+            graph = self._graph.clone()
+            graph.reshape({name: list(shape) for name, shape in shapes})
+            compiled = self._fixed[shapes] = _compiled(_require_openvino(), graph, self._hint)
+        return compiled(arrays)[0]
