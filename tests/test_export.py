@@ -119,22 +119,6 @@ def test_a_model_over_protobufs_2gib_is_refused_before_any_work(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_openvino_runs_each_input_shape_compiled_for_it_keeping_the_last_few(tmp_path):
-    """Each new input shape is compiled for that shape (the plugin runs fixed shapes faster); the logits stay
-    PyTorch's, and only the last FIXED_SHAPES_KEPT compilations are held."""
-    pytest.importorskip("openvino")
-    from vitkit.checkpoints.openvino import FIXED_SHAPES_KEPT
-
-    model = small_model()
-    export(model, tmp_path / "m.xml", "openvino")
-    loaded = OpenVinoModel(tmp_path / "m.xml")
-    batches = list(range(1, FIXED_SHAPES_KEPT + 2))
-    for batch in batches:
-        images = torch.randn(batch, 3, 16, 24)
-        torch.testing.assert_close(loaded(images), model(images).detach(), atol=1e-4, rtol=0)
-    assert [dict(key)["images"][0] for key in loaded._fixed] == batches[1:]
-
-
 def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
     openvino = pytest.importorskip("openvino")
     model = small_model()

@@ -32,7 +32,6 @@ from .quantize import check_quantize, openvino_precision, quantize_openvino
 
 WEIGHTS_KEY = "vitkit.weights_sha256"  # runtime info: the digest of the .bin the graph was exported with
 _DIGEST_PENDING = "pending-" + "0" * 56  # a digest's length, filled in once the weights are written
-FIXED_SHAPES_KEPT = 4  # graphs compiled for fixed input shapes an OpenVinoModel keeps (eval: its batch and the last)
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # the CPU plugin's INFERENCE_PRECISION_HINT
 
 
@@ -174,18 +173,7 @@ class OpenVinoModel(ExportedModel):
         self.compiled = _compiled(openvino, graph, precision_name(dtype))
         self.inputs = input_names(self.compiled)
         self.precision = openvino_precision(self.compiled)
-        self._graph, self._hint, self._fixed = graph, precision_name(dtype), {}
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        """The logits of ``arrays`` from the graph compiled for their very shapes (the CPU plugin runs a graph of
-        fixed shapes about 9% faster than the dynamic one: ViT-S/16, batch 16, bf16 and int8 alike); the last
-        few shapes' compilations are kept."""
-        shapes = tuple((name, array.shape) for name, array in arrays.items())
-        compiled = self._fixed.get(shapes)
-        if compiled is None:
-            if len(self._fixed) >= FIXED_SHAPES_KEPT:
-                self._fixed.pop(next(iter(self._fixed)))
-            graph = self._graph.clone()
-            graph.reshape({name: list(shape) for name, shape in shapes})
-            compiled = self._fixed[shapes] = _compiled(_require_openvino(), graph, self._hint)
-        return compiled(arrays)[0]
+        """The logits of ``arrays`` from the compiled graph, which takes any batch and image size."""
+        return self.compiled(arrays)[0]
