@@ -10,6 +10,7 @@ from PIL import Image
 from vitkit.data import (DatasetError, SplitSpec, StepSampler, Transformed, build_transform, load_dataset,
                          load_splits, scan_folder, split_names)
 from vitkit.data.map_style import ArrayDataset
+from vitkit.errors import ConfigError
 from vitkit.data.transforms import ToChannels
 from vitkit.normalization import normalization
 
@@ -336,5 +337,5 @@ def test_a_source_registered_under_a_prefix_is_read_by_every_entry_point(monkeyp
     assert list(load_splits("toy:abc", ("test", "train"))) == ["test", "train"]
     assert dataset_info("toy:abc") == {"classes": ["a", "b"], "splits": {
         "train": {"images": 3, "per_class": {"a": 2, "b": 1}}, "test": {"images": 2, "per_class": {"a": 1, "b": 1}}}}
-    with pytest.raises(DatasetError, match=r"^unknown split 'val'; expected one of \('train', 'test', 'all'\)$"):
+    with pytest.raises(ConfigError, match=r"^toy:abc has no val split; expected one of train, test, all$"):
         load_dataset("toy:abc", "val")

@@ -70,7 +70,7 @@ def test_a_killed_conversion_leaves_nothing_half_written(tmp_path):
         return [entry for entry in tmp_path.iterdir() if entry.name.startswith(".shards.")]
     deadline = time.monotonic() + 120
     while process.poll() is None and time.monotonic() < deadline and \
-            not any(len(list(entry.glob("*.tar"))) >= 5 for entry in staged()):
+            not any(len(list(entry.rglob("*.tar"))) >= 5 for entry in staged()):
         time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "killed mid-way, not after the end"

@@ -13,7 +13,7 @@ from scipy.io import savemat
 from torchvision import datasets as tvd
 
 from vitkit.data.sources import flowers102 as flowers, imagenet, pets, vtab
-from vitkit.errors import DatasetError
+from vitkit.errors import ConfigError, DatasetError
 
 
 def image(path, value: int) -> None:
@@ -175,7 +175,7 @@ def test_sources_through_load_dataset(pets_root, flowers_root, tmp_path):
     assert len(load_dataset(f"flowers102:{flowers_root}", "all")) == 7
     task = vtab_task(tmp_path / "svhn", {"train800": 800, "val200": 200, "train800val200": 1000, "test": 5})
     assert len(load_dataset(f"vtab:{task}", "train800val200")) == 1000
-    with pytest.raises(DatasetError, match="unknown split 'train800'"):
+    with pytest.raises(ConfigError, match=r"pets:.* has no train800 split; expected one of train, val, test, trainval"):
         load_dataset(f"pets:{pets_root}", "train800")
 
 
@@ -195,3 +195,9 @@ def test_a_run_on_trainval_holds_its_validation_out_of_trainval(pets_root, flowe
         trained, val = ({str(path) for path in splits[name].files} for name in (TRAINING, "val"))
         assert not trained & val and trained | val == {str(path) for path in trainval.files}
         assert len(val) == round(0.25 * len(trainval)) and len(splits["test"]) == 2 + (spec[0] == "p")
+
+
+def test_a_truncated_matlab_file_is_one_line(flowers_root):
+    (flowers_root / "flowers-102" / "setid.mat").write_bytes(b"garbage")
+    with pytest.raises(DatasetError, match=r"setid.mat: not a readable MATLAB file"):
+        flowers.read(flowers_root, "train")

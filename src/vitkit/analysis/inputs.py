@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import load_dataset, read_image
+from ..data import default_split, load_dataset, read_image
 from ..data.transforms import Preset
 from ..errors import DatasetError
 
@@ -84,16 +84,17 @@ def read_images(paths: Sequence[str | Path]) -> list[np.ndarray]:
 
 def dataset_sample(name: str, data_dir: str | Path | None, count: int, seed: int = 0
                    ) -> tuple[list[np.ndarray], list[Sample]]:
-    """``count`` test images drawn at random (seeded) from any dataset ``vitkit.data`` reads (``mnist``,
-    ``npz:PATH``, ``imagefolder:PATH``, ...), as uint8 arrays (H, W) or (H, W, C), each with its index in the
-    test split (``mnist[test] #17``) and its class name."""
-    data = load_dataset(name, "test", data_dir)
+    """``count`` images drawn at random (seeded) from the evaluation split (test, else val, else all) of any
+    dataset ``vitkit.data`` reads (``mnist``, ``npz:PATH``, ``imagefolder:PATH``, ...), as uint8 arrays (H, W) or
+    (H, W, C), each with its index in that split (``mnist[test] #17``) and its class name."""
+    split = default_split(name)
+    data = load_dataset(name, split, data_dir)
     chosen = np.random.default_rng(seed).choice(len(data), size=min(count, len(data)), replace=False)
     pictures, samples = [], []
     for index in map(int, np.sort(chosen)):
         image, label = data[index]
         pictures.append(image.permute(1, 2, 0).squeeze(-1).numpy())
-        samples.append(Sample(f"{name}[test] #{index}", data.classes[label]))
+        samples.append(Sample(f"{name}[{split}] #{index}", data.classes[label]))
     return pictures, samples
 
 

@@ -29,6 +29,7 @@ from .datasets import every_split
 from .images import read_image
 from .shards import ShardedSplit
 from .sources.webdataset import IMAGE_EXTENSIONS
+from .splits import ALL, SPLITS
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -106,4 +107,6 @@ def convert_dataset(dataset: str, destination: str | Path, shard_size: str | int
     ``destination``, a shard about ``shard_size`` bytes (a number, or text such as ``256MB``, ``1GB``); returns
     the samples per split."""
     size = parse_size(shard_size) if isinstance(shard_size, str) else shard_size
-    return write_webdataset(every_split(dataset, data_dir, val_fraction), destination, size)
+    splits = every_split(dataset, data_dir, val_fraction)  # the suite's unions (trainval, ...) are not written twice
+    return write_webdataset({split: data for split, data in splits.items() if split in (*SPLITS, ALL)}, destination,
+                            size)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from ..errors import DatasetError, DatasetNameError
+from ..errors import ConfigError, DatasetError, DatasetNameError
 from .map_style import SplitSpec
 from .sources import SOURCES, ReadOptions, Source
 from .splits import ALL
@@ -43,7 +43,7 @@ def load_dataset(name: str, split: str, data_dir: str | Path | None = None,
     (``webdataset:``, ``hf:``) a ``shards.ShardedSplit``, whose index pass applies ``corrupt`` to the
     unusable samples it finds."""
     source, path = source_of(name)
-    return source.open(path, checked_split(source, split), ReadOptions(data_dir, spec or SplitSpec(), corrupt))
+    return source.open(path, checked_split(source, split, name), ReadOptions(data_dir, spec or SplitSpec(), corrupt))
 
 
 def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None = None,
@@ -51,7 +51,7 @@ def load_splits(name: str, splits: tuple[str, ...], data_dir: str | Path | None 
     """Several splits of dataset ``name`` (as :func:`load_dataset` gives each), its folders listed once for
     all of them rather than once per split."""
     source, path = source_of(name)
-    return source.open_splits(path, tuple(checked_split(source, split) for split in splits),
+    return source.open_splits(path, tuple(checked_split(source, split, name) for split in splits),
                               ReadOptions(data_dir, spec or SplitSpec(), corrupt))
 
 
@@ -92,10 +92,11 @@ def default_split(name: str) -> str:
     return source.default_split(path)
 
 
-def checked_split(source: Source, split: str) -> str:
-    """``split``, when datasets of ``source``'s kind may have it (or it is ``all``)."""
+def checked_split(source: Source, split: str, name: str = "the dataset") -> str:
+    """``split``, when datasets of ``source``'s kind may have it (or it is ``all``); else a ConfigError (a
+    request the dataset cannot meet: exit 2) naming dataset ``name`` and its splits."""
     if split not in (*source.known_splits, ALL):
-        raise DatasetError(f"unknown split {split!r}; expected one of {(*source.known_splits, ALL)}")
+        raise ConfigError(f"{name} has no {split} split; expected one of {', '.join((*source.known_splits, ALL))}")
     return split
 
 

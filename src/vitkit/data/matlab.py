@@ -17,12 +17,13 @@ def variable(source: Path | bytes, key: str, where: Path) -> np.ndarray:
     """The variable ``key`` of the MATLAB file ``source`` (a path, or its bytes read from ``where``)."""
     try:
         from scipy.io import loadmat  # optional: only these two datasets need it
+        from scipy.io.matlab import MatReadError
     except ImportError:
         raise DatasetError(f"{where}: reading MATLAB files needs SciPy: pip install 'vitkit[suite]'") from None
     data = read_capped(source, f"the MATLAB file {where.name}") if isinstance(source, Path) else source
     try:
         values = loadmat(io.BytesIO(data), squeeze_me=True, variable_names=[key]).get(key)
-    except (ValueError, TypeError, NotImplementedError, OSError) as error:
+    except (ValueError, TypeError, NotImplementedError, OSError, MatReadError) as error:
         raise DatasetError(f"{where}: not a readable MATLAB file ({error})") from None
     if values is None:
         raise DatasetError(f"{where}: has no variable {key!r}")
