@@ -339,3 +339,17 @@ def test_a_source_registered_under_a_prefix_is_read_by_every_entry_point(monkeyp
         "train": {"images": 3, "per_class": {"a": 2, "b": 1}}, "test": {"images": 2, "per_class": {"a": 1, "b": 1}}}}
     with pytest.raises(ConfigError, match=r"^toy:abc has no val split; expected one of train, test, all$"):
         load_dataset("toy:abc", "val")
+
+
+@pytest.mark.parametrize("name, home", [("ArrayDataset", "vitkit.data.map_style"), ("read_image", "vitkit.data.images"),
+                                        ("scan_folder", "vitkit.data.sources.imagefolder"),
+                                        ("default_data_dir", "vitkit.data.sources.named")])
+def test_names_that_moved_out_of_datasets_still_read_there_with_a_warning(name, home):
+    import importlib
+
+    from vitkit.data import datasets
+    with pytest.warns(DeprecationWarning, match=rf"vitkit\.data\.datasets\.{name} is deprecated; use {home}\.{name}"):
+        moved = getattr(datasets, name)
+    assert moved is getattr(importlib.import_module(home), name)
+    with pytest.raises(AttributeError):
+        datasets.no_such_name

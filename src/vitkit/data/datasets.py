@@ -15,11 +15,13 @@ dataset, whatever its split: what a folder of images that names no split holds.
 from __future__ import annotations
 
 import difflib
+import warnings
 from pathlib import Path
 
 from ..errors import ConfigError, DatasetError, DatasetNameError
+from . import images, map_style
 from .map_style import SplitSpec
-from .sources import SOURCES, ReadOptions, Source
+from .sources import SOURCES, ReadOptions, Source, imagefolder, named
 from .splits import ALL
 from .survey import unreadable_images
 
@@ -125,3 +127,19 @@ def _prefixed(path: Path) -> str | None:
     sure, prefix = max(((source.recognises(path), prefix) for prefix, source in SOURCES.items()
                         if prefix.endswith(":")), key=lambda found: found[0])
     return f"{prefix}{path}" if sure else None
+
+
+# Names this module held before the sources had modules of their own: still read here for one release, with a
+# DeprecationWarning naming their home.
+MOVED = {"ArrayDataset": map_style, "FileDataset": map_style, "MAX_UNNAMED_CLASSES": map_style,
+         "read_image": images, "MAX_PIXELS": images, "scan_folder": imagefolder, "split_folders": imagefolder,
+         "default_data_dir": named, "TORCHVISION": named}
+
+
+def __getattr__(name: str):
+    if name in MOVED:
+        home = MOVED[name]
+        warnings.warn(f"vitkit.data.datasets.{name} is deprecated; use {home.__name__}.{name}", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(home, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
