@@ -38,14 +38,22 @@ def listed_dataset(files: Sequence[Path] | np.ndarray, labels: Sequence[int] | n
     return FileDataset(listing, np.cumsum(counts[present]), present, classes, name, rows)
 
 
-def downloaded(kind: type, root: Path, name: str) -> None:
-    """Fetch torchvision's dataset ``kind`` into ``root`` (its own download and checksums), or a DatasetError
-    naming the folder and the layout expected there."""
-    try:
-        kind(root, download=True)
-    except (RuntimeError, OSError) as error:
-        raise DatasetError(f"{root}: no {name} in torchvision's layout, and it could not be downloaded ({error}); "
-                           f"expected what torchvision.datasets.{kind.__name__}(DIR, download=True) writes") from error
+def torchvision_folder(root: Path, kind: type, folder: str, marker: str) -> Path:
+    """The folder ``folder`` of torchvision's dataset ``kind`` under ``root`` (``root`` itself when it is that
+    folder), known by its file or folder ``marker``; downloaded there by torchvision (its own download and
+    checksums) when ``root`` is absent or empty; else a DatasetError naming the layout expected."""
+    for attempt in range(2):
+        for candidate in (root / folder, root):
+            if (candidate / marker).exists():
+                return candidate
+        if attempt == 0 and not any(root.iterdir() if root.is_dir() else ()):
+            try:
+                kind(root, download=True)
+            except (RuntimeError, OSError) as error:
+                raise DatasetError(f"{root}: no {folder} folder, and it could not be downloaded ({error}); expected "
+                                   f"what torchvision.datasets.{kind.__name__}(DIR, download=True) writes") from error
+    raise DatasetError(f"{root}: no {folder} folder; expected the dataset in torchvision's layout, as "
+                       f"torchvision.datasets.{kind.__name__}(DIR, download=True) writes it")
 
 
 def concatenated(parts: Sequence[FileDataset], name: str) -> FileDataset:

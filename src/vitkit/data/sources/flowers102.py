@@ -13,7 +13,7 @@ import numpy as np
 from torchvision import datasets as tvd
 
 from ...errors import DatasetError
-from ..listed import downloaded, inside, listed_dataset
+from ..listed import inside, listed_dataset, torchvision_folder
 from ..map_style import FileDataset
 from ..splits import ALL
 from .base import ReadOptions, Source
@@ -23,19 +23,6 @@ KIND = tvd.Flowers102
 FOLDER = "flowers-102"
 SET_KEYS = {"train": "trnid", "val": "valid", "test": "tstid"}
 OWN_SPLITS = ("train", "val", "test", "trainval")
-
-
-def base(root: Path) -> Path:
-    """The dataset's own folder under ``root`` (``root`` itself when it is that folder), downloaded there by
-    torchvision when ``root`` is absent or empty."""
-    for attempt in range(2):
-        for folder in (root / FOLDER, root):
-            if (folder / "setid.mat").is_file():
-                return folder
-        if attempt == 0 and not any(root.iterdir() if root.is_dir() else ()):
-            downloaded(KIND, root, "Oxford Flowers-102")
-    raise DatasetError(f"{root}: no {FOLDER} folder; expected the dataset in torchvision's layout, as "
-                       f"torchvision.datasets.{KIND.__name__}(DIR, download=True) writes it")
 
 
 def class_names(count: int) -> list[str]:
@@ -59,7 +46,7 @@ class Flowers102(Source):
 
 def read(root: Path, split: str) -> FileDataset:
     """The ``split`` of the Flowers-102 folder ``root``."""
-    folder = base(root)
+    folder = torchvision_folder(root, KIND, FOLDER, "setid.mat")
     labels = integers(folder / "imagelabels.mat", "labels", folder / "imagelabels.mat") - 1
     parts = {"trainval": ("train", "val"), ALL: ("train", "val", "test")}.get(split, (split,))
     numbers = np.concatenate([integers(folder / "setid.mat", SET_KEYS[part], folder / "setid.mat") for part in parts])

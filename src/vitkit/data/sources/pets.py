@@ -12,7 +12,7 @@ from pathlib import Path
 from torchvision import datasets as tvd
 
 from ...errors import DatasetError
-from ..listed import concatenated, downloaded, inside, list_lines, listed_dataset, number
+from ..listed import concatenated, inside, list_lines, listed_dataset, number, torchvision_folder
 from ..map_style import FileDataset, with_val
 from ..splits import ALL
 from .base import ReadOptions, Source
@@ -20,19 +20,6 @@ from .base import ReadOptions, Source
 KIND = tvd.OxfordIIITPet
 FOLDER = "oxford-iiit-pet"
 OWN_SPLITS = ("trainval", "test")
-
-
-def base(root: Path) -> Path:
-    """The dataset's own folder under ``root`` (``root`` itself when it is that folder), downloaded there by
-    torchvision when ``root`` is absent or empty."""
-    for attempt in range(2):
-        for folder in (root / FOLDER, root):
-            if (folder / "annotations").is_dir():
-                return folder
-        if attempt == 0 and not any(root.iterdir() if root.is_dir() else ()):
-            downloaded(KIND, root, "Oxford-IIIT Pets")
-    raise DatasetError(f"{root}: no {FOLDER} folder; expected the dataset in torchvision's layout, as "
-                       f"torchvision.datasets.{KIND.__name__}(DIR, download=True) writes it")
 
 
 def _entries(folder: Path, split: str) -> list[tuple[str, int]]:
@@ -78,7 +65,7 @@ class Pets(Source):
 
 def read(root: Path, split: str) -> FileDataset:
     """The ``trainval`` or ``test`` split of the Pets folder ``root``."""
-    folder = base(root)
+    folder = torchvision_folder(root, KIND, FOLDER, "annotations")
     entries = {name: _entries(folder, name) for name in OWN_SPLITS}
     classes = class_names(entries["trainval"] + entries["test"])
     files = [inside(folder, f"images/{image}.jpg") for image, _ in entries[split]]
