@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from ..paths import read_text, resolved, within
+from ..paths import read_text, within
 from .map_style import FileDataset
 
 
@@ -74,9 +74,10 @@ def list_lines(path: Path, what: str) -> list[list[str]]:
     return [line.split() for line in text.splitlines() if line.strip()]
 
 
-def inside(root: Path, name: str) -> Path:
-    """The file ``name`` of a list, which must lie in the dataset's folder ``root``."""
-    return within(resolved(root), name, DatasetError, "a listed image")
+def inside(real_root: Path, name: str) -> Path:
+    """The file ``name`` of a list, which must lie in the dataset's folder ``real_root`` (resolved once by the
+    caller with ``paths.resolved``, not once per listed file)."""
+    return within(real_root, name, DatasetError, "a listed image")
 
 
 def number(text: str, path: Path, line: int, what: str) -> int:

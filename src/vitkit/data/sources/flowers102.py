@@ -13,6 +13,7 @@ import numpy as np
 from torchvision import datasets as tvd
 
 from ...errors import DatasetError
+from ...paths import resolved
 from ..listed import inside, listed_dataset, torchvision_folder
 from ..map_style import FileDataset
 from ..splits import ALL
@@ -53,6 +54,7 @@ def read(root: Path, split: str) -> FileDataset:
     if numbers.min() < 1 or numbers.max() > len(labels):
         raise DatasetError(f"{folder / 'setid.mat'}: image numbers reach {int(numbers.max())}; expected 1.."
                            f"{len(labels)} (the images imagelabels.mat labels)")
-    files = [inside(folder, f"jpg/image_{int(image):05d}.jpg") for image in numbers]
+    real = resolved(folder)
+    files = [inside(real, f"jpg/image_{int(image):05d}.jpg") for image in numbers]
     classes = class_names(int(labels.max()) + 1)
     return listed_dataset(files, labels[numbers - 1], classes, f"{folder}[{split}]")

@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 
 from ...errors import DatasetError
-from ...paths import TEXT_LIMIT, open_regular, read_capped
+from ...paths import TEXT_LIMIT, open_regular, read_capped, resolved
 from ..folders import class_folders
 from ..listed import concatenated, inside, listed_dataset
 from ..map_style import FileDataset
@@ -67,9 +67,10 @@ def synsets(root: Path) -> dict[int, str] | None:
     return {int(record["ILSVRC2012_ID"]): str(record["WNID"]) for record in synset if int(record["num_children"]) == 0}
 
 
-def _flat_val(root: Path, val: Path) -> tuple[list[Path], list[str]]:
-    """The flat validation images, in number order, and the wnid the devkit's ground truth gives each."""
-    truth, meta = devkit_file(root, GROUND_TRUTH), synsets(root)
+def _flat_val(root: Path, val: Path, meta: dict[int, str] | None) -> tuple[list[Path], list[str]]:
+    """The flat validation images, in number order, and the wnid the devkit's ground truth (with ``meta``, the
+    devkit's wnid of each class id) gives each."""
+    truth = devkit_file(root, GROUND_TRUTH)
     if truth is None or meta is None:
         raise DatasetError(f"{val}: validation images without class folders need the devkit "
                            f"({root}/{DEVKIT}.tar.gz or {root}/{DEVKIT}/) for their labels")
@@ -85,12 +86,12 @@ def _flat_val(root: Path, val: Path) -> tuple[list[Path], list[str]]:
     unknown = sorted({ids[number - 1] for number, _ in numbered} - set(meta))
     if unknown:
         raise DatasetError(f"{root}: ground-truth class ids {unknown[:5]} are not in the devkit's 1000 classes")
-    return [inside(root, f"{val.name}/{name}") for _, name in numbered], [meta[ids[n - 1]] for n, _ in numbered]
+    real = resolved(root)
+    return [inside(real, f"{val.name}/{name}") for _, name in numbered], [meta[ids[n - 1]] for n, _ in numbered]
 
 
-def class_list(root: Path) -> list[str]:
-    """ImageNet's wnids in sorted order: the devkit's, else ``train/``'s class folders."""
-    meta = synsets(root)
+def class_list(root: Path, meta: dict[int, str] | None) -> list[str]:
+    """ImageNet's wnids in sorted order: the devkit's (``meta``), else ``train/``'s class folders."""
     if meta is not None:
         return sorted(meta.values())
     train = root / "train"
@@ -119,9 +120,10 @@ def read(root: Path, split: str) -> FileDataset:
     folder = root / split
     if not folder.is_dir():
         raise DatasetError(f"{root}: no {split}/ folder; expected ImageNet as train/ and val/")
-    classes = class_list(root)
+    meta = synsets(root)  # the devkit, read once: its archive is decompressed for each read
+    classes = class_list(root, meta)
     if split == "val" and is_flat(folder):
-        files, wnids = _flat_val(root, folder)
+        files, wnids = _flat_val(root, folder, meta)
         position = {wnid: label for label, wnid in enumerate(classes)}
         return listed_dataset(files, [position[wnid] for wnid in wnids], classes, f"{root}[val]")
     return scan_folder(folder, classes)

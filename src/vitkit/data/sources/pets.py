@@ -12,6 +12,7 @@ from pathlib import Path
 from torchvision import datasets as tvd
 
 from ...errors import DatasetError
+from ...paths import resolved
 from ..listed import concatenated, inside, list_lines, listed_dataset, number, torchvision_folder
 from ..map_style import FileDataset, with_val
 from ..splits import ALL
@@ -68,5 +69,6 @@ def read(root: Path, split: str) -> FileDataset:
     folder = torchvision_folder(root, KIND, FOLDER, "annotations")
     entries = {name: _entries(folder, name) for name in OWN_SPLITS}
     classes = class_names(entries["trainval"] + entries["test"])
-    files = [inside(folder, f"images/{image}.jpg") for image, _ in entries[split]]
+    real = resolved(folder)
+    files = [inside(real, f"images/{image}.jpg") for image, _ in entries[split]]
     return listed_dataset(files, [label for _, label in entries[split]], classes, f"{folder}[{split}]")

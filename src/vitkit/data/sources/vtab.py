@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import DatasetError
+from ...paths import resolved
 from ..listed import inside, list_lines, listed_dataset, number
 from ..map_style import FileDataset
 from ..splits import ALL
@@ -57,5 +58,6 @@ def read(root: Path, split: str) -> FileDataset:
     lists = {name: entries(root, name) for name in LISTS}
     count = 1 + max(label for rows in lists.values() for _, label in rows)
     rows = lists["train800val200"] + lists["test"] if split == ALL else lists[split]
-    return listed_dataset([inside(root, image) for image, _ in rows], [label for _, label in rows],
+    real = resolved(root)
+    return listed_dataset([inside(real, image) for image, _ in rows], [label for _, label in rows],
                           [str(label) for label in range(count)], f"{root}[{split}]")
