@@ -119,6 +119,27 @@ def test_a_model_over_protobufs_2gib_is_refused_before_any_work(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_openvino_compiles_each_new_input_shape_until_shapes_keep_changing(tmp_path):
+    """A graph runs compiled for its input's very shape (the CPU plugin runs fixed shapes faster), one compilation
+    held at a time; after STATIC_SHAPES shapes it is compiled once for any. The logits stay PyTorch's throughout."""
+    pytest.importorskip("openvino")
+    from vitkit.checkpoints.openvino import STATIC_SHAPES
+
+    model = small_model()
+    export(model, tmp_path / "m.xml", "openvino")
+    loaded = OpenVinoModel(tmp_path / "m.xml")
+    assert loaded.precision == "fp32"
+    assert STATIC_SHAPES == 4  # the sizes below: four shapes (the first twice), then three more
+    sizes = [(2, 16, 24), (2, 16, 24), (3, 16, 24), (2, 32, 24), (4, 16, 24), (5, 16, 24), (6, 16, 24), (2, 16, 24)]
+    static = []
+    for batch, height, width in sizes:
+        images = torch.randn(batch, 3, height, width)
+        torch.testing.assert_close(loaded(images), model(images).detach(), atol=1e-4, rtol=0)
+        [port] = loaded._compiled.inputs
+        static.append(list(port.get_partial_shape()) == [batch, 3, height, width])
+    assert static == [True] * 5 + [False] * 3
+
+
 def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
     openvino = pytest.importorskip("openvino")
     model = small_model()
