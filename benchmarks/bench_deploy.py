@@ -6,6 +6,11 @@ per-repeat ratios), and the int8 exports' accuracy on trained checkpoints.
     OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/bench_deploy.py speed [--model ViT-S/16] [--repeats 7]
     OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/bench_deploy.py accuracy RUN/model --dataset digits
 
+To see a CPU without AVX-512, bf16 or int8 dot products on one that has them, cap the instruction sets the math
+libraries use (``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``): torch, timm and
+OpenVINO's oneDNN kernels then run AVX2 code (some of OpenVINO's own kernels still use AVX-512), and the ONNX
+Runtime rows are left out, as its kernels ignore these caps.
+
 ``speed`` times random-weight models (the head re-drawn, so that the logits are not all zero) at batch 16, the
 static int8 graphs calibrated on random images (speed does not depend on the scales); each row says the precision
 that ran (the graph's products for ONNX, the plugin's per-layer precisions for OpenVINO). ``accuracy`` gives the
@@ -39,9 +44,17 @@ from vitkit.data import evaluation_loader, load_dataset
 from vitkit.evaluate.calibration import calibration_batches
 from vitkit.evaluate.preprocessing import checkpoint_transform
 from vitkit.models import create_model
-from vitkit.runtime import NATIVE_BF16_CPU_FLAGS, cpu_flags, native_bf16
+from vitkit.runtime import cpu_flags, native_bf16
 
 FLAGS_SHOWN = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # honoured by torch and oneDNN
+
+
+def isa_caps() -> dict[str, str]:
+    """The instruction-set caps set in the environment (``ISA_CAPS``)."""
+    return {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
 
 
 def exports(model, folder: Path, calibration: list[np.ndarray]) -> dict[str, Path]:
@@ -49,8 +62,9 @@ def exports(model, folder: Path, calibration: list[np.ndarray]) -> dict[str, Pat
     paths = {"onnx fp32": folder / "fp32.onnx", "onnx dynamic": folder / "dynamic.onnx",
              "onnx static": folder / "static.onnx", "openvino": folder / "fp32.xml", "openvino int8": folder / "int8.xml"}
     write_onnx(model, paths["onnx fp32"])
-    write_onnx(model, paths["onnx dynamic"], quantize="int8")
-    write_onnx(model, paths["onnx static"], quantize="int8", calibration=calibration)
+    if not isa_caps():
+        write_onnx(model, paths["onnx dynamic"], quantize="int8")
+        write_onnx(model, paths["onnx static"], quantize="int8", calibration=calibration)
     write_openvino(model, paths["openvino"], traced=paths["onnx fp32"])
     write_openvino(model, paths["openvino int8"], traced=paths["onnx fp32"], quantize="int8", calibration=calibration)
     return paths
@@ -60,10 +74,10 @@ def deployed(paths: dict[str, Path]) -> dict[str, torch.nn.Module]:
     """Each export as vitkit runs it (``vitkit eval`` / ``predict``): OpenVINO in fp32 and, where the CPU computes
     bf16 natively, in bf16 (its int8 graph then runs its other layers in bf16, else in fp32)."""
     low = torch.bfloat16 if native_bf16(torch.device("cpu")) else torch.float32
-    runners = {"vitkit onnxruntime fp32": OnnxModel(paths["onnx fp32"]),
-               "vitkit onnxruntime int8 dynamic": OnnxModel(paths["onnx dynamic"]),
-               "vitkit onnxruntime int8 static": OnnxModel(paths["onnx static"]),
-               "vitkit openvino fp32": OpenVinoModel(paths["openvino"], torch.float32)}
+    runners = {} if isa_caps() else {"vitkit onnxruntime fp32": OnnxModel(paths["onnx fp32"]),
+                                     "vitkit onnxruntime int8 dynamic": OnnxModel(paths["onnx dynamic"]),
+                                     "vitkit onnxruntime int8 static": OnnxModel(paths["onnx static"])}
+    runners["vitkit openvino fp32"] = OpenVinoModel(paths["openvino"], torch.float32)
     if low == torch.bfloat16:
         runners["vitkit openvino bf16"] = OpenVinoModel(paths["openvino"], low)
     runners["vitkit openvino int8"] = OpenVinoModel(paths["openvino int8"], low)
@@ -161,9 +175,11 @@ def machine() -> str:
     import onnxruntime
     import openvino
 
+    capped = f"; instruction sets capped: {', '.join(f'{k}={v}' for k, v in isa_caps().items())} (torch's kernels: " \
+             f"{torch.backends.cpu.get_cpu_capability()})" if isa_caps() else ""
     return (f"{cpu}, {os.cpu_count()} cores visible, {torch.get_num_threads()} threads; CPU flags: {' '.join(shown)} "
-            f"(native bf16: {any(f in flags for f in NATIVE_BF16_CPU_FLAGS)}, int8 dot products: "
-            f"{any(f in flags for f in INT8_DOT_FLAGS)}); torch {torch.__version__}, onnxruntime "
+            f"(native bf16: {native_bf16(torch.device('cpu'))}, int8 dot products: "
+            f"{any(f in flags for f in INT8_DOT_FLAGS)}){capped}; torch {torch.__version__}, onnxruntime "
             f"{onnxruntime.__version__}, openvino {openvino.__version__.split('-')[0]}; "
             f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
 
@@ -180,7 +196,8 @@ def main() -> None:
     if args.what == "accuracy" and not args.checkpoint:
         parser.error("accuracy needs a trained checkpoint")
     table = speed(args.model, args.repeats) if args.what == "speed" else accuracy(args.checkpoint, args.dataset)
-    text = (f"Machine: {machine()}\n\nCommand: `OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} "
+    caps = "".join(f"{name}={value} " for name, value in isa_caps().items())
+    text = (f"Machine: {machine()}\n\nCommand: `{caps}OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} "
             f"PYTHONPATH=src python benchmarks/bench_deploy.py {' '.join(sys.argv[1:])}`\n\n{table}\n")
     print(text)
     if args.out:

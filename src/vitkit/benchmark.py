@@ -1,7 +1,7 @@
 """Throughput of one model in every runtime and precision the machine offers: what ``vitkit bench`` measures.
 
-Rows: torch eager, ``torch.compile``, ONNX Runtime (fp32 and int8 weights), OpenVINO's CPU plugin and timm
-holding the same weights, each in fp32 and, for torch, OpenVINO and timm, in the low precision the device runs
+Rows: torch eager, ``torch.compile``, ONNX Runtime (fp32 and int8 weights), OpenVINO's CPU plugin (its int8 row
+static, calibrated on the timed images, where NNCF is installed) and timm holding the same weights, each in fp32 and, for torch, OpenVINO and timm, in the low precision the device runs
 natively (bf16, or fp16 on GPUs without bf16); inference and, for the torch models, a training step (forward, backward,
 AdamW). Beside images/s (the median, and the slowest and fastest repeat) each row gives GFLOP/s (2 x
 multiply-adds, counted by torch; a training step counts as 3 forward passes), the hardware's peak in its precision
@@ -254,6 +254,16 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
                         network = OpenVinoModel(path, dtype)  # its precision: what the plugin runs
                         found.append(Candidate("openvino", network.precision, "inference", lambda n=network: n(images),
                                                name))
+                if wanted("int8"):  # static int8, calibrated on the timed images: the scales do not change the speed
+                    try:
+                        path = write_openvino(model, workdir / "int8.xml", device, traced, quantize="int8",
+                                              calibration=[images.cpu().numpy()]).path
+                    except ImportError as error:  # NNCF, in the deploy extra
+                        skipped["openvino int8"] = str(error)
+                    else:
+                        network = OpenVinoModel(path, dtypes[-1])  # its other layers as the plugin runs them best
+                        found.append(Candidate("openvino", network.precision, "inference", lambda n=network: n(images),
+                                               "int8"))
             except ImportError as error:
                 skipped["openvino"] = str(error)
     return found, skipped

@@ -12,6 +12,7 @@ step, and a graph must never run another export's weights.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from xml.etree import ElementTree
@@ -54,12 +55,19 @@ def _require_openvino():
     return openvino
 
 
-def _compiled(openvino, graph, precision: str):
+@functools.cache
+def _core():
+    """The process's one OpenVINO Core. Graphs compiled by several Cores and then released left the process to
+    crash at its next fork where a Python SIGCHLD handler was set (as torch's DataLoader sets one)."""
+    return _require_openvino().Core()
+
+
+def _compiled(graph, precision: str):
     """``graph`` compiled for the CPU in ``precision``: asked for explicitly, as the plugin would otherwise
     compute in bf16 on CPUs that have it, whatever the model was exported in."""
     config = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "INFERENCE_NUM_THREADS": torch.get_num_threads(),
               "PERFORMANCE_HINT": "LATENCY"}
-    return openvino.Core().compile_model(graph, "CPU", config)
+    return _core().compile_model(graph, "CPU", config)
 
 
 def write_openvino(model: VisionTransformer, path: str | Path, device: torch.device | str = "cpu",
@@ -88,7 +96,7 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
             trace(model, onnx_path, device, metadata=False, naflex=naflex)  # checked once, below, as OpenVINO runs it
         graph = openvino.convert_model(onnx_path)
         if quantize:  # the fp32 graph checked first, then quantised
-            fp32_difference = _checked(_compiled(openvino, graph, "fp32"), probes, path)
+            fp32_difference = _checked(_compiled(graph, "fp32"), probes, path)
             graph = quantize_openvino(graph, calibration)
         graph.set_rt_info(model.config.to_json(), CONFIG_KEY)
         graph.set_rt_info(_DIGEST_PENDING, WEIGHTS_KEY)
@@ -99,7 +107,7 @@ def write_openvino(model: VisionTransformer, path: str | Path, device: torch.dev
             raise CheckpointError(f"{path}: OpenVINO wrote the runtime info in a form vitkit does not know; "
                                   f"nothing was written")
         ir_path.write_text(graph_text.replace(_DIGEST_PENDING, weights_digest(bin_path)), encoding="utf-8")
-        compiled = _compiled(openvino, openvino.Core().read_model(ir_path), "fp32")
+        compiled = _compiled(_core().read_model(ir_path), "fp32")
         if quantize:
             report = OpenVinoExport(path, fp32_difference, *quantized_agreement(_runner(compiled), probes[0]))
         else:
@@ -147,7 +155,6 @@ class OpenVinoModel(ExportedModel):
 
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
         super().__init__()
-        openvino = _require_openvino()
         self.path = Path(path)
         if self.path.parent.is_dir():  # an export of this pair cut short while moving it in: finished first
             sweep(self.path.parent, only=self.path.name)
@@ -160,7 +167,7 @@ class OpenVinoModel(ExportedModel):
                                   f"(its SHA-256 differs from the one the graph records: an export interrupted "
                                   f"between writing the two, or files of two exports); convert the model again")
         try:  # OpenVINO raises its own RuntimeError subclasses for unreadable graphs
-            graph = openvino.Core().read_model(self.path)
+            graph = _core().read_model(self.path)
         except RuntimeError as error:
             said = [line.strip() for line in str(error).splitlines() if line.strip()]  # its last line says why
             raise CheckpointError(f"{self.path}: not a model OpenVINO can read "
@@ -195,12 +202,12 @@ class OpenVinoModel(ExportedModel):
         return self._compiled(arrays)[0]
 
     def _compile(self, shapes: dict[str, tuple[int, ...]] | None) -> None:
-        """Compile the graph for ``shapes`` (None: for any), in place of the compilation held: one at a time, as
-        a process holding several crashed at its next fork (seen with torch's DataLoader SIGCHLD handler set)."""
+        """Compile the graph for ``shapes`` (None: for any) in place of the compilation held: one at a time, as
+        each holds the weights again in the plugin's own layout."""
         self._compiled = None
         graph = self._graph
         if shapes is not None:
             graph = graph.clone()
             graph.reshape({name: list(shape) for name, shape in shapes.items()})
             self._shapes_compiled += 1
-        self._compiled, self._shapes = _compiled(_require_openvino(), graph, self._hint), shapes
+        self._compiled, self._shapes = _compiled(graph, self._hint), shapes

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench_.add_argument("--image-size", type=image_size_type, metavar="HxW", help="input size (default: the model's)")
     runtime_flags(bench_, precision=False)
     bench_.add_argument("--precision", nargs="+", choices=("fp32", "bf16", "fp16", "int8"),
-                        help="only these (default: fp32, the low precision the device runs natively, int8 ONNX)")
+                        help="only these (default: fp32, the low precision the device runs natively, int8 ONNX and "
+                             "OpenVINO)")
     bench_.add_argument("--runtimes", nargs="+", choices=RUNTIMES + EXTRA_RUNTIMES, default=list(DEFAULT_RUNTIMES),
                         help=f"default: {' '.join(DEFAULT_RUNTIMES)} (compile takes a minute or more a row on a CPU; "
                              "timm-compile: timm's model compiled, the reference of the compile rows)")
