@@ -140,6 +140,31 @@ def test_openvino_compiles_each_new_input_shape_until_shapes_keep_changing(tmp_p
     assert static == [True] * 5 + [False] * 3
 
 
+# Two OpenVINO models loaded, run at several shapes and released, in a process with a Python SIGCHLD handler (as
+# torch's DataLoader leaves one), which then starts programs: graphs compiled by several OpenVINO Cores crashed it.
+COMPILED_THEN_FORKED = """
+import signal, subprocess, sys, torch
+from vitkit.checkpoints.openvino import OpenVinoModel
+signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+for _ in range(2):
+    models = [OpenVinoModel(sys.argv[1]), OpenVinoModel(sys.argv[1], torch.bfloat16)]
+    for batch in range(1, 7):
+        for model in models:
+            model(torch.randn(batch, 3, 16, 24))
+    del models, model
+    for _ in range(10):
+        assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+"""
+
+
+def test_openvino_models_released_leave_the_process_able_to_start_programs(tmp_path):
+    pytest.importorskip("openvino")
+    export(small_model(), tmp_path / "m.xml", "openvino")
+    child = subprocess.run([sys.executable, "-c", COMPILED_THEN_FORKED, str(tmp_path / "m.xml")], env=child_env(),
+                           capture_output=True, text=True, timeout=240)
+    assert child.returncode == 0, child.stderr[-2000:]
+
+
 def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
     openvino = pytest.importorskip("openvino")
     model = small_model()
