@@ -92,6 +92,30 @@ def test_static_onnx_int8_is_qdq_with_per_channel_weights_and_says_so(tmp_path):
     assert json.loads(dict((e.key, e.value) for e in graph.metadata_props)["vitkit.config"])["in_chans"] == 1
 
 
+def test_every_int8_export_keeps_its_weights_to_7_bits(tmp_path):
+    """Weights within [-64, 64], so that AVX2's vpmaddubsw (u8 x s8, pairs summed in 16 bits: 2 x 255 x 64 <
+    32767) cannot saturate on CPUs without VNNI or AMX, whichever CPU wrote the file."""
+    from onnx import numpy_helper
+
+    model = small_model()
+    export(model, tmp_path / "static.onnx", "onnx", quantize="int8", calibration=digits_batches(model))
+    export(model, tmp_path / "dynamic.onnx", "onnx", quantize="int8")
+    weights = {}
+    for name in ("static.onnx", "dynamic.onnx"):
+        graph = onnx.load(str(tmp_path / name))
+        weights[name] = [numpy_helper.to_array(t) for t in graph.graph.initializer
+                         if t.data_type == TensorProto.INT8 and len(t.dims) >= 2]
+    if importlib.util.find_spec("openvino") and importlib.util.find_spec("nncf"):
+        import openvino
+
+        export(model, tmp_path / "q.xml", "openvino", quantize="int8", calibration=digits_batches(model, 8))
+        weights["q.xml"] = [op.get_data() for op in openvino.Core().read_model(tmp_path / "q.xml").get_ops()
+                            if op.get_type_name() == "Constant" and op.get_element_type() == openvino.Type.i8]
+    for name, found in weights.items():
+        assert len(found) == 2 * 4 + 2, name  # per block qkv, proj, fc1, fc2; the head; the patch embedding
+        assert max(np.abs(w.astype(np.int32)).max() for w in found) == 64, name  # the 7-bit range, used
+
+
 def test_openvino_reports_the_precision_its_plugin_runs(tmp_path):
     pytest.importorskip("openvino")
     pytest.importorskip("nncf")

@@ -141,7 +141,7 @@ def quantize_onnx(source: Path, target: Path) -> Path:
     level = root.level
     root.setLevel(logging.ERROR)  # its advice to pre-process graphs: the traced graph is already shape-inferred
     try:
-        quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8, reduce_range=True)  # 7 bits: any x86 CPU
     finally:
         root.setLevel(level)
     return target
