@@ -227,6 +227,20 @@ def test_one_formatting_for_the_terminal_and_the_markdown_tables():
     assert len(row.cells()) == len(TABLE_HEADER)
 
 
+def test_one_peak_line_per_precision_of_the_products():
+    from vitkit.benchmark import Row, peak_notes
+
+    def row(runtime, precision, peak):
+        return Row(runtime, precision, "inference", 4, 1.0, 1.0, peak, 0.1, None, 1.0, peak_source="computed: x",
+                   gemm_gflops_per_s=peak / 2)
+
+    rows = [row("eager", "fp32", 300.0), row("onnxruntime", "int8+fp32", 800.0), row("openvino", "int8+bf16", 800.0),
+            row("openvino", "bf16", 500.0)]
+    assert peak_notes(rows) == ["peak fp32: 300.0 GFLOP/s, computed: x; a matrix product reached 150.0 here",
+                                "peak int8: 800.0 GFLOP/s, computed: x; a matrix product reached 400.0 here",
+                                "peak bf16: 500.0 GFLOP/s, computed: x; a matrix product reached 250.0 here"]
+
+
 def test_openvino_row_runs_the_models_weights(tmp_path):
     pytest.importorskip("openvino")
     from vitkit.benchmark import candidates

@@ -168,13 +168,14 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
 
 
 def peak_notes(rows: Sequence[Row]) -> list[str]:
-    """One line per precision: its peak, how it was got, and the matrix product measured in the same run."""
+    """One line per precision of the products (int8 for ``int8+fp32`` and ``int8+bf16``): its peak, how it was
+    got, and the matrix product measured in the same run."""
     notes = {}
     for row in rows:
+        products = row.precision.partition("+")[0]
         measured = "" if row.gemm_gflops_per_s is None else \
             f"; a matrix product reached {row.gemm_gflops_per_s:.1f} here"
-        notes.setdefault(row.precision, f"peak {row.precision}: {row.peak_gflops_per_s:.1f} GFLOP/s, "
-                                        f"{row.peak_source}{measured}")
+        notes.setdefault(products, f"peak {products}: {row.peak_gflops_per_s:.1f} GFLOP/s, {row.peak_source}{measured}")
     return list(notes.values())
 
 

