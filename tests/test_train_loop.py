@@ -166,6 +166,27 @@ def test_metrics_go_to_json_lines_and_tensorboard(tmp_path):
     assert events.Scalars("val/accuracy")[0].value == pytest.approx(records[-1]["val/accuracy"])
 
 
+def test_a_run_finished_or_failed_leaves_no_tensorboard_thread(tmp_path):
+    """TensorBoard's writer thread ends with the run (a process that trains many runs, as `vitkit transfer` does,
+    would otherwise gather one per run), whether the run finishes or fails."""
+    pytest.importorskip("tensorboard")
+    import threading
+
+    from vitkit.errors import ConfigError
+    from vitkit.train.run import run
+
+    def writers() -> int:
+        return sum(type(thread).__name__ == "_AsyncWriterThread" for thread in threading.enumerate())
+
+    before = writers()
+    recipe = tiny_recipe(tmp_path, schedule={"steps": 2}, run={"checkpoint_every": 1, "eval_every": 0})
+    assert run(recipe)["steps"] == 2 and (tmp_path / "metrics.jsonl").is_file()
+    assert writers() == before
+    with pytest.raises(ConfigError, match="already holds a run"):  # found once the trainer is built
+        run(recipe)
+    assert writers() == before
+
+
 def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     trainer = prepare(tiny_recipe(tmp_path, run={"checkpoint_every": 2, "eval_every": 0},
                                   optim={"ema_decay": 0.0})).trainer

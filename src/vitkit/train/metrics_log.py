@@ -41,6 +41,12 @@ class MetricsLog:
                 merged.update({k: v for k, v in record.items() if k not in ("step", "train/images_per_s")})
         return merged
 
+    def close(self) -> None:
+        """Stop TensorBoard's writer thread and close its event file (a run that ended, or failed)."""
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
     def write(self, step: int, values: dict[str, float]) -> None:
         """Append one record of ``values`` at ``step`` (nothing on a rank other than the main one)."""
         if not self.enabled:

@@ -3,6 +3,7 @@ checkpoint) and a ``Trainer``; ``run`` trains, saves the final model and evaluat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -261,37 +262,38 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
     written to ``summary.json``."""
     experiment = prepare(recipe, device)
     trainer, run_dir = experiment.trainer, experiment.run_dir
-    found = list_checkpoints(run_dir)
-    if found and not resume:
-        raise ConfigError(f"{run_dir} already holds a run (checkpoints up to {found[-1].name}); continue it with "
-                          f"--resume, or choose another --run-dir")
-    saved = run_dir / RECIPE_FILE
-    if resume and trainer.env.is_main and saved.is_file():
-        before = read_config_file(saved).get("data", {}).get("num_workers")
-        if before != experiment.recipe.data.num_workers and recipe.data.dataset.startswith(STREAMED):
-            warnings.warn(f"{run_dir} was trained with {before} data workers, resumed with "
-                          f"{experiment.recipe.data.num_workers}: the shards' sample order, which depends on it, "
-                          f"will not be the uninterrupted run's", stacklevel=2)
-    if trainer.env.is_main:
-        with atomic_file(run_dir / RECIPE_FILE) as handle:
-            json.dump(experiment.recipe.to_dict(), handle, indent=1)
-    started = time.perf_counter()
-    last = trainer.fit(resume=resume)
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
-                               "train_seconds": round(time.perf_counter() - started, 1),
-                               **{k: v for k, v in last.items() if not k.startswith("train/images")}}
-    with trainer.rank_loss_explained(), trainer.final_model() as final:
+    with contextlib.closing(trainer):  # TensorBoard's thread ends with the run, whether it finishes or fails
+        found = list_checkpoints(run_dir)
+        if found and not resume:
+            raise ConfigError(f"{run_dir} already holds a run (checkpoints up to {found[-1].name}); continue it with "
+                              f"--resume, or choose another --run-dir")
+        saved = run_dir / RECIPE_FILE
+        if resume and trainer.env.is_main and saved.is_file():
+            before = read_config_file(saved).get("data", {}).get("num_workers")
+            if before != experiment.recipe.data.num_workers and recipe.data.dataset.startswith(STREAMED):
+                warnings.warn(f"{run_dir} was trained with {before} data workers, resumed with "
+                              f"{experiment.recipe.data.num_workers}: the shards' sample order, which depends on it, "
+                              f"will not be the uninterrupted run's", stacklevel=2)
         if trainer.env.is_main:
-            final.save(run_dir / "model")
-            if recipe.objective.kind == "classification":
-                split = experiment.final_split
-                report = write_report(experiment.measure(final, split), experiment.classes, run_dir, split)
-                summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
-                                "test/images": report["images"], "test/split": split})
-            names = experiment.skipped.all_ranks()
-            summary.update({"data/skipped": len(names), "data/skipped_files": names})
-            with atomic_file(run_dir / "summary.json") as handle:
-                json.dump(summary, handle, indent=1)
-    with trainer.rank_loss_explained():
-        trainer.env.barrier()
-    return summary
+            with atomic_file(run_dir / RECIPE_FILE) as handle:
+                json.dump(experiment.recipe.to_dict(), handle, indent=1)
+        started = time.perf_counter()
+        last = trainer.fit(resume=resume)
+        summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
+                                   "train_seconds": round(time.perf_counter() - started, 1),
+                                   **{k: v for k, v in last.items() if not k.startswith("train/images")}}
+        with trainer.rank_loss_explained(), trainer.final_model() as final:
+            if trainer.env.is_main:
+                final.save(run_dir / "model")
+                if recipe.objective.kind == "classification":
+                    split = experiment.final_split
+                    report = write_report(experiment.measure(final, split), experiment.classes, run_dir, split)
+                    summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
+                                    "test/images": report["images"], "test/split": split})
+                names = experiment.skipped.all_ranks()
+                summary.update({"data/skipped": len(names), "data/skipped_files": names})
+                with atomic_file(run_dir / "summary.json") as handle:
+                    json.dump(summary, handle, indent=1)
+        with trainer.rank_loss_explained():
+            trainer.env.barrier()
+        return summary

@@ -89,6 +89,10 @@ class Trainer:
         self.dtype = autocast_dtype(config.run.precision, self.env.device)
         self._log = MetricsLog(self.run_dir, self.env.is_main)
 
+    def close(self) -> None:
+        """Release what the run holds open beyond its checkpoints (TensorBoard's writer thread)."""
+        self._log.close()
+
     def record(self, step: int, values: dict[str, float]) -> None:
         """Add ``values`` to the run's metrics at ``step`` (``metrics.jsonl``, and TensorBoard when installed;
         the main rank writes, the others' calls do nothing): what the loop measures, and what the caller counts
