@@ -1,10 +1,11 @@
 """Throughput of one model in every runtime and precision the machine offers: what ``vitkit bench`` measures.
 
 Rows: torch eager, ``torch.compile``, ONNX Runtime (fp32 and int8 weights), OpenVINO's CPU plugin (its int8 row
-static, calibrated on the timed images, where NNCF is installed) and timm holding the same weights, each in fp32 and, for torch, OpenVINO and timm, in the low precision the device runs
-natively (bf16, or fp16 on GPUs without bf16); inference and, for the torch models, a training step (forward, backward,
-AdamW). Beside images/s (the median, and the slowest and fastest repeat) each row gives GFLOP/s (2 x
-multiply-adds, counted by torch; a training step counts as 3 forward passes), the hardware's peak in its precision
+static, calibrated on the timed images, where NNCF is installed) and timm holding the same weights, each in fp32
+and, for torch, OpenVINO and timm, in the low precision the device runs natively (bf16, or fp16 on GPUs without
+bf16); inference and, for the torch models, a training step (forward, backward, AdamW). Beside images/s (the
+median, and the slowest and fastest repeat) each row gives GFLOP/s (2 x multiply-adds, counted by torch; a training
+step counts as 3 forward passes), the hardware's peak in its precision
 (``vitkit.peaks``: computed from the CPU's features and clock or a GPU's datasheet, or measured, and saying which),
 the fraction of that peak reached (on a GPU, against the datasheet: the MFU), and the peak GPU memory. Every
 candidate is timed once per repeat, in turn (phase by phase, every other repeat backwards), so that load from other
@@ -248,13 +249,14 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
             try:
                 from .checkpoints.openvino import OpenVinoModel, write_openvino
 
+                def add_openvino(path: Path, dtype: torch.dtype, name: str) -> None:
+                    network = OpenVinoModel(path, dtype)  # its precision: what the plugin runs
+                    found.append(Candidate("openvino", network.precision, "inference", lambda: network(images), name))
+
                 path = write_openvino(model, workdir / "model.xml", device, traced).path
                 for dtype in dtypes:
-                    name = precision_name(dtype)
-                    if wanted(name):
-                        network = OpenVinoModel(path, dtype)  # its precision: what the plugin runs
-                        found.append(Candidate("openvino", network.precision, "inference", lambda n=network: n(images),
-                                               name))
+                    if wanted(precision_name(dtype)):
+                        add_openvino(path, dtype, precision_name(dtype))
                 if wanted("int8"):  # static int8, calibrated on the timed images: the scales do not change the speed
                     try:
                         path = write_openvino(model, workdir / "int8.xml", device, traced, quantize="int8",
@@ -262,9 +264,7 @@ def candidates(model: VisionTransformer, images: torch.Tensor, labels: torch.Ten
                     except ImportError as error:  # NNCF, in the deploy extra
                         skipped["openvino int8"] = str(error)
                     else:
-                        network = OpenVinoModel(path, dtypes[-1])  # its other layers as the plugin runs them best
-                        found.append(Candidate("openvino", network.precision, "inference", lambda n=network: n(images),
-                                               "int8"))
+                        add_openvino(path, dtypes[-1], "int8")  # its other layers as the plugin runs them best
             except ImportError as error:
                 skipped["openvino"] = str(error)
     return found, skipped
