@@ -91,7 +91,7 @@ def with_prefix_positions(config: ViTConfig, state: dict[str, torch.Tensor]
     if not config.no_embed_class or "pos_embed.weight" not in state:
         return config, state
     table = state["pos_embed.weight"]
-    rows = table.new_zeros(1, config.num_prefix_tokens, table.shape[-1])
+    rows = table.new_zeros(1, config.learned_prefix_tokens, table.shape[-1])
     return config.replace(no_embed_class=False), {**state, "pos_embed.weight": torch.cat([rows, table], dim=1)}
 
 

@@ -33,7 +33,7 @@ ROPES = ("none", "axial", "mixed")
 # The patch coordinates RoPE turns: "index", the patch's row and column (+ rope_offset, rescaled to rope_ref_grid
 # cells when set); "centered", patch centres normalised to [-1, 1] per axis, angles in turns (DINOv3).
 ROPE_GRIDS = ("index", "centered")
-MOST_MODULES = {"depth": 4096, "reg_tokens": 4096}  # far beyond any published ViT (48 blocks, 16 registers)
+MOST_MODULES = {"depth": 4096, "reg_tokens": 4096, "prompt_tokens": 4096}  # far beyond any published ViT (48 blocks, 16 registers)
 POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 # The options of the families built on the skeleton (DeiT, DeiT-III, DINOv2, CLIP, SigLIP) and their off values.
 FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
@@ -187,6 +187,13 @@ class ViTConfig:
                                        "(PE-G: 4 D); 0: none (AIMv2)")
     pool_prefix: bool = setting(False, Bool(), "pooling (gap, map) takes the prefix tokens too, not the patches "
                                 "alone (PE)")
+    # Options of parameter-efficient fine-tuning, off by default: what they add is trained, the rest stays frozen.
+    prompt_tokens: int = setting(0, Int(0, MOST_MODULES["prompt_tokens"]), "VPT: learned prompt tokens after the "
+                                 "prefix tokens, dropped at the output (no position embedding)")
+    prompt_deep: bool = setting(False, Bool(), "VPT-deep: fresh prompts before every block (else at the input only)")
+    adapter_dim: int = setting(0, Int(0), "AdaptFormer: a bottleneck MLP of this width beside each block's MLP "
+                               "(0: none)")
+    adapter_scale: float = setting(0.1, Float(), "AdaptFormer: the factor of the bottleneck MLP's output")
     pool: str = setting("token", Choice(POOLINGS), "what the head reads: the [class] token, the mean of the "
                         "patches, or an attention pool")
     fc_norm: bool = setting(False, Bool(), "LayerNorm after pooling instead of on every token (timm's fc_norm)")
@@ -255,13 +262,19 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: [class], distillation, registers, in that order."""
+        """Tokens the blocks see before the patches: [class], distillation, registers and VPT's prompts, in that
+        order."""
+        return self.learned_prefix_tokens + self.prompt_tokens
+
+    @property
+    def learned_prefix_tokens(self) -> int:
+        """The prefix tokens of the architecture ([class], distillation, registers), before any prompts."""
         return int(self.class_token) + int(self.dist_token) + self.reg_tokens
 
     @property
     def pos_prefix_tokens(self) -> int:
-        """Prefix tokens with a row of their own in the position table."""
-        return 0 if self.no_embed_class else self.num_prefix_tokens
+        """Prefix tokens with a row of their own in the position table (prompts have none)."""
+        return 0 if self.no_embed_class else self.learned_prefix_tokens
 
     @property
     def effective_patch_size(self) -> int:

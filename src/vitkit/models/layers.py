@@ -96,10 +96,9 @@ class Attention(nn.Module):
 
     def _heads(self, x: torch.Tensor, rope: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
-        if self.q_bias is None:
-            qkv = self.qkv(x)
-        else:
-            qkv = F.linear(x, self.qkv.weight, torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
+        qkv = self.qkv(x)  # called as a module (not through its weight), so that a LoRA wrapped around it acts
+        if self.q_bias is not None:
+            qkv = qkv + torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
         q, k, v = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)  # each (B, h, T, D/h)
         if rope is not None:
@@ -204,9 +203,33 @@ class DropPath(nn.Module):
         return f"rate={self.rate}"
 
 
+class Adapter(nn.Module):
+    """Option adapter_dim (AdaptFormer, Chen et al. 2022): a bottleneck MLP, up(ReLU(down(x))) * scale, beside a
+    block's MLP; ``up`` starts at zero, so an adapted model starts as the model it adapts."""
+
+    def __init__(self, dim: int, width: int, scale: float):
+        super().__init__()
+        self.scale = scale
+        self.down = nn.Linear(dim, width)
+        self.act = nn.ReLU()
+        self.up = nn.Linear(width, dim)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """AdaptFormer's init: ``down`` as torch initialises a linear layer (Kaiming uniform), zero biases and ``up``."""
+        self.down.reset_parameters()
+        for tensor in (self.down.bias, self.up.weight, self.up.bias):
+            nn.init.zeros_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.act(self.down(x))) * self.scale
+
+
 class Block(nn.Module):
     """Pre-LN encoder block: z' = MSA(LN(z)) + z (eq. 2); z = MLP(LN(z')) + z' (eq. 3); with LayerScale the
-    branches are ls1(MSA(...)) and ls2(MLP(...)); ``rope`` is the rotary table of the tokens, if any."""
+    branches are ls1(MSA(...)) and ls2(MLP(...)); ``rope`` is the rotary table of the tokens, if any. Option
+    adapter_dim (AdaptFormer): z = MLP(LN(z')) + z' + Adapter(z'), the adapter reading the stream before LN."""
 
     def __init__(self, c: ViTConfig, drop_path: float = 0.0, relative_tokens: int = 0):
         super().__init__()
@@ -218,17 +241,21 @@ class Block(nn.Module):
                        make_norm(c, c.mlp_dim) if c.mlp_norm else None, c.proj_bias)
         self.ls2 = LayerScale(c.dim, c.layer_scale) if c.layer_scale is not None else nn.Identity()
         self.drop_path = DropPath(drop_path)
+        self.adapter = Adapter(c.dim, c.adapter_dim, c.adapter_scale) if c.adapter_dim else None
 
     def forward(self, z: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        z = z + self.drop_path(self.ls1(self.attn(self.norm1(z), rope, mask)))
-        return z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
+        return self._feed_forward(z + self.drop_path(self.ls1(self.attn(self.norm1(z), rope, mask))))
 
     def forward_with_probs(self, z: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
         attended, probs = self.attn.forward_with_probs(self.norm1(z), rope, mask)
-        z = z + self.drop_path(self.ls1(attended))
-        return z + self.drop_path(self.ls2(self.mlp(self.norm2(z)))), probs
+        return self._feed_forward(z + self.drop_path(self.ls1(attended))), probs
+
+    def _feed_forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Eq. (3), with the adapter beside the MLP where there is one."""
+        out = z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
+        return out if self.adapter is None else out + self.adapter(z)
 
 
 class AttentionPool(nn.Module):

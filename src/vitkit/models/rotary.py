@@ -99,6 +99,11 @@ class RotaryEmbedding(_CachedByGrid):
     def resize(self, grid: tuple[int, int]) -> None:
         """Nothing to resample: the table is computed for any grid."""
 
+    def set_prefix(self, count: int) -> None:
+        """Tables of ``count`` unrotated prefix tokens from now on (VPT's prompts join the prefix)."""
+        self.prefix = count
+        self._cache.clear()
+
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool) -> torch.Tensor:
     """Rotate (B, h, T, d) queries or keys by a (2, T, d) or (2, h, T, d) table of cosines and sines."""

@@ -9,7 +9,8 @@ Options of later families (config fields, all off by default) are marked "Option
 distillation and register tokens beside [class], position table without prefix rows, a LayerNorm before
 the blocks, a norm on the patch embeddings, rotary position embeddings (a table per grid that the blocks turn
 their queries and keys by), and an attention-pool head; QK-norm, QuickGELU, SwiGLU, LayerScale, RMSNorm, sub-LN
-and the bias switches live in the blocks.
+and the bias switches live in the blocks. Parameter-efficient fine-tuning adds VPT's prompt tokens (here) and
+AdaptFormer's adapters (in the blocks); LoRA wraps the dense layers from outside (``vitkit.checkpoints.adapters``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from ..atomic import atomic_directory, os_errors
 from ..errors import ConfigError, InputError
 from .config import ViTConfig, pair
-from .layers import AttentionPool, Block, PatchEmbed, make_norm
+from .layers import Adapter, AttentionPool, Block, PatchEmbed, make_norm
 from .naflex import PatchBatch, check_patch_batch
 from .patch_resize import resample_patch_kernel
 from .position import make_position_embedding
@@ -73,6 +74,7 @@ class VisionTransformer(nn.Module):
         # Option dist_token (DeiT) and reg_tokens (DINOv2-reg): more learned prefix tokens after [class].
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.dim)) if c.reg_tokens else None
+        self.prompts = self._new_prompts() if c.prompt_tokens else None  # Option prompt_tokens (VPT)
         self.pos_embed = make_position_embedding(c)
         self.rope = make_rope(c)  # Option rope: rotary position embeddings on the patches' queries and keys
         self.pos_drop = nn.Dropout(c.dropout)
@@ -102,6 +104,13 @@ class VisionTransformer(nn.Module):
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
         return head
+
+    def _new_prompts(self) -> nn.Parameter:
+        """VPT's prompts, (depth or 1, prompt_tokens, D), drawn as VPT draws them: uniform in +-sqrt(6 / (C P^2 +
+        D)), the Xavier bound of a patch projection."""
+        c = self.config
+        bound = math.sqrt(6.0 / (c.in_chans * c.patch_size ** 2 + c.dim))
+        return nn.Parameter(torch.empty(c.depth if c.prompt_deep else 1, c.prompt_tokens, c.dim).uniform_(-bound, bound))
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -135,6 +144,11 @@ class VisionTransformer(nn.Module):
         for token in (self.dist_token, self.reg_token, probe):
             if token is not None:  # distinct from [class] (zero) from the start
                 nn.init.normal_(token, std=0.02)
+        if self.prompts is not None:
+            self.prompts = self._new_prompts()
+        for block in self.blocks:
+            if block.adapter is not None:
+                block.adapter.reset_parameters()
 
     # -------------------------------------------------------------------------------- forward
     @property
@@ -195,12 +209,24 @@ class VisionTransformer(nn.Module):
             keys = torch.cat([keys.new_ones(keys.shape[0], c.num_prefix_tokens), keys], dim=1)
         return self._add_prefix_and_positions(patches, position), ropes, keys[:, None, None, :]
 
+    def prompted(self, z: torch.Tensor, layer: int) -> torch.Tensor:
+        """Option prompt_tokens (VPT): the tokens entering block ``layer``, with the prompts after the prefix
+        tokens: put in before the first block, and (prompt_deep) put in place of the last block's prompts before
+        every later one."""
+        c = self.config
+        if self.prompts is None or (layer and not c.prompt_deep):
+            return z
+        start = c.learned_prefix_tokens
+        prompts = self.prompts[layer if c.prompt_deep else 0].expand(z.shape[0], -1, -1).to(z.dtype)
+        return torch.cat([z[:, :start], prompts, z[:, start + (c.prompt_tokens if layer else 0):]], dim=1)
+
     def encode(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
                ) -> torch.Tensor:
         """Eqs. (2)-(3) through every block, then the final LayerNorm; ``ropes`` holds each block's rotary table
         (None without rope) and ``mask`` which keys may be attended to (NaFlex padding)."""
         recompute = self.grad_checkpointing and torch.is_grad_enabled()
-        for block, rope in zip(self.blocks, ropes):
+        for layer, (block, rope) in enumerate(zip(self.blocks, ropes)):
+            z = self.prompted(z, layer)
             z = checkpoint(block, z, rope, mask, use_reentrant=False) if recompute else block(z, rope, mask)
         return self.norm(z)
 
@@ -220,7 +246,8 @@ class VisionTransformer(nn.Module):
                              "time, each at its own size")
         z, grid = self.embed(images)
         outputs, attentions = [], []
-        for block, rope in zip(self.blocks, self.rope_tables(grid, z.device)):
+        for layer, (block, rope) in enumerate(zip(self.blocks, self.rope_tables(grid, z.device))):
+            z = self.prompted(z, layer)
             if attention:
                 z, probs = block.forward_with_probs(z, rope)
                 attentions.append(probs)
@@ -233,14 +260,19 @@ class VisionTransformer(nn.Module):
         """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
         'map') the attention pool over them (Option pool_prefix: over the prefix tokens too); with a distillation
         token, the mean of it and [class] (but [class] alone under a pre-logits layer, as HF's DeiTModel pools).
-        ``mask`` (B, N) marks a NaFlex batch's real patches: padding is left out of the mean and the pool's keys."""
+        ``mask`` (B, N) marks a NaFlex batch's real patches: padding is left out of the mean and the pool's keys.
+        VPT's prompts are dropped first."""
+        c = self.config
+        if c.prompt_tokens:
+            features = torch.cat([features[:, :c.learned_prefix_tokens], features[:, c.num_prefix_tokens:]], dim=1)
         if self.config.pool == "token":
             distilled = self.head_dist is not None and not self.config.representation_size
             return self.fc_norm(features[:, :2].mean(dim=1) if distilled else features[:, 0])
-        skipped = 0 if self.config.pool_prefix else self.num_prefix_tokens
+        prefix = c.learned_prefix_tokens
+        skipped = 0 if c.pool_prefix else prefix
         tokens = features[:, skipped:]
-        if mask is not None and self.num_prefix_tokens > skipped:
-            mask = torch.cat([mask.new_ones(mask.shape[0], self.num_prefix_tokens - skipped), mask], dim=1)
+        if mask is not None and prefix > skipped:
+            mask = torch.cat([mask.new_ones(mask.shape[0], prefix - skipped), mask], dim=1)
         if self.config.pool == "gap":
             weights = None if mask is None else mask.to(tokens.dtype).unsqueeze(-1)
             pooled = tokens.mean(dim=1) if mask is None else (tokens * weights).sum(dim=1) / weights.sum(dim=1)
@@ -282,6 +314,22 @@ class VisionTransformer(nn.Module):
         self.head = self._new_head(num_classes).to(device)
         if self.head_dist is not None:
             self.head_dist = self._new_head(num_classes).to(device)
+
+    def add_prompts(self, count: int, deep: bool = False) -> None:
+        """VPT (Jia et al. 2022): ``count`` learned prompt tokens after the prefix tokens, at the input (shallow)
+        or fresh before every block (``deep``); the attention maps and rollout see them as prefix tokens."""
+        self.config = self.config.replace(prompt_tokens=count, prompt_deep=deep)
+        self.prompts = self._new_prompts().to(next(self.parameters()).device) if count else None
+        if self.rope is not None:  # the prompts, like every prefix token, are not rotated
+            self.rope.set_prefix(self.config.num_prefix_tokens)
+
+    def add_adapters(self, width: int, scale: float = 0.1) -> None:
+        """AdaptFormer (Chen et al. 2022): a ``width``-wide bottleneck MLP beside every block's MLP, its output
+        scaled by ``scale``; starting at zero, so that the model's outputs are unchanged until it is trained."""
+        self.config = self.config.replace(adapter_dim=width, adapter_scale=scale)
+        device = next(self.parameters()).device
+        for block in self.blocks:
+            block.adapter = Adapter(self.config.dim, width, scale).to(device) if width else None
 
     def resize_image(self, image_size: int | tuple[int, int]) -> None:
         """Make ``image_size`` the native resolution: the position table is resampled once, for good."""
