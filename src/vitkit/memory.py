@@ -126,17 +126,20 @@ def inference_per_token(config: ViTConfig, tokens: int) -> int:
 def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | None = None, training: bool = False,
              optimizer: str | None = "adamw", workers: int = 0, *, dtype: torch.dtype = torch.float32,
              grad_checkpointing: bool = False, patches: int | None = None, device: str = "cpu",
-             weight_copies: int = 1) -> Estimate:
+             weight_copies: int = 1, trained: int | None = None, frozen_blocks: bool = False) -> Estimate:
     """Peak memory of running ``config`` on batches of ``batch`` images of ``image_size`` (default: the config's):
     ``training`` (forward, backward and an ``optimizer`` step: 'adamw', 'sgd' or None) or inference; ``workers``
     loader processes (0: batches made in this one); ``dtype`` the compute precision of the activations;
     ``patches`` a NaFlex budget of patches per image in place of the grid; ``weight_copies`` models held at once
-    (an EMA, the copies a benchmark compares)."""
+    (an EMA, the copies a benchmark compares). Parameter-efficient fine-tuning: ``trained`` parameters (default:
+    all) have gradients and optimiser state, frozen ones none; with ``frozen_blocks`` (a linear probe) no gradient
+    flows through the blocks, which then hold inference's activations."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size or config.image_size)
     tokens = tokens_per_image(config, size, patches)
     weights = 4 * parameters_at(config, size)  # fp32 master weights; autocast computes in lower precision from them
+    learned = weights if trained is None else 4 * trained
     bytes_ = torch.empty((), dtype=dtype).element_size()
-    if training:
+    if training and not frozen_blocks:
         blocks = 2 if grad_checkpointing else config.depth  # checkpointed: the block recomputed, and its forward's
         per_token = saved_per_token(config, tokens) * (blocks + 1)  # + one block's gradients in the backward pass
         per_token += config.depth * config.dim if grad_checkpointing else 0  # each block's input, kept for recompute
@@ -145,14 +148,16 @@ def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | 
     pixels = patches * config.patch_size ** 2 if patches is not None else size[0] * size[1]
     loader = max(workers, 1) * SLOTS * batch * config.in_chans * pixels * 4  # float batches in the loaders' slots
     parts = {"framework": FRAMEWORK_BYTES, "weights": weight_copies * weights,
-             "gradients": weights if training else 0,
-             "optimiser": OPTIMIZER_STATES[optimizer] * weights if training else 0,
+             "gradients": learned if training else 0,
+             "optimiser": OPTIMIZER_STATES[optimizer] * learned if training else 0,
              "activations": batch * tokens * per_token * bytes_, "loader": loader}
     notes = {"activations": f"{batch} x {tokens} tokens" + (", checkpointed" if training and grad_checkpointing
-                                                            else ""),
+                                                            and not frozen_blocks else ""),
              "loader": f"{max(workers, 1)} x {SLOTS} batches"}
     if weight_copies > 1:
         notes["weights"] = f"{weight_copies} copies"
+    if training and trained is not None:
+        notes["gradients"] = f"{trained:,} trained parameters"
     return Estimate({name: part for name, part in parts.items() if part}, device, notes)
 
 

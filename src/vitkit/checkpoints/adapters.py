@@ -107,6 +107,11 @@ def freeze(model: nn.Module, method: str) -> tuple[int, int]:
     """Train what ``method`` trains and the head, freeze the rest; returns (trainable, all) parameter counts."""
     for name, param in model.named_parameters():
         param.requires_grad_(is_trained(name, method))
+    return parameter_counts(model)
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(trained, all) parameters of ``model``: those that require gradients, and every one."""
     counted = [(p.numel(), p.requires_grad) for p in model.parameters()]
     return sum(n for n, trained in counted if trained), sum(n for n, _ in counted)
 
@@ -231,6 +236,27 @@ def merged(model: VisionTransformer) -> VisionTransformer:
         setattr(model.get_submodule(parent), name, wrapper.get_base_layer())
     del model.peft_layers, model.peft_dora
     return model
+
+
+def copy_of(model: VisionTransformer, state: dict[str, torch.Tensor]) -> VisionTransformer:
+    """A stand-alone copy of ``model`` (adapted or not) on the CPU holding ``state`` (its whole state dict, as
+    gathered from FSDP shards)."""
+    with torch.device("meta"):  # nothing drawn that the state replaces
+        copy = VisionTransformer(model.config)
+        if lora_layers(model):
+            _inject(copy, lora_layers(model), model.peft_dora)
+    copy.peft_method = getattr(model, "peft_method", None)
+    copy.to_empty(device="cpu")
+    copy.load_state_dict(state, strict=True)
+    return copy
+
+
+def save_model(model: VisionTransformer, directory: str | Path) -> Path:
+    """``model.save`` for an adapted model too: a LoRA-adapted one is saved merged (a copy), as the plain ViT
+    every reader takes; prompts and adapters are part of vitkit's model and saved as they are."""
+    if lora_layers(model):
+        model = merged(copy_of(model, model.state_dict()))
+    return model.save(directory)
 
 
 # -------------------------------------------------------------------------------------------- files

@@ -13,6 +13,7 @@ from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from ..paths import read_text, reason
 from . import hub
+from .adapters import load_adapter
 from .files import read_json_object, read_safetensors, read_weights
 from .google import read_npz
 from .hf import is_hf_config, read_hf
@@ -29,7 +30,7 @@ from .torchvision_ import from_torchvision, is_torchvision
 __all__ = ["CheckpointError", "load", "read_checkpoint", "read_config", "build", "load_state_strict"]
 
 
-def load(path: str | Path, **overrides: Any) -> VisionTransformer:
+def load(path: str | Path, *, adapter: str | Path | None = None, **overrides: Any) -> VisionTransformer:
     """Load a checkpoint of any supported format as a ready ``VisionTransformer`` (in eval mode).
 
     ``path`` is a vitkit directory, an HF transformers or timm hub directory (ViT, DeiT, DINOv2, CLIP,
@@ -39,10 +40,13 @@ def load(path: str | Path, **overrides: Any) -> VisionTransformer:
     settings the file cannot tell (``num_heads`` of a packed qkv) and numerics are set before the
     weights are loaded; after loading, ``patch_size`` resamples the patch kernel (FlexiViT) and the
     position table, ``image_size`` resamples the position table and ``num_classes`` puts a new
-    zero-initialised head on.
+    zero-initialised head on. ``adapter`` is an adapter folder (``adapter_config.json`` +
+    ``adapter_model.safetensors``: LoRA or DoRA written by ``peft`` or by ``vitkit finetune --peft``, VPT,
+    AdaptFormer, BitFit) applied to the base model ``path`` holds.
     """
     config, state, source = read_checkpoint(path, overrides)
-    return build(config, state, overrides, source)
+    model = build(config, state, overrides, source)
+    return model if adapter is None else load_adapter(model, adapter)
 
 
 def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None, weights: bool = True

@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 from ..atomic import atomic_directory, os_errors, retire, sweep
 from ..checkpoints.files import load_torch_file, read_safetensors
 from ..errors import CheckpointError, ConfigError, abridged
-from ..checkpoints.loading import build, read_native
+from ..checkpoints.adapters import copy_of
+from ..checkpoints.loading import read_native
 from ..models.vit import VisionTransformer, save_native
 from .distributed import load_full_state
 
@@ -69,8 +70,8 @@ def split_weights(model: nn.Module, weights: dict[str, torch.Tensor]
 
 
 def plain_vit(model: nn.Module, weights: dict[str, torch.Tensor]) -> VisionTransformer:
-    """A stand-alone ViT (on the CPU, unsharded) with the ViT part of ``weights``."""
-    return build(vit_of(model).config, split_weights(model, weights)[0], {}, "gathered weights")
+    """A stand-alone ViT (on the CPU, unsharded; adapted as the model is) with the ViT part of ``weights``."""
+    return copy_of(vit_of(model), split_weights(model, weights)[0]).eval()
 
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, weights: dict[str, torch.Tensor],

@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..checkpoints.adapters import DEFAULT_TARGETS, LAYER_TARGETS, METHODS as PEFT_ONLY, ROW_TARGETS
 from ..data.loading import CORRUPT
 from ..data.transforms import AUGREG_LEVELS, TRANSFORM_PRESETS
 from ..declare import (Bool, Choice, FieldError, Float, Int, Invalid, Items, Mapping, Maybe, Parsed, Text,
@@ -144,6 +145,44 @@ class ObjectiveSection(Section):
                 f"at most 1 - objective.mpp_mask_prob = {1 - self.mpp_mask_prob:g}", self.mpp_random_prob)
 
 
+PEFT_METHODS = ("none", *PEFT_ONLY)
+LORA_TARGETS = (*LAYER_TARGETS, *ROW_TARGETS)
+TARGET_FORMS = f"comma-separated layers of each block, some of {', '.join(LORA_TARGETS)} (q, k, v: rows of qkv)"
+
+
+def lora_targets(value: Any) -> tuple[str, ...]:
+    """LoRA's target layers as a flag gives them (``qkv,fc1``) or a recipe file (a list), each named once."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items or not all(isinstance(item, str) for item in items):
+        raise Invalid(TARGET_FORMS)
+    names = tuple(dict.fromkeys(item.strip() for item in items))
+    if not all(name in LORA_TARGETS for name in names):
+        raise Invalid(TARGET_FORMS)
+    return names
+
+
+@dataclass
+class Peft(Section):
+    """Parameter-efficient fine-tuning: one method adapts a frozen checkpoint, the head always trained
+    (``vitkit.checkpoints.adapters``)."""
+
+    SECTION: ClassVar[str] = "peft"
+    method: str = setting("none", Choice(PEFT_METHODS), "none: fine-tune every weight; lora, dora: low-rank updates "
+                          "of the dense layers (--peft-targets); vpt-shallow, vpt-deep: prompt tokens at the input or "
+                          "every block; adaptformer: a bottleneck MLP beside each MLP; bitfit: the biases; linear: "
+                          "the head alone", alias="peft")
+    lora_rank: int = setting(8, Int(1), "LoRA/DoRA: rank r of each update")
+    lora_alpha: float = setting(8.0, Float(0, low_open=True), "LoRA/DoRA: updates scaled by alpha / r")
+    lora_dropout: float = setting(0.0, FRACTION, "LoRA/DoRA: dropout on each update's input")
+    targets: tuple[str, ...] = setting(DEFAULT_TARGETS, Parsed(lora_targets, TARGET_FORMS, "LAYERS"),
+                                       "LoRA/DoRA: the layers of each block it updates, e.g. qkv,fc1,fc2 or q,v (the "
+                                       "q and v rows of the fused qkv, as the LoRA paper and HF ViTs have it)",
+                                       alias="peft_targets")
+    prompt_tokens: int = setting(10, Int(1, 4096), "VPT: prompt tokens (at the input, or before every block)")
+    adapter_dim: int = setting(64, Int(1), "AdaptFormer: width of each bottleneck MLP")
+    adapter_scale: float = setting(0.1, Float(), "AdaptFormer: factor of the bottleneck MLP's output")
+
+
 @dataclass
 class Optim(Section):
     """The optimiser and what it does to the weights and gradients."""
@@ -207,8 +246,8 @@ class Run(Section):
     eval_batch_size: int = setting(256, Int(1), "batch of the validation and test passes")
 
 
-SECTIONS: dict[str, type] = {cls.SECTION: cls for cls in (Model, Data, Augment, ObjectiveSection, Optim, Schedule,
-                                                                 Run)}
+SECTIONS: dict[str, type] = {cls.SECTION: cls for cls in (Model, Data, Augment, ObjectiveSection, Peft, Optim,
+                                                                 Schedule, Run)}
 # The flat name of every field (a recipe file's key before the sections) -> (section, field).
 FLAT: dict[str, tuple[str, str]] = {declaration.alias or name: (section, name)
                                     for section, cls in SECTIONS.items() for name, declaration, _ in declared(cls)}
@@ -260,17 +299,18 @@ class Recipe:
     data: Data
     augment: Augment
     objective: ObjectiveSection
+    peft: Peft
     optim: Optim
     schedule: Schedule
     run: Run
 
     def __init__(self, model: Model | dict | None = None, data: Data | dict | None = None,
                  augment: Augment | dict | None = None, objective: ObjectiveSection | dict | None = None,
-                 optim: Optim | dict | None = None, schedule: Schedule | dict | None = None,
-                 run: Run | dict | None = None, **flat: Any) -> None:
-        given = dict(model=model, data=data, augment=augment, objective=objective, optim=optim, schedule=schedule,
-                     run=run)
-        for name in ("model", "objective", "schedule"):  # a flat field of the same name as its section
+                 peft: Peft | dict | None = None, optim: Optim | dict | None = None,
+                 schedule: Schedule | dict | None = None, run: Run | dict | None = None, **flat: Any) -> None:
+        given = dict(model=model, data=data, augment=augment, objective=objective, peft=peft, optim=optim,
+                     schedule=schedule, run=run)
+        for name in ("model", "objective", "peft", "schedule"):  # a flat field of the same name as its section
             if given[name] is not None and not isinstance(given[name], (dict, Section)):
                 flat[name] = given.pop(name)
         parts = {name: value for name, value in given.items() if isinstance(value, Section)}
@@ -292,6 +332,9 @@ class Recipe:
         require(self.optim.layer_decay is None or self.objective.kind != "mpp", "Recipe", "optim.layer_decay",
                 "null with objective.kind='mpp' (layer-wise decay fine-tunes a pre-trained encoder)",
                 self.optim.layer_decay)
+        require(self.peft.method == "none" or (self.model.init and self.objective.kind == "classification"), "Recipe",
+                "peft.method", "'none' unless fine-tuning a checkpoint for classification (vitkit finetune CHECKPOINT "
+                "--peft METHOD)", self.peft.method)
         fields = {item.name for item in dataclasses.fields(ViTConfig)} - {"image_size", "num_classes"}
         check_keys(self.model.args, sorted(fields), "Recipe", "model.args",
                    suggestions={"image_size": "model.image_size", "num_classes": "the data's classes"})

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_file
+from ..checkpoints.adapters import AdapterSpec, adapt, parameter_counts, save_adapter, save_model
 from ..checkpoints.loading import build, read_checkpoint
 from ..data import (ALL, STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, default_split,
                     evaluation_loader, load_splits, split_names, training_loader)
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 # What a run writes into its folder besides RECIPE_FILE (which marks a run): a folder holding only these is a run
 # cut short before its recipe was saved, which may be used again; one holding anything else is not a run's.
-RUN_ENTRIES = re.compile(r"metrics\.jsonl|summary\.json|checkpoints|model|best|skipped|eval-.+\.json|"
+RUN_ENTRIES = re.compile(r"metrics\.jsonl|summary\.json|checkpoints|model|best|adapter|skipped|eval-.+\.json|"
                          r"confusion-.+\.png|events\.out\.tfevents\..+")
 
 TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what threads=0 stands for
@@ -81,8 +82,27 @@ def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: boo
     # vitkit's presets train on the whole image brought to the model's size, so it is evaluated whole too.
     provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family, crop_pct=1.0)
     model.config = model.config.replace(provenance=provenance)
+    if recipe.peft.method != "none":
+        adapt(model, adapter_spec(recipe))
     model.grad_checkpointing = recipe.run.grad_checkpointing
     return model
+
+
+def adapter_spec(recipe: Recipe) -> AdapterSpec:
+    """The recipe's ``peft`` section as the method ``checkpoints.adapters`` applies."""
+    peft = recipe.peft
+    return AdapterSpec(peft.method, peft.lora_rank, peft.lora_alpha, peft.lora_dropout, peft.targets,
+                       peft.prompt_tokens, peft.adapter_dim, peft.adapter_scale)
+
+
+def say_trained(model: torch.nn.Module, method: str) -> dict[str, Any]:
+    """One line before the first step: how many of the model's parameters the run trains (all of them, or those
+    of the PEFT method and the head); returned as the summary's ``params/`` entries."""
+    trained, total = parameter_counts(model)
+    logger.info(f"training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)"
+                + ("" if method == "none" else f": {method} and the head, the rest frozen"))
+    return {"params/trained": trained, "params/total": total, "params/trained_share": trained / total,
+            "peft/method": method}
 
 
 def default_run_dir(recipe: Recipe) -> str:
@@ -152,6 +172,7 @@ class Experiment:
     measure: Callable[[VisionTransformer, str], Evaluation]
     skipped: SkippedFiles
     final_split: str | None  # the split the final numbers come from (None when pre-training)
+    trained: dict[str, Any]  # how many parameters the run trains (``say_trained``), for its summary
 
 
 def check_run_memory(recipe: Recipe, config: ViTConfig, device: torch.device, command: str) -> None:
@@ -160,13 +181,18 @@ def check_run_memory(recipe: Recipe, config: ViTConfig, device: torch.device, co
     torchrun's ranks on it), naming the flags that would fit."""
     optimizer = recipe.optim.optimizer if recipe.optim.optimizer == "adamw" or recipe.optim.momentum else None
     ranks = int(os.environ.get("WORLD_SIZE", 1))
+    trained = None
+    if recipe.peft.method != "none":  # frozen weights need no gradients or optimiser state
+        with torch.device("meta"):
+            trained, _ = adapt(VisionTransformer(config), adapter_spec(recipe))
 
     def measure(plan: Plan):
         return estimate(config, plan.micro_batch, plan.image_size, training=True, optimizer=optimizer,
                         workers=max(recipe.data.num_workers, 0),
                         dtype=DTYPES.get(recipe.run.precision, torch.float32),
                         grad_checkpointing=plan.grad_checkpointing, device=device.type,
-                        weight_copies=2 if recipe.optim.ema_decay else 1)
+                        weight_copies=2 if recipe.optim.ema_decay else 1, trained=trained,
+                        frozen_blocks=recipe.peft.method == "linear")
 
     plan = Plan(max(1, recipe.schedule.batch_size // ranks), pair(recipe.model.image_size),
                 recipe.schedule.accum_steps, recipe.run.grad_checkpointing, config.effective_patch_size,
@@ -198,6 +224,11 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     classes = train_set.classes
     model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
+    if recipe.peft.method in ("lora", "dora") and set(recipe.peft.targets) & {"q", "k", "v"} and env.enabled \
+            and recipe.run.parallel == "fsdp":
+        raise ConfigError(f"--peft-targets {','.join(recipe.peft.targets)}: a LoRA on rows of qkv is kept to them by "
+                          f"gradient masks, which FSDP's sharded parameters do not carry; target qkv, or run "
+                          f"--parallel ddp")
     if recipe.model.image_size is None:  # sized from the data: checked now that the data has said its size
         command = "vitkit " + ("pretrain" if pretraining else "finetune" if recipe.model.init else "train")
         check_run_memory(recipe.replace(model={"image_size": config.image_size}), config, env.device, command)
@@ -253,7 +284,9 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         Classification(len(classes), recipe.objective.label_smoothing, mixup_alpha, recipe.augment.cutmix_alpha)
     loop = LoopConfig(steps, recipe.optim, recipe.schedule, recipe.run)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
-    return Experiment(recipe, run_dir, trainer, classes, measure, skipped, evaluated[-1] if evaluated else None)
+    trained = say_trained(model, recipe.peft.method) if env.is_main else {}
+    return Experiment(recipe, run_dir, trainer, classes, measure, skipped, evaluated[-1] if evaluated else None,
+                      trained)
 
 
 def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict[str, Any]:
@@ -281,10 +314,13 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
         last = trainer.fit(resume=resume)
         summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.config.total_steps,
                                    "train_seconds": round(time.perf_counter() - started, 1),
-                                   **{k: v for k, v in last.items() if not k.startswith("train/images")}}
+                                   **{k: v for k, v in last.items() if not k.startswith("train/images")},
+                                   **experiment.trained}
         with trainer.rank_loss_explained(), trainer.final_model() as final:
             if trainer.env.is_main:
-                final.save(run_dir / "model")
+                save_model(final, run_dir / "model")
+                if recipe.peft.method != "none":  # what the method trained, to apply to the base: far smaller
+                    save_adapter(final, run_dir / "adapter", base=recipe.model.init)
                 if recipe.objective.kind == "classification":
                     split = experiment.final_split
                     report = write_report(experiment.measure(final, split), experiment.classes, run_dir, split)

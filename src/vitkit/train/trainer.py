@@ -39,6 +39,7 @@ from ..runtime import autocast, autocast_dtype
 from .checkpointing import list_checkpoints, load_checkpoint, plain_vit, save_checkpoint, sweep_run, vit_of
 from .distributed import (Distributed, clip_gradients, full_state, full_weights, is_sharded, no_gradient_sync,
                           rank_loss_explained, wrap)
+from ..checkpoints.adapters import save_model
 from .ema import EMA
 from .metrics_log import MetricsLog
 from .objectives import Objective
@@ -253,7 +254,7 @@ class Trainer:
                 score = results.get(self.config.best_metric)
                 if score is not None and (self.best is None or score > self.best):
                     self.best = score
-                    model.save(self.run_dir / "best")
+                    save_model(model, self.run_dir / "best")
         self.model.train()
         self.env.barrier()
         return results
