@@ -297,7 +297,14 @@ def _peft_key(name: str) -> str:
 
 
 def is_adapter_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder holding an adapter's config (as peft and ``finetune --peft`` write them)."""
     return (Path(path) / CONFIG_FILE).is_file()
+
+
+def base_named(directory: Path) -> str:
+    """``; its base: NAME`` where an adapter folder's config names the model it adapted, else nothing."""
+    base = (read_side_file(directory / CONFIG_FILE) or {}).get("base_model_name_or_path")
+    return f"; its base: {base}" if isinstance(base, str) and base else ""
 
 
 def load_adapter(model: VisionTransformer, directory: str | Path) -> VisionTransformer:
@@ -308,7 +315,7 @@ def load_adapter(model: VisionTransformer, directory: str | Path) -> VisionTrans
     config, weights, carried = read_adapter(directory)
     source = str(directory / WEIGHTS_FILE)
     peft_type = config.get("peft_type")
-    heads = _heads(weights, source)
+    heads = _heads(weights, peft_type == "LORA", source)
     _apply_carried(model, carried, heads, source)
     if peft_type == "LORA":
         layers, state = _lora_state(model, config, weights, source)
@@ -395,9 +402,11 @@ def _apply_carried(model: VisionTransformer, carried: dict[str, Any], heads: dic
         model.config = model.config.replace(provenance=fields.provenance)
 
 
-def _heads(weights: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+def _heads(weights: dict[str, torch.Tensor], lora: bool, source: str) -> dict[str, torch.Tensor]:
     """The head weights saved whole beside the adapter (peft's ``modules_to_save``), taken out of ``weights``, in
-    vitkit's names: ``head`` (timm's and vitkit's) or HF's ``classifier``."""
+    vitkit's names: ``head`` (timm's and vitkit's) or, beside a LoRA, HF's ``classifier``."""
+    if not lora:
+        return {key: weights.pop(key) for key in list(weights) if key.split(".", 1)[0] in HEADS}
     heads = {}
     for key in [key for key in weights if LORA_KEY.match(key) is None]:
         name = key if key.split(".", 1)[0] in HEADS else _hf_name(key, source)
@@ -462,10 +471,8 @@ def _lora_state(model: VisionTransformer, config: dict[str, Any], weights: dict[
                                   f"lora_magnitude_vector) nor a head")
         by_module.setdefault(found["module"], {})[found["part"]] = value
     modules = dict(model.named_modules())
-    if all(name in modules for name in by_module):
-        named = by_module
-    else:
-        named = _hf_named(by_module, source)
+    named = {name if name in modules else _hf_name(f"{name}.weight", source).removesuffix(".weight"): parts
+             for name, parts in by_module.items()}
     rslora = bool(config.get("use_rslora"))
     fused: dict[str, list[tuple[str, dict[str, torch.Tensor]]]] = {}
     for name, parts in named.items():
@@ -534,20 +541,15 @@ def _row_norms(base: nn.Linear) -> torch.Tensor:
     return base.weight.detach().float().norm(dim=1)
 
 
-def _hf_named(by_module: dict[str, dict[str, torch.Tensor]], source: str) -> dict[str, dict[str, torch.Tensor]]:
-    """HF transformers ViT module names (4.x and 5.x, with or without the ``vit.``/``deit.``/``dinov2.`` model
-    prefix) as vitkit's, the query, key and value layers as ``attn.q``/``attn.k``/``attn.v``."""
-    return {_hf_name(f"{module}.weight", source).removesuffix(".weight"): parts for module, parts in by_module.items()}
-
-
 def _hf_name(key: str, source: str) -> str:
     """vitkit's name of the HF transformers ViT weight ``key`` (4.x or 5.x names, with or without the model's
-    ``vit.``, ``deit.`` or ``dinov2.`` prefix)."""
+    ``vit.``, ``deit.`` or ``dinov2.`` prefix; the query, key and value layers as ``attn.q``, ``attn.k``,
+    ``attn.v``)."""
     try:
         return next(iter(rename({re.sub(r"^(vit|deit|dinov2)\.", "", key): None}, HF_NAMES, source)))
     except CheckpointError:
-        raise CheckpointError(f"{source}: {key} matches no module of the base model (vitkit's, timm's or HF "
-                              f"transformers' ViT names)") from None
+        raise CheckpointError(f"{source}: target module {key.removesuffix('.weight')} matches no module of the base "
+                              f"model (in vitkit's, timm's or HF transformers' ViT names)") from None
 
 
 def _set_lora_state(model: VisionTransformer, state: dict[str, torch.Tensor], source: str) -> None:

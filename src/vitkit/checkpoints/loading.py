@@ -13,7 +13,7 @@ from ..models.config import ViTConfig
 from ..models.vit import CONFIG_FILE, WEIGHTS_FILE, VisionTransformer
 from ..paths import read_text, reason
 from . import hub
-from .adapters import load_adapter
+from .adapters import base_named, is_adapter_folder, load_adapter
 from .files import read_json_object, read_safetensors, read_weights
 from .google import read_npz
 from .hf import is_hf_config, read_hf
@@ -91,6 +91,9 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
         npz = sorted(path.glob("*.npz"))
         if len(npz) == 1:  # a hub repository holding one Google file
             return *read_npz(npz[0], overrides), str(npz[0])
+        if is_adapter_folder(path):
+            raise CheckpointError(f"{path} is an adapter folder, not a model: give its base as the checkpoint and the "
+                                  f"folder as --adapter (in Python: load(BASE, adapter=...)){base_named(path)}")
         raise CheckpointError(f"{path} is not a checkpoint vitkit can read: expected a vitkit directory "
                               f"({CONFIG_FILE} + {WEIGHTS_FILE}), an HF transformers or timm hub directory, "
                               f"or one .npz")
