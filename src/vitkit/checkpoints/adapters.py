@@ -127,7 +127,7 @@ def is_trained(name: str, method: str) -> bool:
     if method == "adaptformer":
         return ".adapter." in name
     if method == "bitfit":
-        return name.endswith("bias") and not name.endswith(".base_layer.bias")
+        return name.endswith("bias")
     return False
 
 
@@ -267,12 +267,13 @@ def save_adapter(model: VisionTransformer, directory: str | Path, base: str | No
     if method is None:
         raise ConfigError("save_adapter: the model was not adapted (vitkit.checkpoints.adapters.adapt)")
     trained = {name: p for name, p in model.named_parameters() if is_trained(name, method)}
+    heads = [head for head in HEADS if isinstance(getattr(model, head, None), nn.Linear)]
     if method in LORA_METHODS:
-        config = lora_config(lora_layers(model), model.peft_dora, saved=HEADS[:1]).to_dict()
+        config = lora_config(lora_layers(model), model.peft_dora, saved=tuple(heads)).to_dict()
         config = {key: sorted(value) if isinstance(value, set) else value for key, value in config.items()}
         weights = {_peft_key(name): p for name, p in trained.items()}
     else:
-        config = {"peft_type": VITKIT_TYPES[method], "method": method, "modules_to_save": list(HEADS[:1]),
+        config = {"peft_type": VITKIT_TYPES[method], "method": method, "modules_to_save": heads,
                   **{field: getattr(model.config, field) for field in CARRIED[4:]}}
         weights = {PREFIX + name: p for name, p in trained.items()}
     config["base_model_name_or_path"] = base
