@@ -138,8 +138,8 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
                     for name, declaration, _ in declared(cls)}
     assert grouped == collections.Counter(list(declarations))
     titles = [group.title for group in train._action_groups if group.title.startswith("recipe: ")]
-    assert titles == [f"recipe: {section}" for section in ("model", "data", "augment", "objective", "optim",
-                                                             "schedule", "run")]
+    assert titles == [f"recipe: {section}" for section in ("model", "data", "augment", "objective", "peft",
+                                                             "optim", "schedule", "run")]
     for action in train._actions:  # written once, in the declaration
         if action.dest in declarations and action.option_strings[0] not in ("--model-args", "--drop-path"):
             assert action.help == declarations[action.dest].help, action.dest
@@ -155,6 +155,7 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
 # The values of the recipe fields that take one of a few, written out.
 RECIPE_CHOICES = {"data.corrupt": ("fail", "skip"), "data.train_split": ("train", "trainval", "train800", "train800val200"), "model.channels": ("", "rgb", "grey"),
                   "objective.kind": ("classification", "mpp"),
+                  "peft.method": ("none", "lora", "dora", "vpt-shallow", "vpt-deep", "adaptformer", "bitfit", "linear"),
                   "objective.mpp_target": ("mean-colour", "downsized", "pixels"),
                   "augment.transform": ("pretrain", "finetune", "eval"),
                   "augment.aug_level": ("none", "light1", "light2", "medium1", "medium2", "strong1", "strong2"),

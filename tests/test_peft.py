@@ -368,3 +368,13 @@ def test_a_stand_alone_copy_of_an_adapted_model_computes_the_same(tmp_path):
     perturbed(model)
     images = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(copy_of(model, model.state_dict()).eval()(images), model(images), rtol=0, atol=0)
+
+
+def test_a_size_or_head_asked_for_wins_over_the_adapters(tmp_path):
+    tiny().save(tmp_path / "base")
+    model = vitkit.load(tmp_path / "base")
+    adapt(model, AdapterSpec("vpt-deep", prompt_tokens=2))
+    save_adapter(perturbed(model), tmp_path / "vpt")
+    resized = vitkit.load(tmp_path / "base", adapter=tmp_path / "vpt", image_size=64, num_classes=3)
+    assert resized.config.image_size == (64, 64) and resized.config.num_classes == 3
+    assert resized.config.prompt_tokens == 2 and resized(torch.randn(1, 3, 64, 64)).shape == (1, 3)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .atomic import atomic_file
+from .checkpoints.adapters import merged
 from .checkpoints.runnable import load_model, source_config
 from .checkpoints.timm_families import is_timm_family, write_timm_family
 from .errors import CheckpointError
@@ -143,6 +144,8 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
     import timm.models.vision_transformer as timm_vit
 
     config = model.config
+    if config.prompt_tokens or config.adapter_dim:
+        raise ValueError("timm's models hold no VPT prompts or AdaptFormer adapters")
     if is_timm_family(config):
         with tempfile.TemporaryDirectory() as folder:
             try:
@@ -362,15 +365,17 @@ class BenchRun:
 def bench_checkpoint(source: str, batch_size: int = 8, device: str | None = None,
                      runtimes: Sequence[str] = DEFAULT_RUNTIMES, precisions: Sequence[str] | None = None,
                      repeats: int | None = None, peak_size: int | None = None, image_size: tuple[int, int] | None = None,
-                     overrides: dict | None = None, out: str | Path | None = None) -> BenchRun:
-    """``bench`` of a checkpoint, or of a named variant (``ViT-S/16``, random weights), with ``overrides``, at
+                     overrides: dict | None = None, out: str | Path | None = None, *, adapter: str | None = None
+                     ) -> BenchRun:
+    """``bench`` of a checkpoint, or of a named variant (``ViT-S/16``, random weights), with ``overrides`` and the
+    adapter folder ``adapter`` (its LoRA merged into the weights, as ``vitkit convert`` exports it), at
     ``image_size`` (default: the model's) on ``device`` (default: the best available), after refusing a run that
     cannot fit (``check_bench_size``); the rows and their setting are written to ``out/bench.json`` when ``out``
     is given."""
     chosen = select_device(device)
     overrides = {**(overrides or {}), **({"image_size": image_size} if image_size else {})}
-    check_bench_size(source, overrides, batch_size, runtimes, chosen)
-    model = load_model(source, overrides)
+    check_bench_size(source, overrides, batch_size, runtimes, chosen, adapter=adapter)
+    model = merged(load_model(source, overrides, adapter=adapter))
     rows, skipped = bench(model, batch_size, chosen, runtimes, precisions, repeats, peak_size=peak_size)
     result = BenchRun(source, tuple(model.config.image_size), batch_size, chosen, torch.get_num_threads(),
                       os.getloadavg()[0], repeats, rows, skipped)
@@ -382,10 +387,11 @@ def bench_checkpoint(source: str, batch_size: int = 8, device: str | None = None
 
 
 def check_bench_size(source: str, overrides: dict, batch_size: int, runtimes: Sequence[str],
-                     device: torch.device) -> None:
+                     device: torch.device, *, adapter: str | None = None) -> None:
     """Refuse a benchmark that cannot fit before its model is built: the peak of a training step at the batch and
-    size asked for, with a copy of the weights per runtime compared, against what the machine has."""
-    config = source_config(source, overrides)
+    size asked for (with ``adapter``'s prompts), with a copy of the weights per runtime compared, against what the
+    machine has."""
+    config = source_config(source, overrides, adapter=adapter)
     size = pair(overrides.get("image_size", config.image_size))  # a checkpoint's table is resized after loading
     copies = 2 + sum(runtime in COPYING_RUNTIMES for runtime in runtimes)
 

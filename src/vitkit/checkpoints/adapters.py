@@ -186,7 +186,10 @@ def _inject(model: VisionTransformer, layers: list[LoraLayer], dora: bool, dropo
     config = lora_config(layers, dora, dropout, rslora)
     model.peft_layers = layers  # what a LoRA-adapted model holds, for saving and merging
     model.peft_dora = dora
+    trainable = {id(p): p.requires_grad for p in model.parameters()}
     peft.inject_adapter_in_model(config, model)
+    for param in model.parameters():  # peft freezes the rest; what trains is ``freeze``'s to say
+        param.requires_grad_(trainable.get(id(param), True))
     for layer in layers:
         if layer.rows:
             _keep_rows(model.get_submodule(layer.module), layer)

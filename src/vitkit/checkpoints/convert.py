@@ -12,6 +12,7 @@ import torch
 from ..errors import CheckpointError, ConfigError, FormatError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
+from .adapters import merged, refuse_adapted
 from .google import write_npz
 from .hf import write_hf
 from .hf_families import hf_family_of, write_hf_family
@@ -29,6 +30,8 @@ WRITERS: dict[str, Callable[[VisionTransformer, Path], Path]] = {
     "timm": write_timm,
 }
 FORMATS = (*WRITERS, "onnx", "openvino")
+# The formats whose models have no VPT prompts or AdaptFormer adapters, as their refusals name them.
+PLAIN_FORMATS = {"npz": "a Google .npz", "hf": "an HF transformers directory", "timm": "a timm state dict"}
 # The format a destination's extension names; any other destination is a folder: native, hf or timm.
 EXTENSION_FORMATS = {".onnx": "onnx", ".xml": "openvino", ".npz": "npz", ".safetensors": "timm"}
 
@@ -61,10 +64,15 @@ def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | 
     """Write ``model`` to ``path`` as a vitkit directory, a Google ``.npz``, an HF directory, a timm state dict,
     ONNX (traced on ``device``, checked by ONNX Runtime; int8 static with ``calibration`` images, else dynamic)
     or OpenVINO IR (checked by OpenVINO; int8 static, calibrated); for the last two their report is returned.
-    Their graphs take images of any size, or with ``naflex`` NaFlex batches of any number of patches."""
+    Their graphs take images of any size, or with ``naflex`` NaFlex batches of any number of patches. An adapted
+    model's LoRA is merged into its weights first, in place (``adapters.merged``); its VPT prompts and AdaptFormer
+    adapters go to vitkit's format, ONNX and OpenVINO, and are refused by the others."""
     if naflex and to not in ("onnx", "openvino"):
         raise CheckpointError(f"naflex applies to ONNX and OpenVINO export, not to {to!r}: the other formats hold "
                               f"weights, which take NaFlex batches once loaded")
+    if to in PLAIN_FORMATS:
+        refuse_adapted(model.config, f"{path}: {PLAIN_FORMATS[to]}")
+    model = merged(model)
     if to == "onnx":
         return write_onnx(model, path, quantize, device, naflex, calibration)
     if to == "openvino":
@@ -92,8 +100,10 @@ def check_quantizable(to: str, path: str | Path, quantize: str | None, calibrate
 
 
 def convert(source: str | Path, destination: str | Path, to: str, quantize: str | None = None,
-            device: torch.device | str = "cpu", **overrides: Any) -> VisionTransformer:
-    """Read ``source`` in whatever format it is, write it to ``destination`` in format ``to``."""
-    model = load(source, **overrides)
+            device: torch.device | str = "cpu", *, adapter: str | Path | None = None,
+            **overrides: Any) -> VisionTransformer:
+    """Read ``source`` in whatever format it is, with the adapter folder ``adapter`` applied, and write it to
+    ``destination`` in format ``to`` (an adapter's LoRA merged into the weights: ``export``)."""
+    model = load(source, adapter=adapter, **overrides)
     export(model, destination, to, quantize, device)
     return model

@@ -45,8 +45,7 @@ def load(path: str | Path, *, adapter: str | Path | None = None, **overrides: An
     AdaptFormer, BitFit) applied to the base model ``path`` holds.
     """
     config, state, source = read_checkpoint(path, overrides)
-    model = build(config, state, overrides, source)
-    return model if adapter is None else load_adapter(model, adapter)
+    return build(config, state, overrides, source, adapter)
 
 
 def read_checkpoint(path: str | Path, overrides: dict[str, Any] | None = None, weights: bool = True
@@ -150,8 +149,9 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None, weights: 
 
 
 def build(config: ViTConfig, state: dict[str, torch.Tensor], overrides: dict[str, Any],
-          source: str) -> VisionTransformer:
-    """Build the model of ``config`` (plus overrides), load ``state`` strictly, then apply surgery."""
+          source: str, adapter: str | Path | None = None) -> VisionTransformer:
+    """Build the model of ``config`` (plus overrides), load ``state`` strictly, apply the ``adapter`` folder if one
+    is given, then the surgery the overrides ask for (a size or a head asked for wins over the adapter's)."""
     surgery = {key: overrides[key] for key in SURGERY if key in overrides}
     rest = kept_overrides(overrides)
     try:
@@ -161,6 +161,8 @@ def build(config: ViTConfig, state: dict[str, torch.Tensor], overrides: dict[str
     with torch.device("meta"):
         model = VisionTransformer(config)
     load_state_strict(model, state, source)
+    if adapter is not None:
+        load_adapter(model, adapter)
     if "patch_size" in surgery:  # at the new image size too, if one is asked for: one resample of the table
         model.resize_patch(surgery["patch_size"], surgery.get("image_size"))
     elif "image_size" in surgery:

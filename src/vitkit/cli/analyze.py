@@ -64,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
                               data_dir=args.data_dir, num_images=args.num_images, seed=args.seed,
                               image_size=args.image_size, mean=args.mean, std=args.std, resize=args.resize,
                               max_patches=args.max_patches, device=args.device, precision=args.precision,
-                              overrides=args.overrides, batch_size=args.batch_size, head_fusion=args.head_fusion,
-                              discard_ratio=args.discard_ratio, overlays=args.overlays, filters=args.filters,
-                              readout=args.readout)
+                              overrides=args.overrides, adapter=args.adapter, batch_size=args.batch_size,
+                              head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, overlays=args.overlays,
+                              filters=args.filters, readout=args.readout)
     sizes = f"at {done.size[0]}x{done.size[1]}" if done.size else "each at its own aspect ratio"
     print(f"analysed {done.images} images {sizes}: {len(done.analysis.figures)} figures, report "
           f"{done.analysis.out / REPORT_FILE}")

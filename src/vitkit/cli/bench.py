@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Inference and training-step throughput of a model in every runtime and precision available here."""
     done = bench_checkpoint(args.checkpoint, args.batch_size, args.device, args.runtimes, args.precision, args.repeats,
-                            args.peak_size, args.image_size, args.overrides, args.out)
+                            args.peak_size, args.image_size, args.overrides, args.out, adapter=args.adapter)
     if done.written:
         print(f"numbers in {done.written}", file=sys.stderr)
     if args.json:

@@ -9,8 +9,8 @@ from ..checkpoints.runnable import load_inference
 from ..data import CORRUPT
 from ..data.datasets import DATASET_FORMS
 from ..evaluate.accuracy import DEFAULT_VAL_FRACTION, evaluate_dataset
-from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, positive, print_table,
-                    resize_flag, run_defaults, runtime_flags, unit_fraction)
+from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, model_source, positive,
+                    print_table, resize_flag, run_defaults, runtime_flags, unit_fraction)
 
 HELP: dict[str, tuple[str, str | None]] = {
     "eval": ("Top-1/top-5 accuracy, per-class accuracy and a confusion matrix of a checkpoint on a dataset.",
@@ -44,14 +44,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
-    model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision)
+    model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision,
+                                          adapter=args.adapter)
     from_run = args.dataset is None
     run_defaults(args)
     done = evaluate_dataset(model, args.dataset, args.split or ("test" if from_run else None),  # a run's: held out
                             data_dir=args.data_dir, val_fraction=args.val_fraction, corrupt=args.corrupt,
                             batch_size=args.batch_size, num_workers=args.num_workers, out=args.out,
                             resize=args.resize, max_patches=args.max_patches, device=device, dtype=dtype,
-                            source=args.checkpoint, command=f"vitkit {args.command}", real_labels=args.real_labels)
+                            source=model_source(args), command=f"vitkit {args.command}", real_labels=args.real_labels)
     report = done.report
     if done.whole:
         print(f"{args.dataset} names no test or validation split: every one of its {report['images']} images is "

@@ -10,8 +10,8 @@ from ..data.datasets import DATASET_FORMS
 from ..evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from ..evaluate.knn import DEFAULT_TEMPERATURE
 from ..evaluate.probes import FEWSHOT_FILE, probe_dataset
-from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, positive, positive_number, print_table, regularizer,
-                    resize_flag, run_defaults, runtime_flags, seed_repeats)
+from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, model_source, positive, positive_number, print_table,
+                    regularizer, resize_flag, run_defaults, runtime_flags, seed_repeats)
 
 HELP: dict[str, tuple[str, str | None]] = {
     "fewshot": ("Few-shot linear evaluation of frozen representations, with a linear probe and k-NN on request.",
@@ -51,12 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol), with ``--linear-probe`` the full probe, and with
     ``--knn`` k-NN classification (DINO's protocol) from the same frozen representations."""
-    model, device, dtype = load_on_device(args.checkpoint, args.overrides, args.device, args.precision)
+    model, device, dtype = load_on_device(args.checkpoint, args.overrides, args.device, args.precision,
+                                          adapter=args.adapter)
     run_defaults(args)
     done = probe_dataset(model, args.dataset, args.split, data_dir=args.data_dir, shots=args.shots, seeds=args.seeds,
                          l2_regs=args.l2, full_probe=args.linear_probe, knn=args.knn,
                          knn_temperature=args.knn_temperature, batch_size=args.batch_size, resize=args.resize,
-                         device=device, dtype=dtype, source=args.checkpoint, out=args.out)
+                         device=device, dtype=dtype, source=model_source(args), out=args.out)
     if done.drawn:
         drawn = done.drawn
         print(f"{args.dataset} [{done.split}]: support drawn from {drawn.per_class} images of each class (seed 0: "

@@ -34,8 +34,13 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None
 
 
 def load_checkpoint(args: argparse.Namespace):
-    """The model of the command's CHECKPOINT with its ``--set`` overrides."""
-    return load(args.checkpoint, **args.overrides)
+    """The model of the command's CHECKPOINT with its ``--set`` overrides and ``--adapter``."""
+    return load(args.checkpoint, adapter=args.adapter, **args.overrides)
+
+
+def model_source(args: argparse.Namespace) -> str:
+    """The model a command runs, as its messages and reports name it: CHECKPOINT, and the ``--adapter`` on it."""
+    return args.checkpoint if args.adapter is None else f"{args.checkpoint} with adapter {args.adapter}"
 
 
 def override_pair(text: str) -> dict[str, object]:
@@ -83,9 +88,11 @@ def drop_path_rate(text: str) -> dict[str, float]:
 
 def checkpoint_flags(parser: argparse.ArgumentParser, help: str = "anything vitkit.load reads: a vitkit, HF or "
                       "timm directory, .npz, .safetensors/.pth state dict, hf-hub:ORG/NAME") -> None:
-    """The positional CHECKPOINT and its ``--set`` overrides, alike on every command that reads one."""
+    """The positional CHECKPOINT, its ``--set`` overrides and ``--adapter``, alike on every command that reads one."""
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help=help)
     override_flags(parser)
+    parser.add_argument("--adapter", metavar="DIR", help="an adapter folder (peft's LoRA/DoRA, or vitkit finetune "
+                        "--peft's) applied to CHECKPOINT")
 
 
 positive = reader(Int(1))
@@ -150,12 +157,12 @@ def runtime_flags(parser: argparse.ArgumentParser, precision: bool = True) -> No
 
 
 def run_defaults(args: argparse.Namespace) -> None:
-    """What ``eval`` or ``fewshot`` was not told, from the checkpoint's run (``train.records``): the dataset it
-    was trained on (with its data folder and, for eval, held-out fraction) and then the run folder as ``--out``;
-    without a run, ``--dataset`` is needed."""
+    """What ``eval`` or ``fewshot`` was not told, from the run of the checkpoint, or of its ``--adapter``
+    (``train.records``): the dataset it was trained on (with its data folder and, for eval, held-out fraction)
+    and then the run folder as ``--out``; without a run, ``--dataset`` is needed."""
     held_out = "val_fraction" in args  # eval's: fewshot holds nothing out
-    if args.dataset is None:
-        run = recorded_data(args.checkpoint)
+    if args.dataset is None:  # an adapter's run trained the head the model has: its dataset, not the base's
+        run = recorded_data(args.adapter or args.checkpoint)
         args.dataset, args.data_dir = run.dataset, args.data_dir or run.data_dir
         if held_out and args.val_fraction is None:
             args.val_fraction = run.val_fraction

@@ -53,7 +53,7 @@ def run_models(args: argparse.Namespace) -> int:
 
 def run_info(args: argparse.Namespace) -> int:
     """Config, parameter count and input size of a checkpoint of any format."""
-    model, device, _ = load_on_device(args.checkpoint, args.overrides, args.device)
+    model, device, _ = load_on_device(args.checkpoint, args.overrides, args.device, adapter=args.adapter)
     config = model.config
     if args.json:
         print(json.dumps({"config": config.to_dict(), "parameters": count_parameters(model), "device": str(device)},

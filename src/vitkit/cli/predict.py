@@ -9,7 +9,7 @@ import sys
 from ..checkpoints.runnable import load_inference
 from ..classnames import escape_name
 from ..evaluate.predict import check_feature_request, predict_files, prediction_record
-from .flags import checkpoint_flags, max_patches_flag, positive, resize_flag, runtime_flags
+from .flags import checkpoint_flags, max_patches_flag, model_source, positive, resize_flag, runtime_flags
 
 HELP: dict[str, tuple[str, str | None]] = {
     "predict": ("The most probable classes of image files, folders or glob patterns.",
@@ -43,9 +43,10 @@ def run(args: argparse.Namespace) -> int:
     """Top-k labels with probabilities for each image file; with --features, each image's dense patch features
     and pooled embedding written to one file."""
     check_feature_request(args.checkpoint, args.features)
-    model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision)
+    model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision,
+                                          adapter=args.adapter)
     predictions, features = predict_files(model, args.images, args.top_k, device, dtype, args.resize, args.features,
-                                          args.keep_aspect, args.max_patches, source=args.checkpoint)
+                                          args.keep_aspect, args.max_patches, source=model_source(args))
     if args.json:
         print(json.dumps([prediction_record(prediction) for prediction in predictions], indent=1))
     else:

@@ -34,23 +34,24 @@ def analyze_checkpoint(checkpoint: str, out: str | Path, *, images: Sequence[str
                        seed: int = 0, image_size: tuple[int, int] | None = None,
                        mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                        resize: str = "crop", max_patches: int | None = None, device: str | None = None,
-                       precision: str = "fp32", overrides: dict[str, Any] | None = None,
+                       precision: str = "fp32", overrides: dict[str, Any] | None = None, adapter: str | None = None,
                        **options: Any) -> CheckpointAnalysis:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of
-    ``checkpoint`` (with ``overrides``, on ``device`` in ``precision``) written into ``out`` with an HTML page,
-    on the image files ``images`` name, or ``num_images`` drawn with ``seed`` from ``dataset``'s test split, or
-    scikit-learn's two sample photos. The images are brought to ``image_size`` (default: the checkpoint's) by
-    ``resize``, or with ``max_patches`` each to its own aspect ratio, and normalised by ``mean``/``std`` (one value
-    or one per channel; default: the checkpoint's). ``options`` go to ``analysis.report.analyze`` (batch_size,
-    head_fusion, discard_ratio, readout, overlays, filters)."""
-    model, _, dtype = load_on_device(checkpoint, overrides, device, precision)
+    ``checkpoint`` (with ``overrides`` and the adapter folder ``adapter``, on ``device`` in ``precision``)
+    written into ``out`` with an HTML page, on the image files ``images`` name, or ``num_images`` drawn with
+    ``seed`` from ``dataset``'s test split, or scikit-learn's two sample photos. The images are brought to
+    ``image_size`` (default: the checkpoint's) by ``resize``, or with ``max_patches`` each to its own aspect ratio,
+    and normalised by ``mean``/``std`` (one value or one per channel; default: the checkpoint's). ``options`` go to
+    ``analysis.report.analyze`` (batch_size, head_fusion, discard_ratio, readout, overlays, filters)."""
+    model, _, dtype = load_on_device(checkpoint, overrides, device, precision, adapter=adapter)
     config = model.config
     pictures, about = inputs.gather(images, dataset, data_dir, num_images, seed, config.provenance.classes)
     if max_patches and image_size:
         raise ConfigError("--image-size and --max-patches: the budget sizes each image at its own aspect ratio")
     size = None if max_patches else image_size or config.image_size
     prepared, shown = inputs.prepare(pictures, input_transform(config, resize, size, mean, std, max_patches))
-    result = analyze(model, prepared, shown, out, title=str(checkpoint), dtype=dtype, about=about, **options)
+    title = str(checkpoint) if adapter is None else f"{checkpoint} with adapter {adapter}"
+    result = analyze(model, prepared, shown, out, title=title, dtype=dtype, about=about, **options)
     return CheckpointAnalysis(result, len(prepared), size)
 
 
