@@ -4,15 +4,22 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
+from ..declare_flags import add_flags, flag_values
+from ..train.recipes import Peft
 from ..transfer import BUDGETS, run_transfer
+from ..transfer.table import TRAINED
+from ..transfer.tasks import PEFT_PROTOCOL
 from .flags import Overrides, override_pair, runtime_flags
 
 HELP: dict[str, tuple[str, str | None]] = {
     "transfer": ("The paper's evaluation suite (Table 2): fine-tune on each task found under --data-dir as appendix "
-                 "B.1.1 does, then print the table row (each dataset, VTAB-1k's group means and mean).",
+                 "B.1.1 does, then print the table row (each dataset, VTAB-1k's group means and mean), and VTAB-1k's "
+                 "mean of the group means, the PEFT papers' average.",
                  "examples:\n  vitkit transfer ViT-B_16.npz --suite paper --data-dir /data --out runs/suite\n"
-                 "  vitkit transfer runs/x/model --suite mnist cifar10 --data-dir data --budget small --fewshot"),
+                 "  vitkit transfer runs/x/model --suite mnist cifar10 --data-dir data --budget small --fewshot\n"
+                 "  vitkit transfer ViT-B_16.npz --suite vtab1k --data-dir /data --peft lora --lora-rank 8"),
 }
 
 
@@ -35,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="a recipe field of every fine-tuning run, e.g. schedule.accum_steps=8 (repeatable)")
     transfer.add_argument("--out", metavar="DIR", help="the suite's folder; the same one resumes a suite that was "
                           "stopped (default: a new one under runs/)")
+    peft = add_flags(transfer, [("peft", Peft)], title="recipe: ")["peft"]
+    peft.description = textwrap.fill(f"--peft METHOD fine-tunes every task with it, the checkpoint left as it is: "
+                                     f"{PEFT_PROTOCOL}. The table's \"{TRAINED}\" row says each task's trained "
+                                     f"share of the parameters.", width=100)
     runtime_flags(transfer, precision=False)
     transfer.set_defaults(run=run)
 
@@ -42,5 +53,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """The paper's evaluation suite, run by ``vitkit.transfer.run_transfer``, which prints the table."""
     run_transfer(args.checkpoint, args.suite, args.data_dir, args.out, args.budget, args.fewshot, not args.no_finetune,
-                 args.real_labels, args.device, args.recipe)
+                 args.real_labels, args.device, args.recipe, flag_values(args).get("peft"))
     return 0

@@ -13,7 +13,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,11 @@ from ..evaluate.preprocessing import checkpoint_transform
 from ..paths import own_folder, read_text
 from ..runtime import select_device
 from ..train.presets import merge, resolve
+from ..train.recipes import Recipe
 from ..train.run import run
-from .table import group_means, markdown, table_row
-from .tasks import TASKS, Found, Task, expected_places, find_task, suite_tasks
+from .table import group_means, report_lines, table_row, vtab_averages
+from .tasks import (PEFT_BATCH, PEFT_DROP_PATH, PEFT_END_LR, PEFT_EPOCHS, PEFT_PROTOCOL, PEFT_SIZE, PEFT_WARMUP_EPOCHS,
+                    PEFT_WEIGHT_DECAY, TASKS, Found, Task, expected_places, find_task, peft_protocol, suite_tasks)
 
 SUITE_FILE, RESULT_FILE, SUMMARY_FILE = "suite.json", "result.json", "summary.json"
 TABLE_JSON, TABLE_MARKDOWN = "transfer.json", "transfer.md"
@@ -72,7 +74,8 @@ BUDGETS = {
 def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, out: str | Path | None = None,
                  budget: str = "paper", fewshot: bool = False, finetune: bool = True,
                  real_labels: str | Path | None = None, device: str | None = None,
-                 recipe: dict[str, Any] | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+                 recipe: dict[str, Any] | None = None, peft: str | dict[str, Any] | None = None,
+                 say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the transfer protocol of ``checkpoint`` on the tasks of ``suite`` (``paper``, ``vtab1k`` or task
     names, see ``transfer.tasks``) found under ``data_dir``, each in its own folder under ``out``; say which
     tasks of a suite are absent, and return the table (also written to ``out/transfer.json`` and
@@ -80,8 +83,10 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
     head must have each task's classes); ``fewshot`` adds the few-shot linear rows (appendix B.1.2) from the
     checkpoint's frozen representations; ``real_labels`` (default ``imagenet/real.json`` under ``data_dir``)
     adds ImageNet's ReaL top-1; ``recipe`` fields override every fine-tuning run's (e.g.
-    ``schedule.accum_steps``). Run
-    again with the same ``out``, it skips the finished tasks and resumes the others."""
+    ``schedule.accum_steps``). ``peft`` (a method, ``"lora"``, or the recipe's ``peft`` fields, ``{"method":
+    "lora", "lora_rank": 4}``) fine-tunes every task with that method, VTAB-1k's at the PEFT papers' protocol
+    (``transfer.tasks.PEFT_PROTOCOL``); the table says each task's trained share of the parameters. Run again
+    with the same ``out``, it skips the finished tasks and resumes the others."""
     if budget not in BUDGETS:
         raise ConfigError(f"--budget {budget}: expected one of {', '.join(BUDGETS)}")
     chosen = BUDGETS[budget]
@@ -95,27 +100,36 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
     root = Path(data_dir)
     if not root.is_dir():
         raise DatasetError(f"--data-dir {root}: not a folder (expected the folder holding the tasks' data)")
+    given = {"method": peft} if isinstance(peft, str) else dict(peft or {})
+    overrides = merge(nested_fields(recipe or {}), {"peft": given} if given else {})
+    method = peft_method(checkpoint, overrides.get("peft", {}), finetune)
     found, absent = present_tasks(suite, root)
+    if method != "none":
+        found = [replace(where, task=peft_protocol(where.task)) for where in found]
     if absent:
         tell(f"absent under {root}: {', '.join(absent)}")
     out = Path(out or f"runs/transfer-{time.strftime('%Y%m%d-%H%M%S')}")
     settings = {"checkpoint": str(checkpoint), "budget": budget, "finetune": finetune, "fewshot": fewshot,
                 "recipe": recipe or {}}
+    if given:  # as suite.json holds it (lists, not tuples), to compare with when the suite resumes
+        settings["peft"] = parse_json(json.dumps(given))
     if main:
         start_suite(out, settings)
     tell(f"suite folder {out} (the same --out resumes it)")
+    if method != "none":
+        tell(f"peft {method}: {PEFT_PROTOCOL}")
     results = {}
     with noted_messages(note):
         for where in found:
             real = imagenet_real_labels(where, real_labels)
             results[where.task.name] = task_result(where, checkpoint, chosen, out / where.task.name, finetune,
-                                                   fewshot, real, device, recipe or {}, tell)
+                                                   fewshot, real, device, overrides, tell)
     if not main:
         return {}
-    report = suite_table(results, settings, absent, note)
+    report = suite_table(results, settings, absent, note, method)
     with atomic_file(out / TABLE_JSON) as handle:
         json.dump(report, handle, indent=1)
-    lines = markdown(report["rows"], report["counts"], report["vtab"])
+    lines = report_lines(report)
     with atomic_file(out / TABLE_MARKDOWN) as handle:
         handle.write("\n".join([f"{note}transfer of {checkpoint}", "", *lines, ""]))
     for line in lines:
@@ -142,6 +156,19 @@ def noted_messages(note: str) -> Iterator[None]:
     finally:
         for handler in handlers:
             handler.removeFilter(prefixed)
+
+
+def peft_method(checkpoint: str, fields: dict[str, Any], finetune: bool) -> str:
+    """The PEFT method of every fine-tuning run of the suite (``none``: full fine-tuning) from the recipe's
+    ``peft`` ``fields``, checked as a run checks them; a ConfigError for a wrong field, for a method's settings
+    without a method, and for a method without fine-tuning."""
+    method = Recipe.from_dict({"model": {"init": str(checkpoint)}, "peft": fields}, "--peft").peft.method
+    settings = sorted(set(fields) - {"method"})
+    if method == "none" and settings:
+        raise ConfigError(f"--peft: {', '.join(settings)} given without a method; expected --peft METHOD as well")
+    if method != "none" and not finetune:
+        raise ConfigError(f"--peft {method}: a method of fine-tuning; drop --no-finetune, or --peft")
+    return method
 
 
 def is_main() -> bool:
@@ -172,7 +199,7 @@ def start_suite(out: Path, settings: dict[str, Any]) -> None:
     if saved.is_file():
         before = parse_json(read_text(saved, "suite settings"))
         if before != settings:
-            changed = sorted(key for key in settings if before.get(key) != settings[key])
+            changed = sorted(key for key in {**before, **settings} if before.get(key) != settings.get(key))
             raise ConfigError(f"{out} holds a suite run with other settings ({', '.join(changed)}); continue it with "
                               f"the same ones or choose another --out")
         return
@@ -219,7 +246,8 @@ def task_result(where: Found, checkpoint: str, budget: Budget, folder: Path, fin
     if fewshot:
         result["fewshot"] = fewshot_task(where, checkpoint, device)
     tell(f"{task.name}: top-1 {100 * result['accuracy']:.2f}% on {task.test_split} ({result['images']} images)"
-         + (f", ReaL top-1 {100 * result['real_top1']:.2f}%" if "real_top1" in result else ""))
+         + (f", ReaL top-1 {100 * result['real_top1']:.2f}%" if "real_top1" in result else "")
+         + (f", {100 * result['trained_share']:.2f}% of the parameters trained" if "trained_share" in result else ""))
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_file(done) as handle:
         json.dump(result, handle, indent=1)
@@ -252,22 +280,41 @@ def finetune_task(where: Found, checkpoint: str, budget: Budget, folder: Path, d
     if final.get("test/split") != task.test_split:
         raise DatasetError(f"task {task.name}: {where.spec} was tested on its {final.get('test/split')} split; "
                            f"expected its {task.test_split} split")
+    trained = {"trained": final["params/trained"], "params": final["params/total"],
+               "trained_share": final["params/trained_share"]} if "params/trained_share" in final else {}
     return {"lr": lr, "sweep": sweep, "steps": final["steps"], "accuracy": final["test/accuracy"],
-            "images": final["test/images"]}
+            "images": final["test/images"], **trained}
 
 
 def task_recipe(where: Found, checkpoint: str, budget: Budget, lr: float, held_out: float, run_dir: Path,
                 recipe: dict[str, Any]):
     """The recipe of one fine-tuning run of a task: ``paper-finetune`` at the task's steps and ``lr``, scaled by
-    the ``budget``, with ``held_out`` of the training split kept for validation, and ``recipe``'s overrides
+    the ``budget``, with ``held_out`` of the training split kept for validation (a VTAB-1k task under a PEFT method,
+    ``peft_protocol``'s, with the PEFT papers' other settings: ``peft_fields``), and ``recipe``'s overrides
     (``{"schedule": {"accum_steps": 8}}``, or ``{"schedule.accum_steps": 8}``)."""
     task = where.task
+    steps = budget.steps(task)
     fields = {"model": {"init": str(checkpoint), "image_size": budget.image_size},
               "data": {"dataset": where.spec, "data_dir": where.data_dir, "train_split": task.train_split,
                        "val_fraction": held_out},
-              "schedule": {"steps": budget.steps(task), "batch_size": budget.batch_size},
+              "schedule": {"steps": steps, "batch_size": budget.batch_size},
               "optim": {"lr": lr}, "run": {"dir": str(run_dir)}}
-    return resolve("paper-finetune", overrides=merge(fields, nested_fields(recipe)))
+    overrides = nested_fields(recipe)
+    if task.vtab and overrides.get("peft", {}).get("method", "none") != "none":
+        fields = merge(fields, peft_fields(budget, steps))
+    return resolve("paper-finetune", overrides=merge(fields, overrides))
+
+
+def peft_fields(budget: Budget, steps: int) -> dict[str, Any]:
+    """The PEFT papers' settings of a VTAB-1k run of ``steps`` besides its steps and learning rate
+    (``transfer.tasks``): AdamW without layer decay or clipping, batch 64, a tenth of the run warming up, cosine
+    decay to 1e-5, stochastic depth, whole images resized to 224 px (to the data's own size where the ``budget``
+    keeps it) without augmentation."""
+    return {"model": {"image_size": PEFT_SIZE if budget.image_size else None, "args": {"drop_path": PEFT_DROP_PATH}},
+            "augment": {"transform": "eval"},
+            "optim": {"optimizer": "adamw", "weight_decay": PEFT_WEIGHT_DECAY, "layer_decay": None, "clip_norm": 0.0},
+            "schedule": {"batch_size": PEFT_BATCH, "warmup_steps": steps * PEFT_WARMUP_EPOCHS // PEFT_EPOCHS,
+                         "end_lr": PEFT_END_LR}}
 
 
 def nested_fields(recipe: dict[str, Any]) -> dict[str, Any]:
@@ -335,20 +382,27 @@ def fewshot_task(where: Found, checkpoint: str, device: str | None) -> dict[str,
     return {str(result.shots): result.mean for result in results}
 
 
-def suite_table(results: dict[str, dict[str, Any]], settings: dict[str, Any], absent: list[str], note: str
-                ) -> dict[str, Any]:
-    """The table of the suite's ``results``: a row of the fine-tuned (or as-is) accuracies, one per few-shot
-    count, VTAB-1k's group means (with how many tasks each averages) and a table of each VTAB-1k task."""
+def suite_table(results: dict[str, dict[str, Any]], settings: dict[str, Any], absent: list[str], note: str,
+                method: str = "none") -> dict[str, Any]:
+    """The table of the suite's ``results`` (fine-tuned with the PEFT ``method``): a row of the fine-tuned (or
+    as-is) accuracies, one per few-shot count, VTAB-1k's group means (with how many tasks each averages), each
+    row's two VTAB-1k averages (``table.vtab_averages``), each task's trained share of the parameters where its
+    run said it, and a table of each VTAB-1k task."""
     accuracies = {name: result["accuracy"] for name, result in results.items()}
     real = results.get("imagenet", {}).get("real_top1")
     label = "fine-tuned" if settings["finetune"] else "as is"
-    rows = {label: table_row(accuracies, real)}
+    measured = {label: accuracies}
     for shot in DEFAULT_SHOTS:
         shot_accuracies = {name: result["fewshot"][str(shot)] for name, result in results.items()
                            if str(shot) in result.get("fewshot", {})}
         if shot_accuracies:
-            rows[f"{shot}-shot linear"] = table_row(shot_accuracies)
+            measured[f"{shot}-shot linear"] = shot_accuracies
+    rows = {row: table_row(values, real if row == label else None) for row, values in measured.items()}
+    averages = {row: found for row, values in measured.items() if (found := vtab_averages(values))}
     counts = {column: count for column, (_, count) in group_means(accuracies).items()}
     vtab = {label: {name.removeprefix("vtab-"): value for name, value in accuracies.items() if TASKS[name].vtab}}
-    return {**settings, "protocol": note.strip(" []") or "the paper's (appendix B.1.1)", "absent": absent,
-            "rows": rows, "counts": counts, "vtab": vtab if vtab[label] else {}, "tasks": results}
+    protocol = note.strip(" []") or "the paper's (appendix B.1.1)"
+    return {**settings, "protocol": protocol + (f"; {PEFT_PROTOCOL}" if method != "none" else ""),
+            "peft_method": method, "absent": absent, "rows": rows, "counts": counts, "vtab_averages": averages,
+            "trained": {name: result["trained_share"] for name, result in results.items() if "trained_share" in result},
+            "vtab": vtab if vtab[label] else {}, "tasks": results}

@@ -26,7 +26,7 @@ folders (``imagefolder:``) or as ``DIR/<task>.npz``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError, DatasetError
@@ -38,6 +38,22 @@ PAPER_LRS = (0.001, 0.003, 0.01, 0.03)  # table 4's grid
 IMAGENET_LRS = (0.03,)
 VTAB_LR, VTAB_STEPS, VTAB_TRAIN = 0.01, 2500, 1000  # one setting for every VTAB-1k task; 800 train + 200 val
 VTAB_LISTS = ("train800.txt", "val200.txt", "train800val200.txt", "test.txt")
+# VTAB-1k under a PEFT method: the protocol the VTAB-1k PEFT papers share rather than table 4's. NOAH (Zhang et al.
+# 2022, "Neural Prompt Search", github.com/ZhangYuanhan-AI/NOAH: configs/{LoRA,VPT,Adapter}/VTAB,
+# supernet_train_prompt.py) ran VPT, LoRA and adapters alike: AdamW, weight decay 1e-4, batch 64, 100 epochs of
+# train800val200 (whole batches) with 10 of warm-up and cosine decay to 1e-5, images resized to 224 px without
+# augmentation, stochastic depth 0.1, no clipping, no layer decay, one setting for every task.
+# FacT (Jie & Deng 2023, github.com/JieShibo/PETL-ViT FacT/fact_tt.py) runs it at lr 1e-3, as vitkit does;
+# NOAH's scripts run LoRA at 5e-3 and VPT at 1e-3 and 5e-3. VPT's own paper (Jia et al. 2022, github.com/KMnP/vpt
+# tune_vtab.py) picked SGD's lr (0.05 to 50) and weight decay per task on val200; NOAH's shared AdamW protocol is
+# used for every method here, so that methods are compared alike. The other tasks have no shared PEFT protocol:
+# they keep table 4's, the method added.
+PEFT_LR, PEFT_WEIGHT_DECAY, PEFT_BATCH, PEFT_SIZE, PEFT_DROP_PATH, PEFT_END_LR = 1e-3, 1e-4, 64, 224, 0.1, 1e-5
+PEFT_EPOCHS, PEFT_WARMUP_EPOCHS = 100, 10
+PEFT_VTAB_STEPS = PEFT_EPOCHS * (VTAB_TRAIN // PEFT_BATCH)  # 1,500: whole batches of the 1,000 training images
+PEFT_PROTOCOL = (f"VTAB-1k tasks at the PEFT papers' protocol (NOAH, FacT: AdamW lr {PEFT_LR:g}, weight decay "
+                 f"{PEFT_WEIGHT_DECAY:g}, batch {PEFT_BATCH}, {PEFT_EPOCHS} epochs, {PEFT_SIZE} px, no augmentation, "
+                 f"no layer decay), the other tasks at table 4's with the method added")
 VTAB_GROUPS = {
     "natural": ("caltech101", "cifar100", "dtd", "oxford_flowers102", "oxford_iiit_pet", "svhn", "sun397"),
     "specialized": ("patch_camelyon", "eurosat", "resisc45", "diabetic_retinopathy"),
@@ -150,6 +166,12 @@ SUITES: dict[str, tuple[str, ...]] = {
     "paper": tuple(name for name, task in TASKS.items() if task.group == "paper" or task.vtab),
 }
 """The named suites: ``paper`` (Table 2: ImageNet, CIFAR-10/100, Pets, Flowers-102 and VTAB-1k), ``vtab1k``."""
+
+
+def peft_protocol(task: Task) -> Task:
+    """``task`` as a PEFT method trains it: a VTAB-1k task at the PEFT papers' steps and learning rate
+    (``PEFT_VTAB_STEPS``, ``PEFT_LR``), another as it is (table 4's protocol)."""
+    return replace(task, steps=PEFT_VTAB_STEPS, lrs=(PEFT_LR,)) if task.vtab else task
 
 
 def suite_tasks(names: list[str] | tuple[str, ...]) -> dict[str, tuple[Task, bool]]:
