@@ -280,25 +280,29 @@ class VisionTransformer(nn.Module):
             pooled = self.attn_pool(tokens, mask)
         return self.fc_norm(pooled)
 
-    def forward_head(self, features: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None
-                     ) -> torch.Tensor:
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None,
+                     apart: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, num_classes) logits of (B, T, D) final features (``forward_features``): pooled as ``config.pool``
         says (``pool``), through the pre-logits layer if any, then the head (with a distillation token, the mean
         of the [class] head and the distillation head); with ``pre_logits``, the
         (B, representation_size or D) representation before the head, what a linear probe or k-NN reads. A model
-        without a head (num_classes=0) returns the representation either way. ``mask`` as for ``pool``."""
+        without a head (num_classes=0) returns the representation either way. ``mask`` as for ``pool``. With
+        ``apart``, the (class head, distillation head) logits of a distilled model, as DeiT trains them."""
         if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
-            return (self.head(features[:, 0]) + self.head_dist(features[:, 1])) / 2
+            logits = self.head(features[:, 0]), self.head_dist(features[:, 1])
+            return logits if apart else (logits[0] + logits[1]) / 2
         representation = self.pre_logits(self.pool(features, mask))
         return representation if pre_logits else self.head(representation)
 
-    def forward(self, images: torch.Tensor | PatchBatch) -> torch.Tensor:
+    def forward(self, images: torch.Tensor | PatchBatch, apart: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, num_classes) logits of (B, C, H, W) images normalised as the weights were trained
         (``config.input_statistics``), H and W multiples of the patch size, any size (the position table is
         resampled to the grid); or of a NaFlex :class:`PatchBatch` (each image at its own grid). Equal to
-        ``forward_head(forward_features(images))``; ``forward_intermediates`` gives what the blocks saw."""
+        ``forward_head(forward_features(images))``; ``forward_intermediates`` gives what the blocks saw. With
+        ``apart`` (a model with a distillation token), its two heads' logits, not their mean."""
         mask = images.mask if isinstance(images, PatchBatch) else None
-        return self.forward_head(self.forward_features(images), mask=mask)
+        return self.forward_head(self.forward_features(images), mask=mask, apart=apart)
 
     # ----------------------------------------------------------------------- surgery for fine-tuning
     def reset_head(self, num_classes: int, keep_pre_logits: bool = False) -> None:

@@ -44,6 +44,41 @@ class Classification:
         return loss, {"accuracy": accuracy}
 
 
+class Distillation(Classification):
+    """DeiT's distillation (Touvron et al. 2021): the class head learns the labels, the distillation head the
+    teacher's outputs, loss = (1 - alpha) CE(class logits, labels) + alpha KD. ``hard``: KD = CE(distillation
+    logits, the teacher's argmax) (DeiT's choice, alpha 1/2); ``soft``: KD = T^2 KL(softmax(teacher / T) ||
+    softmax(distillation logits / T)), averaged over the batch as the paper writes it and timm computes it (DeiT's
+    released code divides by the classes too, which only rescales alpha). A model
+    without a distillation token distils through its one head (logit distillation). The teacher (``train.teacher``)
+    sees the batch the student sees, Mixup and CutMix included."""
+
+    def __init__(self, teacher, kind: str, temperature: float, alpha: float, num_classes: int,
+                 label_smoothing: float = 0.0, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0):
+        super().__init__(num_classes, label_smoothing, mixup_alpha, cutmix_alpha)
+        self.teacher, self.kind, self.temperature, self.alpha = teacher, kind, temperature, alpha
+
+    def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        images, labels = batch
+        targets = labels
+        if self.mix is not None and model.training:
+            images, targets = self.mix(images, labels)
+        out = model(images, apart=True)
+        own, distilled = out if isinstance(out, tuple) else (out, out)
+        taught = self.teacher(images)
+        if self.kind == "hard":
+            kd = F.cross_entropy(distilled.float(), taught.argmax(dim=-1))
+        else:
+            t = self.temperature
+            kd = F.kl_div(F.log_softmax(distilled.float() / t, dim=-1), F.log_softmax(taught / t, dim=-1),
+                          reduction="batchmean", log_target=True) * t * t
+        loss = (1 - self.alpha) * F.cross_entropy(own.float(), targets, label_smoothing=self.label_smoothing) \
+            + self.alpha * kd
+        logits = ((own + distilled) / 2).detach()
+        agreement = (distilled.detach().argmax(dim=-1) == taught.argmax(dim=-1)).float().mean()
+        return loss, {"accuracy": (logits.argmax(dim=-1) == labels).float().mean(), "teacher_agreement": agreement}
+
+
 class MaskedPatches:
     """Masked patch prediction (section 4.6): the model is a ``MaskedPatchPrediction`` wrapper that
     corrupts, encodes and scores the images itself; labels are ignored."""

@@ -29,7 +29,8 @@ from .optim import SCHEDULES
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("classification", "mpp")
+OBJECTIVES = ("classification", "mpp", "distill")
+DISTILL_KINDS = ("hard", "soft")
 NORMALIZATIONS = ("", *NORMALIZATION)
 OPTIMIZERS = ("adamw", "sgd")
 CHANNEL_CHOICES = ("", "rgb", "grey")
@@ -127,7 +128,8 @@ class ObjectiveSection(Section):
 
     SECTION: ClassVar[str] = "objective"
     kind: str = setting("classification", Choice(OBJECTIVES),
-        "classification, or mpp: masked patch prediction (self-supervised, labels unused)", alias="objective")
+        "classification; mpp: masked patch prediction (self-supervised, labels unused); distill: DeiT's distillation "
+        "from --distill-teacher", alias="objective")
     label_smoothing: float = setting(0.0, FRACTION, "label smoothing of the classification targets",
                                      short=("--smoothing",))
     mpp_target: str = setting("mean-colour", Choice(MPP_TARGETS),
@@ -138,11 +140,26 @@ class ObjectiveSection(Section):
                                    "embedding")
     mpp_random_prob: float = setting(0.1, Float(0, 1),
         "share of the corrupted patches replaced by another patch's embedding")
+    distill_teacher: str | None = setting(None, Maybe(Text()), "distill: the teacher, any classifier vitkit loads, "
+                                          "or timm:ARCH=WEIGHTS / torchvision:ARCH=WEIGHTS (a CNN and its local file)")
+    distill_kind: str | None = setting(None, Maybe(Choice(DISTILL_KINDS)), "distill: hard (the teacher's argmax, "
+                                       "DeiT's choice) or soft (KL at distill_temperature); null: hard")
+    distill_temperature: float = setting(1.0, Float(0, low_open=True), "distill: temperature of soft distillation")
+    distill_alpha: float = setting(0.5, Float(0, 1), "distill: weight of the teacher's term (the labels' is 1 - alpha)")
+    distill_teacher_size: int | tuple[int, int] | None = setting(None, Maybe(IMAGE_SIZE, "null (the student's)"),
+        "distill: resize the student's images to this size for the teacher (needed where its patches do not divide "
+        "the student's size)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.mpp_mask_prob + self.mpp_random_prob <= 1, "Recipe", "objective.mpp_random_prob",
                 f"at most 1 - objective.mpp_mask_prob = {1 - self.mpp_mask_prob:g}", self.mpp_random_prob)
+        distilling = self.kind == "distill"
+        require(not distilling or self.distill_teacher, "Recipe", "objective.distill_teacher",
+                "a teacher with objective.kind='distill' (--distill-teacher CKPT)", self.distill_teacher)
+        for name in ("distill_teacher", "distill_kind", "distill_teacher_size"):
+            require(distilling or getattr(self, name) is None, "Recipe", f"objective.{name}",
+                    "null unless objective.kind='distill' (--objective distill)", getattr(self, name))
 
 
 PEFT_METHODS = ("none", *PEFT_ONLY)
@@ -332,7 +349,7 @@ class Recipe:
         require(self.optim.layer_decay is None or self.objective.kind != "mpp", "Recipe", "optim.layer_decay",
                 "null with objective.kind='mpp' (layer-wise decay fine-tunes a pre-trained encoder)",
                 self.optim.layer_decay)
-        require(self.peft.method == "none" or (self.model.init and self.objective.kind == "classification"), "Recipe",
+        require(self.peft.method == "none" or (self.model.init and self.objective.kind != "mpp"), "Recipe",
                 "peft.method", "'none' unless fine-tuning a checkpoint for classification (vitkit finetune CHECKPOINT "
                 "--peft METHOD)", self.peft.method)
         fields = {item.name for item in dataclasses.fields(ViTConfig)} - {"image_size", "num_classes"}

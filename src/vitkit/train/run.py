@@ -33,26 +33,27 @@ from ..errors import ConfigError
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..evaluate.preprocessing import checkpoint_transform
 from ..memory import Limit, Plan, available_memory, check, estimate
-from ..models import ViTConfig, VisionTransformer, create_model
+from ..models import ViTConfig, VisionTransformer, create_model, model_config
 from ..models.config import pair
 from ..paths import own_folder
 from ..runtime import DTYPES
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
 from .mpp import MaskedPatchPrediction
-from .objectives import Classification, MaskedPatches
+from .objectives import Classification, Distillation, MaskedPatches
 from .optim import learning_rate, make_optimizer
 from .presets import RECIPE_FILE, read_config_file
 from .recipes import Recipe
 from .sizing import fresh_model_args, finetune_channels, finetune_size, say_sizing
 from .skipped import SkippedFiles
+from .teacher import Teacher, load_teacher, record
 from .trainer import LoopConfig, Trainer
 
 logger = logging.getLogger(__name__)
 
 # What a run writes into its folder besides RECIPE_FILE (which marks a run): a folder holding only these is a run
 # cut short before its recipe was saved, which may be used again; one holding anything else is not a run's.
-RUN_ENTRIES = re.compile(r"metrics\.jsonl|summary\.json|checkpoints|model|best|adapter|skipped|eval-.+\.json|"
+RUN_ENTRIES = re.compile(r"metrics\.jsonl|summary\.json|checkpoints|model|best|adapter|teacher\.json|skipped|eval-.+\.json|"
                          r"confusion-.+\.png|events\.out\.tfevents\..+")
 
 TORCH_THREADS = torch.get_num_threads()  # torch's choice at start-up: what threads=0 stands for
@@ -74,8 +75,10 @@ def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: boo
         if not kept_head:
             model.reset_head(len(classes))
     else:
-        model = create_model(recipe.model.name or ViTConfig(), num_classes=len(classes),
-                             **fresh_model_args(recipe, geometry))
+        args = fresh_model_args(recipe, geometry)
+        if recipe.objective.kind == "distill":
+            args = {**distillation_token(recipe.model.name or ViTConfig(), args, say), **args}
+        model = create_model(recipe.model.name or ViTConfig(), num_classes=len(classes), **args)
     if say:
         say_sizing(recipe, model.config, geometry, kept_head)
     family = recipe.augment.normalization or (model.config.provenance.normalization if recipe.model.init else "google")
@@ -86,6 +89,31 @@ def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: boo
         adapt(model, adapter_spec(recipe))
     model.grad_checkpointing = recipe.run.grad_checkpointing
     return model
+
+
+def distillation_token(name: str | ViTConfig, args: dict[str, Any], say: bool) -> dict[str, Any]:
+    """DeiT's distillation token for a model trained from scratch to distil, unless ``args`` say otherwise
+    (``dist_token=false``); a model pooled otherwise than by its [class] token has no place for one: it distils
+    through its head, said in one line (where ``say``)."""
+    if "dist_token" in args:
+        return {}
+    pool = args.get("pool", (model_config(name) if isinstance(name, str) else name).pool)
+    if pool == "token":
+        return {"dist_token": True}
+    if say:
+        logger.info(f"distilling through the head: a distillation token needs pool='token' (this model's is "
+                    f"{pool!r}; --set pool=token gives it one)")
+    return {}
+
+
+def make_teacher(recipe: Recipe, classes: list[str], student: ViTConfig, mixup_alpha: float) -> Teacher:
+    """The teacher of a distillation run, its outputs kept per image when every epoch shows the same images (the
+    ``eval`` transform, no flips, RandAugment, Mixup or CutMix)."""
+    augment = recipe.augment
+    same = augment.transform == "eval" and not augment.hflip and augment.aug_level == "none" \
+        and not mixup_alpha and not augment.cutmix_alpha
+    goal = recipe.objective
+    return load_teacher(goal.distill_teacher, classes, student, goal.distill_teacher_size, cached=same)
 
 
 def adapter_spec(recipe: Recipe) -> AdapterSpec:
@@ -173,6 +201,7 @@ class Experiment:
     skipped: SkippedFiles
     final_split: str | None  # the split the final numbers come from (None when pre-training)
     trained: dict[str, Any]  # how many parameters the run trains (``say_trained``), for its summary
+    teacher: Teacher | None = None  # what a distillation run learns from
 
 
 def check_run_memory(recipe: Recipe, config: ViTConfig, device: torch.device, command: str) -> None:
@@ -280,13 +309,22 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
                               warmup_steps=recipe.schedule.warmup_steps, decay=recipe.schedule.decay,
                               end_lr=recipe.schedule.end_lr)
     _, mixup_alpha = augreg_level(recipe.augment.aug_level)
-    objective = MaskedPatches() if pretraining else \
-        Classification(len(classes), recipe.objective.label_smoothing, mixup_alpha, recipe.augment.cutmix_alpha)
+    teacher = None
+    if pretraining:
+        objective = MaskedPatches()
+    elif recipe.objective.kind == "distill":
+        teacher = make_teacher(recipe, classes, config, mixup_alpha).to(env.device)
+        goal = recipe.objective
+        objective = Distillation(teacher, goal.distill_kind or "hard", goal.distill_temperature, goal.distill_alpha,
+                                 len(classes), goal.label_smoothing, mixup_alpha, recipe.augment.cutmix_alpha)
+    else:
+        objective = Classification(len(classes), recipe.objective.label_smoothing, mixup_alpha,
+                                   recipe.augment.cutmix_alpha)
     loop = LoopConfig(steps, recipe.optim, recipe.schedule, recipe.run)
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
     trained = say_trained(model, recipe.peft.method) if env.is_main else {}
     return Experiment(recipe, run_dir, trainer, classes, measure, skipped, evaluated[-1] if evaluated else None,
-                      trained)
+                      trained, teacher)
 
 
 def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict[str, Any]:
@@ -308,6 +346,8 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
                               f"{experiment.recipe.data.num_workers}: the shards' sample order, which depends on it, "
                               f"will not be the uninterrupted run's", stacklevel=2)
         if trainer.env.is_main:
+            if experiment.teacher is not None:  # a resumed run learns from the same teacher
+                record(run_dir, recipe.objective.distill_teacher, experiment.teacher, resume)
             with atomic_file(run_dir / RECIPE_FILE) as handle:
                 json.dump(experiment.recipe.to_dict(), handle, indent=1)
         started = time.perf_counter()
@@ -321,7 +361,7 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
                 save_model(final, run_dir / "model")
                 if recipe.peft.method != "none":  # what the method trained, to apply to the base: far smaller
                     save_adapter(final, run_dir / "adapter", base=recipe.model.init)
-                if recipe.objective.kind == "classification":
+                if recipe.objective.kind != "mpp":
                     split = experiment.final_split
                     report = write_report(experiment.measure(final, split), experiment.classes, run_dir, split)
                     summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
