@@ -31,7 +31,7 @@ from vitkit.atomic import atomic_file
 from vitkit.train import resolve
 from vitkit.train.presets import merge
 
-from timing import timed_run
+from timing import repo_relative, timed_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = Path("runs/bench")
@@ -55,7 +55,13 @@ class Bench:
                                                  recipe_overrides, self.changes))
         summary, timing = timed_run(recipe)
         wall = timing["wall_seconds"]
-        record = {"name": name, "recipe": recipe.to_dict(), "summary": summary, **timing, "cpu_count": os.cpu_count(),
+        recorded = recipe.to_dict()  # the paths relative to the repository root: no record names this machine
+        recorded["data"]["data_dir"] = repo_relative(recorded["data"]["data_dir"])
+        init = recorded["model"]["init"]  # a checkpoint folder here; a model name or hub id stays as it is
+        recorded["model"]["init"] = repo_relative(init) if init and os.path.exists(init) else init
+        recorded["run"]["dir"] = repo_relative(recorded["run"]["dir"])
+        summary = {**summary, "run_dir": repo_relative(summary["run_dir"])} if "run_dir" in summary else summary
+        record = {"name": name, "recipe": recorded, "summary": summary, **timing, "cpu_count": os.cpu_count(),
                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                   "machine": platform.machine(), "target_accuracy": target, "budget_seconds": budget_s,
                   "accuracy_met": None if target is None else summary["test/accuracy"] >= target,

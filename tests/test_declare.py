@@ -149,7 +149,7 @@ def test_a_sectioned_file_loads_and_the_recipe_round_trips(tmp_path):
         "ViT-Ti/16", (32, 48), "mnist", (0.5, 1.0), 0.001, (0.8, 0.9), "linear", "somewhere")
     again = Recipe.from_dict(json.loads(json.dumps(recipe.to_dict())))
     assert again == recipe and again.to_dict() == recipe.to_dict()
-    assert list(recipe.to_dict()) == ["model", "data", "augment", "objective", "optim", "schedule", "run"]
+    assert list(recipe.to_dict()) == ["model", "data", "augment", "objective", "peft", "optim", "schedule", "run"]
     (tmp_path / "saved.json").write_text(json.dumps(recipe.to_dict()))
     assert Recipe.from_dict(read_config_file(tmp_path / "saved.json")) == recipe
 
