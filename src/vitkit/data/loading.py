@@ -144,16 +144,19 @@ class Transformed(Dataset):
 
 
 class StepSampler(Sampler[list[Key]]):
-    """Micro-batches of keys for steps ``start_step .. total_steps - 1`` of one rank."""
+    """Micro-batches of keys for steps ``start_step .. total_steps - 1`` of one rank. With ``repeats`` > 1
+    (repeated augmentation, Hoffer et al. 2020, as DeiT trains), an epoch draws 1 / repeats of the images, each
+    ``repeats`` times in a row, every copy with a key (so an augmentation) of its own: ``(index, epoch *
+    repeats + copy)``."""
 
     def __init__(self, size: int, global_batch: int, total_steps: int, *, seed: int = 0,
-                 start_step: int = 0, accum_steps: int = 1, rank: int = 0, world_size: int = 1):
+                 start_step: int = 0, accum_steps: int = 1, rank: int = 0, world_size: int = 1, repeats: int = 1):
         self.micro_batch(global_batch, world_size, accum_steps)
         if size < global_batch:
             raise ConfigError(f"dataset of {size} images is smaller than the global batch {global_batch}")
         self.size, self.global_batch, self.total_steps = size, global_batch, total_steps
         self.seed, self.start_step, self.accum_steps = seed, start_step, accum_steps
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.repeats = rank, world_size, repeats
         self.steps_per_epoch = size // global_batch
 
     @staticmethod
@@ -172,18 +175,27 @@ class StepSampler(Sampler[list[Key]]):
         """The order of the dataset in ``epoch``: a permutation fixed by the seed and the epoch alone."""
         return seeded_permutation(self.size, self.seed * 100_003 + epoch)
 
+    def keys(self, epoch: int) -> list[Key]:
+        """Epoch ``epoch``'s keys in order: its permutation, or with repeats its first size / repeats images, each
+        repeated, the copies keyed apart."""
+        order = self.permutation(epoch).tolist()
+        if self.repeats == 1:
+            return [(index, epoch) for index in order]
+        drawn = order[:-(-self.size // self.repeats)]
+        return [(index, epoch * self.repeats + copy) for index in drawn for copy in range(self.repeats)][:self.size]
+
     def __iter__(self) -> Iterator[list[Key]]:
-        epoch, order = -1, None
+        epoch, order = -1, []
         share = self.global_batch // self.world_size
         micro = share // self.accum_steps
         for step in range(self.start_step, self.total_steps):
             if step // self.steps_per_epoch != epoch:
                 epoch = step // self.steps_per_epoch
-                order = self.permutation(epoch)
+                order = self.keys(epoch)
             start = (step % self.steps_per_epoch) * self.global_batch + self.rank * share
-            mine = order[start:start + share].tolist()
+            mine = order[start:start + share]
             for offset in range(0, share, micro):
-                yield [(index, epoch) for index in mine[offset:offset + micro]]
+                yield mine[offset:offset + micro]
 
 
 def worker_options(num_workers: int, device: torch.device | None = None) -> dict:

@@ -82,15 +82,18 @@ def for_workers(preset: Preset, device: torch.device | None) -> tuple[Preset, To
 
 def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: int, start_step: int, seed: int,
                     accum_steps: int = 1, rank: int = 0, world_size: int = 1, num_workers: int = 0,
-                    corrupt: str = "fail", device: torch.device | None = None) -> Arrived:
-    """This rank's micro-batches for steps ``start_step .. total_steps - 1`` (images on ``device`` if given)."""
+                    corrupt: str = "fail", device: torch.device | None = None, repeats: int = 1) -> Arrived:
+    """This rank's micro-batches for steps ``start_step .. total_steps - 1`` (images on ``device`` if given);
+    ``repeats``: repeated augmentation (``StepSampler``), for datasets with random access."""
     preset, arrival = for_workers(preset, device)
     if not isinstance(dataset, ShardedSplit):
         sampler = StepSampler(len(dataset), global_batch, total_steps, seed=seed, start_step=start_step,
-                              accum_steps=accum_steps, rank=rank, world_size=world_size)
+                              accum_steps=accum_steps, rank=rank, world_size=world_size, repeats=repeats)
         items = Transformed(dataset, preset, seed, corrupt, reuse_batches=True)
         loader = step_loader(items, sampler, num_workers, device)
         return Arrived(loader, arrival, device)
+    if repeats > 1:
+        raise ConfigError(f"repeated augmentation needs a dataset with random access, not the shards of {dataset.name}")
     micro = StepSampler.micro_batch(global_batch, world_size, accum_steps)
     if len(dataset) < global_batch:
         raise ConfigError(f"dataset of {len(dataset)} images is smaller than the global batch {global_batch}")

@@ -161,13 +161,33 @@ def evaluation_transform(image_size: tuple[int, int], channels: int, mean: Seque
     return Preset(v2.Compose([ToChannels(channels), *geometry]), ToModelInput(mean, std))
 
 
+class RandomErasing(torch.nn.Module):
+    """Random erasing (Zhong et al. 2020, as DeiT trains): with probability ``p``, a rectangle of 2% to 1/3 of the
+    image, of aspect 0.3 to 3.3, filled with noise (uniform pixels: DeiT's per-pixel mode, before normalisation).
+    Draws from torch's default generator, which the loader seeds per image."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        if torch.rand(()) >= self.p:
+            return image
+        top, left, height, width, _ = v2.RandomErasing.get_params(image, scale=(0.02, 1 / 3), ratio=(0.3, 3.3),
+                                                                  value=[0])
+        erased = image.clone()
+        erased[..., top:top + height, left:left + width] = torch.randint(
+            0, 256, (*image.shape[:-2], height, width), dtype=torch.uint8).to(image.dtype)
+        return erased
+
+
 def build_transform(preset: str, image_size: tuple[int, int], channels: int, family: str = "google",
                     hflip: bool = True, crop_scale: tuple[float, float] = (0.08, 1.0),
-                    aug_level: str = "none") -> Preset:
+                    aug_level: str = "none", erasing: float = 0.0) -> Preset:
     """``pretrain``: Inception crop (random area in ``crop_scale``, aspect 3/4..4/3) + flip;
     ``finetune``: resize to the target resolution, random crop with 1/8 padding + flip;
     ``eval``: the evaluation geometry of the whole image (crop_pct 1). RandAugment at the AugReg
-    ``aug_level`` for the two training presets."""
+    ``aug_level`` and random erasing with probability ``erasing`` for the two training presets."""
     if preset not in TRANSFORM_PRESETS:
         raise ValueError(f"unknown transform preset {preset!r}; expected one of {TRANSFORM_PRESETS}")
     mean, std = normalization(family, channels)
@@ -184,4 +204,6 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
     randaug, _ = augreg_level(aug_level)
     if randaug:
         steps.append(v2.RandAugment(num_ops=randaug[0], magnitude=randaug[1]))
+    if erasing:
+        steps.append(RandomErasing(erasing))
     return Preset(v2.Compose(steps), ToModelInput(mean, std))

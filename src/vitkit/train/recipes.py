@@ -118,6 +118,10 @@ class Augment(Section):
     hflip: bool = setting(True, Bool(), "random horizontal flips")
     aug_level: str = setting("none", Choice(tuple(AUGREG_LEVELS)), "AugReg's RandAugment and mixup strength")
     cutmix_alpha: float = setting(0.0, Float(0), "CutMix's Beta(alpha, alpha) (0: off)")
+    random_erasing: float = setting(0.0, Float(0, 1), "probability of erasing a random rectangle of a training image "
+                                    "with noise (DeiT: 0.25)")
+    repeated_aug: int = setting(1, Int(1, 16), "repeated augmentation (DeiT: 3): an epoch draws 1/N of the images, "
+                                "each N times in its batch, every copy augmented apart")
     normalization: str = setting("", Choice(NORMALIZATIONS),
         "input normalisation; empty: the checkpoint's when fine-tuning, else google")
 

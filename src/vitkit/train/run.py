@@ -271,7 +271,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         torch.manual_seed(recipe.run.seed + env.rank)
     train_transform = build_transform(recipe.augment.transform, config.image_size, config.in_chans,
                                       config.provenance.normalization, recipe.augment.hflip, recipe.augment.crop_scale,
-                                      recipe.augment.aug_level)
+                                      recipe.augment.aug_level, recipe.augment.random_erasing)
     eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
     recipe = recipe.replace(schedule={"warmup_steps": fitted_warmup(recipe.schedule.warmup_steps, steps, env.is_main)})
@@ -286,7 +286,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
                                  total_steps=steps, start_step=start_step, seed=recipe.run.seed,
                                  accum_steps=recipe.schedule.accum_steps, rank=env.rank, world_size=env.world_size,
                                  num_workers=workers, corrupt=recipe.data.corrupt,
-                                 device=env.device)
+                                 device=env.device, repeats=recipe.augment.repeated_aug)
         skipped.resume(start_step)
         for index, (images, labels, names) in enumerate(loader):
             if names:
