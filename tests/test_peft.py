@@ -378,3 +378,11 @@ def test_a_size_or_head_asked_for_wins_over_the_adapters(tmp_path):
     resized = vitkit.load(tmp_path / "base", adapter=tmp_path / "vpt", image_size=64, num_classes=3)
     assert resized.config.image_size == (64, 64) and resized.config.num_classes == 3
     assert resized.config.prompt_tokens == 2 and resized(torch.randn(1, 3, 64, 64)).shape == (1, 3)
+
+
+def test_a_lora_model_is_not_saved_as_an_unreadable_checkpoint(tmp_path):
+    model = tiny()
+    adapt(model, AdapterSpec("lora", lora_rank=2))
+    with pytest.raises(ConfigError, match="save_model merges them first"):
+        model.save(tmp_path / "model")
+    assert not (tmp_path / "model").exists()

@@ -388,8 +388,15 @@ class VisionTransformer(nn.Module):
     # ----------------------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:
         """Write ``config.json`` + ``model.safetensors`` into ``directory`` atomically: a reader sees
-        the previous checkpoint or the new one, never a mixture."""
-        return save_native(directory, self.config, self.state_dict())
+        the previous checkpoint or the new one, never a mixture. A model whose layers another library wraps
+        (peft's LoRA: ``*.base_layer.*``) is refused: ``vitkit.checkpoints.adapters.save_model`` saves it merged."""
+        state = self.state_dict()
+        wrapped = [key for key in state if ".base_layer." in key]
+        if wrapped:
+            raise ConfigError(f"save({directory}): {wrapped[0]} ... are wrapped layers (LoRA) that no reader of "
+                              f"vitkit's format takes; vitkit.checkpoints.adapters.save_model merges them first, "
+                              f"save_adapter writes the adapter alone")
+        return save_native(directory, self.config, state)
 
 
 def save_native(directory: str | Path, config: ViTConfig, state: dict[str, torch.Tensor]) -> Path:
