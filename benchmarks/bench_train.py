@@ -6,7 +6,7 @@
 ``--set SECTION.FIELD=JSON`` changes a recipe field of every run; ``--tag`` names such a variant (its results go
 to train_<name>_<tag>.json, and ``finetune`` starts from that variant's Fashion-MNIST model).
 
-- digits:   `vitkit train` with no arguments (target: >= 97% test accuracy within 45 s on 2 cores)
+- digits:   `vitkit train` with no arguments (target: >= 98% test accuracy within 45 s on 2 cores; over seeds: digits_seeds.py)
 - mnist:    the `mnist` preset from scratch (target: >= 99.0% within 10 minutes)
 - fashion:  the `fashion-mnist` preset (target: >= 90%); its model is the pre-trained one of `finetune`
 - finetune: the Fashion-MNIST model (28 px, grid 7) fine-tuned on MNIST at 56 px (grid 14) against
@@ -119,7 +119,7 @@ def main() -> None:
     bench = Bench(args.data_dir, changes, args.tag)
     for which in args.which:
         if which == "digits":
-            bench.measure("digits", {}, preset="digits", target=0.97, budget_s=45)
+            bench.measure("digits", {}, preset="digits", target=0.98, budget_s=45)
         elif which == "mnist":
             bench.measure("mnist", {"data": {"data_dir": args.data_dir}}, preset="mnist", target=0.99, budget_s=600)
         elif which == "fashion":
