@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 CLIP = 0.25
 ARGS = ["train", "--dataset", "digits", "--model-args",
-        '{"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1}',
+        '{"patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "in_chans": 1, "drop_path": 0}',  # no per-rank draws
         "--steps", "4", "--batch-size", "32", "--accum-steps", "2", "--optimizer", "sgd", "--lr", "0.3",
         "--warmup-steps", "1", "--layer-decay", "0.5", "--clip-norm", str(CLIP), "--ema-decay", "0.5",
         "--checkpoint-every", "2", "--transform", "pretrain", "--crop-scale", "0.5", "1.0", "--threads", "1",
