@@ -15,6 +15,7 @@ from vitkit.data import (DatasetError, build_transform, default_num_workers, eva
 from vitkit.data.convert import parse_size, write_webdataset
 from vitkit.data.shards import TrainingStream, split_by_slot
 from vitkit.data.survey import AS_IS, describe
+from vitkit.errors import ConfigError
 
 
 def numbers(batches) -> list[int]:
@@ -260,3 +261,10 @@ def test_data_info_reads_the_index_not_the_images(tmp_path):
     split = load_dataset(f"webdataset:{tmp_path}", "train")
     assert describe({"train": split})["splits"]["train"]["per_class"] == {"0": 3, "1": 3}
     assert len(unreadable_images(split)) == 6
+
+
+def test_repeated_augmentation_needs_random_access(tmp_path):
+    numbered_shards(tmp_path, "train", [4, 4])
+    split = load_dataset(f"webdataset:{tmp_path}", "train")
+    with pytest.raises(ConfigError, match="repeated augmentation needs a dataset with random access"):
+        training_loader(split, AS_IS, global_batch=2, total_steps=1, start_step=0, seed=0, repeats=3)
