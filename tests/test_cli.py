@@ -33,7 +33,7 @@ TINY = dict(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32
 TINY_ARGS = {key: value for key, value in TINY.items() if key not in ("image_size", "num_classes")}
 # Every command that reads a checkpoint, with the rest of a command line it accepts.
 READERS = {"info": [], "convert": ["out"], "analyze": ["--out", "out"], "eval": [], "fewshot": [],
-           "predict": ["x.png"], "bench": []}
+           "predict": ["x.png"], "serve": [], "bench": []}
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
