@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -46,6 +45,8 @@ from vitkit.evaluate.calibration import calibration_batches
 from vitkit.evaluate.preprocessing import checkpoint_transform
 from vitkit.models import create_model
 from vitkit.runtime import cpu_flags, native_bf16
+
+from timing import cpu_model
 
 FLAGS_SHOWN = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
@@ -171,8 +172,7 @@ def accuracy(checkpoint: str, dataset: str, calibration_images: int = 256) -> st
 def machine() -> str:
     flags = cpu_flags()
     shown = [flag for flag in FLAGS_SHOWN if flag in flags]
-    cpu = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     import onnxruntime
     import openvino
 

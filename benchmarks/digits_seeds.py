@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from timing import cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 RUNS = Path("runs") / "digits_seeds"  # relative to the repository root, where the runs start
@@ -37,16 +39,6 @@ RUNS = Path("runs") / "digits_seeds"  # relative to the repository root, where t
 SHOWN = {"model": ("args",), "augment": ("transform", "crop_scale", "hflip", "aug_level", "cutmix_alpha"),
          "objective": ("label_smoothing",), "optim": ("lr", "weight_decay", "ema_decay", "layer_decay"),
          "schedule": ("epochs", "batch_size", "warmup_steps"), "data": ("val_fraction",), "run": ("threads",)}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def vitkit_command() -> list[str]:

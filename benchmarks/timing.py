@@ -5,6 +5,7 @@ the paths of a record, relative to the repository root so that no record names t
 from __future__ import annotations
 
 import os
+import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -27,3 +28,14 @@ def repo_relative(path: str | os.PathLike | None) -> str | None:
     ``../shared/data``, a run folder as ``runs/bench/NAME``); a relative path is taken from the current folder,
     the repository root where the benchmarks run. None (or an empty path) stays as it is."""
     return os.path.relpath(os.path.abspath(path), REPO) if path else path
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
