@@ -1,17 +1,18 @@
 """Serving throughput and latency: ``vitkit serve`` with dynamic batching against ``--max-batch-size 1`` and against
-a plain FastAPI endpoint that calls the same model once per request, in one run on one machine (results:
-benchmarks/results/serve_cpu.md and .json).
+a plain FastAPI endpoint that calls the same model once per request, in one run on one machine, for the PyTorch
+checkpoint and for its OpenVINO export (results: benchmarks/results/serve_cpu.md and .json).
 
     PYTHONPATH=src python benchmarks/bench_serve.py [--clients 16] [--seconds 30] [--threads 2]
 
 Every server runs ViT-S/16 (random weights: speed does not depend on them) in a process of its own with the same
-intra-op threads, on loopback; the load is ``--clients`` concurrent clients (one asyncio process, httpx, a
-connection each), each posting the same 224 px JPEG photo and waiting for its answer before the next, for
-``--seconds`` after a warm-up. Throughput is answers per second; latency from the request's start to its answer.
-The FastAPI endpoint is what a first server looks like: ``def classify(file: UploadFile)``, FastAPI running it
-in its thread pool, decoding and preprocessing as ``vitkit serve`` does, one image per model call. The batch's
-compute time (the goal: p99 within 2x of it) is measured in-process before the servers start: the median of 10
-calls of the model on a batch of ``--max-batch-size`` images.
+intra-op threads and precision (``auto``: bf16 where the CPU has it natively, which OpenVINO uses and PyTorch's
+autocast uses too), on loopback; the load is ``--clients`` concurrent clients (one asyncio process, httpx, a
+connection each), each posting the same 224 px JPEG and waiting for its answer before the next, for ``--seconds``
+after a warm-up. Throughput is answers per second; latency from the request's start to its answer. The FastAPI
+endpoint is what a first server looks like: ``def classify(file: UploadFile)``, FastAPI running it in its thread
+pool, decoding and preprocessing as ``vitkit serve`` does, one image per model call. The model's own cost (the
+goal: p99 within 2x of a batch's compute time) is measured in-process before the servers start: the median of 10
+calls on one image and on a batch of ``--max-batch-size``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import asyncio
 import datetime
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -36,6 +36,8 @@ import torch
 from vitkit.atomic import atomic_file
 from vitkit.models import Provenance, ViTConfig, VisionTransformer
 
+from timing import cpu_model
+
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = Path("runs/bench/serve")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -46,7 +48,7 @@ PLAIN_SERVER = textwrap.dedent('''
     from fastapi import FastAPI, UploadFile
     from vitkit.serve import Classifier
 
-    classifier = Classifier(sys.argv[1])
+    classifier = Classifier(sys.argv[1], precision=sys.argv[3])
     classifier.warm_up(1)
     app = FastAPI()
 
@@ -127,11 +129,11 @@ async def load(url: str, data: bytes, clients: int, seconds: float, warm_s: floa
             "mean_ms": round(1000 * statistics.fmean(latencies), 1)}
 
 
-def batch_compute_ms(model_dir: Path, batch: int, threads: int) -> float:
+def batch_compute_ms(model: Path, precision: str, batch: int, threads: int) -> float:
     from vitkit.serve import Classifier
 
     torch.set_num_threads(threads)
-    classifier = Classifier(str(model_dir))
+    classifier = Classifier(str(model), precision=precision)
     images = [torch.randn(3, 224, 224)] * batch
     classifier.run(images)
     times = []
@@ -150,69 +152,87 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--max-wait-ms", type=float, default=5)
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--runtimes", nargs="+", default=["pytorch", "openvino"], choices=["pytorch", "openvino"])
     args = parser.parse_args()
+    from vitkit.cli import main as vitkit_main
+    from vitkit.runtime import resolve_precision
+
     RUNS.mkdir(parents=True, exist_ok=True)
-    model_dir = RUNS / "vit_s16"
+    checkpoint = RUNS / "vit_s16"
     torch.manual_seed(0)
     VisionTransformer(ViTConfig(dim=384, depth=12, num_heads=6, mlp_dim=1536, num_classes=1000,
-                                provenance=Provenance(normalization="imagenet"))).save(model_dir)
+                                provenance=Provenance(normalization="imagenet"))).save(checkpoint)
+    sources = {"pytorch": checkpoint}
+    if "openvino" in args.runtimes:
+        sources["openvino"] = RUNS / "vit_s16.xml"
+        assert vitkit_main(["convert", str(checkpoint), str(sources["openvino"]), "--to", "openvino"]) == 0
     data = photo(RUNS / "photo.jpg")
-    compute_ms = batch_compute_ms(model_dir, args.max_batch_size, args.threads)
-    single_ms = batch_compute_ms(model_dir, 1, args.threads)
-    print(f"model: {single_ms} ms a single image, {compute_ms} ms a batch of {args.max_batch_size}", flush=True)
-    vitkit = [sys.executable, "-m", "vitkit", "serve", str(model_dir), "--threads", str(args.threads)]
-    servers = {
-        f"vitkit serve, batches of up to {args.max_batch_size}, {args.max_wait_ms:g} ms wait":
-            [*vitkit, "--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms),
-             "--max-queue", str(4 * args.clients)],
-        "vitkit serve --max-batch-size 1": [*vitkit, "--max-batch-size", "1", "--max-queue", str(4 * args.clients)],
-        "plain FastAPI endpoint, one model call a request": [sys.executable, "-c", PLAIN_SERVER, str(model_dir)],
-    }
-    rows = []
-    for name, command in servers.items():
-        command = [*command, "--port", "0"] if "vitkit" in command else [*command, str(free_port())]
-        process, url = start(command, args.threads)
-        before = os.getloadavg()[0]
-        try:
-            measured = asyncio.run(load(url, data, args.clients, args.seconds, args.warm_seconds))
-        finally:
-            process.terminate()
-            process.wait(60)
-        rows.append({"server": name, **measured, "load_before": round(before, 2),
-                     "load_after": round(os.getloadavg()[0], 2)})
-        print(json.dumps(rows[-1]), flush=True)
+    dtype = str(resolve_precision(args.precision, torch.device("cpu"))).removeprefix("torch.")
+    rows, costs = [], {}
+    for runtime in args.runtimes:
+        model = sources[runtime]
+        costs[runtime] = {"single_image_ms": batch_compute_ms(model, args.precision, 1, args.threads),
+                          "batch_ms": batch_compute_ms(model, args.precision, args.max_batch_size, args.threads)}
+        print(f"{runtime}: {costs[runtime]}", flush=True)
+        vitkit = [sys.executable, "-m", "vitkit", "serve", str(model), "--threads", str(args.threads), "--precision",
+                  args.precision, "--port", "0"]
+        servers = {
+            f"vitkit serve, batches of up to {args.max_batch_size}, {args.max_wait_ms:g} ms wait":
+                [*vitkit, "--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms),
+                 "--max-queue", str(4 * args.clients)],
+            "vitkit serve --max-batch-size 1": [*vitkit, "--max-batch-size", "1", "--max-queue", str(4 * args.clients)],
+            "plain FastAPI endpoint, one model call a request": [sys.executable, "-c", PLAIN_SERVER, str(model),
+                                                                 str(free_port()), args.precision],
+        }
+        for name, command in servers.items():
+            process, url = start(command, args.threads)
+            before = os.getloadavg()[0]
+            try:
+                measured = asyncio.run(load(url, data, args.clients, args.seconds, args.warm_seconds))
+            finally:
+                process.terminate()
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:  # the plain endpoint's thread pool may still be running requests
+                    process.kill()
+                    process.wait()
+            rows.append({"runtime": runtime, "server": name, **measured, "load_before": round(before, 2),
+                         "load_after": round(os.getloadavg()[0], 2)})
+            print(json.dumps(rows[-1]), flush=True)
+            time.sleep(20)  # the load average settles between servers
     import fastapi
     import starlette
     import uvicorn
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     record = {"date": datetime.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(),
               "torch": torch.__version__, "starlette": starlette.__version__, "uvicorn": uvicorn.__version__,
               "fastapi": fastapi.__version__, "threads": args.threads, "clients": args.clients,
-              "seconds": args.seconds, "batch_compute_ms": compute_ms, "single_image_ms": single_ms,
+              "seconds": args.seconds, "precision": args.precision, "computes_in": dtype, "model_cost": costs,
               "max_batch_size": args.max_batch_size, "rows": rows,
               "command": "PYTHONPATH=src python benchmarks/bench_serve.py " + " ".join(sys.argv[1:])}
     with atomic_file(RESULTS / "serve_cpu.json") as handle:
         json.dump(record, handle, indent=1)
-    plain = rows[-1]["answers_per_s"]
     lines = ["# Serving ViT-S/16 on a CPU: dynamic batching against one image a call", "",
              f"`{record['command']}` on {record['date']}: {cpu}, {record['cores']} cores, {args.threads} intra-op "
-             f"threads in every server, torch {record['torch']}, Starlette {record['starlette']}, uvicorn "
-             f"{record['uvicorn']}, FastAPI {record['fastapi']}. {args.clients} concurrent clients on loopback, each "
-             f"posting a 224 px JPEG and waiting for the answer, for {args.seconds:g} s after {args.warm_seconds:g} s "
-             f"of warm-up. The model alone: {single_ms} ms an image, {compute_ms} ms a batch of "
-             f"{args.max_batch_size} (median of 10).", "",
-             "| server | answers/s | vs plain FastAPI | p50 latency | p99 latency | statuses | load before -> after |",
-             "|---|---:|---:|---:|---:|---|---|"]
+             f"threads in every server, precision {args.precision} ({dtype} on this CPU), torch {record['torch']}, "
+             f"Starlette {record['starlette']}, uvicorn {record['uvicorn']}, FastAPI {record['fastapi']}. "
+             f"{args.clients} concurrent clients on loopback, each posting a 224 px JPEG and waiting for the answer, "
+             f"for {args.seconds:g} s after {args.warm_seconds:g} s of warm-up. The model alone (median of 10 calls): "
+             + "; ".join(f"{runtime} {cost['single_image_ms']} ms an image, {cost['batch_ms']} ms a batch of "
+                         f"{args.max_batch_size} ({1000 * args.max_batch_size / cost['batch_ms']:.1f} images/s "
+                         f"against {1000 / cost['single_image_ms']:.1f} one by one)"
+                         for runtime, cost in costs.items()) + ".", "",
+             "| runtime | server | answers/s | vs plain FastAPI | p50 latency | p99 latency | p99 / batch compute "
+             "| statuses | load before -> after |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|"]
     for row in rows:
-        lines.append(f"| {row['server']} | {row['answers_per_s']:.1f} | {row['answers_per_s'] / plain:.2f}x | "
-                     f"{row['p50_ms']:.0f} ms | {row['p99_ms']:.0f} ms | {row['statuses']} | "
-                     f"{row['load_before']:.2f} -> {row['load_after']:.2f} |")
-    batched = rows[0]
-    lines += ["", f"Batching: {batched['answers_per_s'] / plain:.2f}x the plain endpoint's throughput (goal: 2x); "
-              f"p99 {batched['p99_ms']:.0f} ms = {batched['p99_ms'] / compute_ms:.2f}x the batch's compute time "
-              f"(goal: under 2x)."]
+        plain = next(r for r in rows if r["runtime"] == row["runtime"] and "FastAPI" in r["server"])
+        lines.append(f"| {row['runtime']} | {row['server']} | {row['answers_per_s']:.1f} | "
+                     f"{row['answers_per_s'] / plain['answers_per_s']:.2f}x | {row['p50_ms']:.0f} ms | "
+                     f"{row['p99_ms']:.0f} ms | {row['p99_ms'] / costs[row['runtime']]['batch_ms']:.2f}x | "
+                     f"{row['statuses']} | {row['load_before']:.2f} -> {row['load_after']:.2f} |")
     with atomic_file(RESULTS / "serve_cpu.md") as handle:
         handle.write("\n".join(lines) + "\n")
 

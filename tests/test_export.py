@@ -165,6 +165,24 @@ def test_openvino_models_released_leave_the_process_able_to_start_programs(tmp_p
     assert child.returncode == 0, child.stderr[-2000:]
 
 
+def test_openvino_calls_from_several_threads_take_turns(tmp_path):
+    """One compiled graph has one infer request: threads calling at once (a server's thread pool) would find it
+    busy; they take turns, each with its own batch size, and get what one thread gets."""
+    pytest.importorskip("openvino")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vitkit.checkpoints.openvino import OpenVinoModel
+
+    export(small_model(), tmp_path / "m.xml", "openvino")
+    model = OpenVinoModel(tmp_path / "m.xml")
+    batches = [torch.randn(size, 3, 16, 24, generator=torch.Generator().manual_seed(size)) for size in (1, 2, 3) * 8]
+    alone = [model(batch) for batch in batches]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(model, batches))
+    for one, other in zip(alone, together, strict=True):
+        torch.testing.assert_close(other, one, atol=1e-5, rtol=0)
+
+
 def test_openvino_logits_equal_pytorch_and_the_config_travels(tmp_path):
     openvino = pytest.importorskip("openvino")
     model = small_model()

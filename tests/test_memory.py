@@ -168,6 +168,14 @@ def test_no_suggestion_when_the_weights_alone_do_not_fit():
     (["finetune", "{checkpoint}", "--image-size", "100000"], "100000x100000 images"),
     (["bench", "ViT-S/16", "--image-size", "99984"], "99984x99984 images"),
     (["bench", "ViT-S/16", "--batch-size", "1000000000"], "--batch-size 1000000000 "),
+    # a position table resampled at load, or an analysis at that size: refused before the table is made
+    (["predict", "{checkpoint}", "x.png", "--set", "image_size=100000"], "on 100000x100000 images, 1 at a time,"),
+    (["eval", "{checkpoint}", "--dataset", "digits", "--set", "image_size=100000"], "100000x100000 images"),
+    (["fewshot", "{checkpoint}", "--dataset", "digits", "--set", "image_size=100000"], "100000x100000 images"),
+    (["info", "{checkpoint}", "--set", "image_size=100000"], "100000x100000 images"),
+    (["serve", "{checkpoint}", "--port", "0", "--set", "image_size=100000"], "100000x100000 images"),
+    (["analyze", "{checkpoint}", "--image-size", "100000", "--out", "{checkpoint}-analysis"],
+     "vitkit analyze at --batch-size 8 of 100000x100000 images"),
 ])
 def test_huge_sizes_are_refused_at_once_with_the_estimate(argv, value, tiny_checkpoint, capsys):
     argv = [arg.format(checkpoint=tiny_checkpoint) for arg in argv]

@@ -3,14 +3,12 @@
 application's warm-up in-process."""
 
 import asyncio
-import io
 import json
 import re
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -305,6 +303,35 @@ def test_batcher_fills_batches_waits_at_most_max_wait_and_drains_on_stop():
     assert results == [0, 2, 4, 6, 8, 10, 12]
     assert sizes == [1, 4, 2, 1]  # a lone item, then a full batch of 4, the remaining 2, the last lone one
     assert 0.04 <= waited < 1
+
+
+def test_requests_being_decoded_count_against_the_queue():
+    """A burst is bounded before its images are decoded: a request counts from its acceptance, and a failed
+    preparation gives its place back."""
+    decoding = threading.Event()
+
+    def prepare(item):
+        decoding.wait(10)
+        if item == "bad":
+            raise ValueError("not an image")
+        return item
+
+    async def scenario():
+        batcher = Batcher(lambda items: items, max_batch_size=8, max_wait_ms=0, max_queue=2)
+        batcher.start()
+        held = [asyncio.ensure_future(batcher.submit(item, prepare)) for item in ("bad", "good")]
+        await asyncio.sleep(0.05)
+        assert batcher.depth == 2
+        with pytest.raises(Overloaded, match="2 requests wait already"):
+            await batcher.submit("third", prepare)
+        decoding.set()
+        outcomes = await asyncio.gather(*held, return_exceptions=True)
+        assert batcher.depth == 0
+        batcher.stop()
+        return outcomes
+
+    failed, answered = asyncio.run(scenario())
+    assert isinstance(failed, ValueError) and answered == "good"
 
 
 def test_health_is_503_until_the_model_is_warmed_up(checkpoint, images):

@@ -274,6 +274,7 @@ class Plan:
     stride: int = 0  # pixels per token side: a suggested image size is a multiple of it (0: none suggested)
     image_flag: str | None = "--image-size {}"  # None: the command cannot change the size
     checkpointing_flag: str | None = None  # training: the flag that turns activation checkpointing on
+    batch_flag: str | None = "--batch-size {}"  # None: the command cannot change the batch (one image, ...)
 
     @property
     def micro_batch(self) -> int:
@@ -296,8 +297,9 @@ def check(plan: Plan, measure: Callable[[Plan], Estimate], command: str, limit: 
     advice = ("; flags that fit: " + ", ".join(fitting)) if fitting else "; no smaller batch or image size fits"
     height, width = plan.image_size
     steps = f" in {plan.accum_steps} micro-batches" if plan.accum_steps > 1 else ""
-    raise ConfigError(f"{command} at --batch-size {plan.batch}{steps} of {height}x{width} images needs about "
-                      f"{found}{where}, but {over} is available{advice}")
+    subject = f"at {plan.batch_flag.format(plan.batch)}{steps} of {height}x{width} images" if plan.batch_flag else \
+        f"on {height}x{width} images, {plan.batch} at a time,"
+    raise ConfigError(f"{command} {subject} needs about {found}{where}, but {over} is available{advice}")
 
 
 def _fits(found: Estimate, limit: Limit, accelerator: Limit | None) -> bool:
@@ -309,12 +311,12 @@ def _fitting_flags(plan: Plan, measure: Callable[[Plan], Estimate], fits: Callab
     accumulation steps, which keep the batch a step sees), a smaller image, activation checkpointing."""
     advice = []
     largest = _largest(plan.micro_batch, lambda micro: fits(measure(replace(plan, batch=micro, accum_steps=1))))
-    if largest:
+    if largest and plan.batch_flag:
         if plan.checkpointing_flag:  # training: the same batch per step in micro-batches that fit
             steps = next(k for k in range(1, plan.batch + 1) if plan.batch % k == 0 and plan.batch // k <= largest)
             advice.append(f"--accum-steps {steps} (micro-batches of {plan.batch // steps}, the same {plan.batch} "
                           f"images a step)")
-        advice.append(f"--batch-size {largest}")
+        advice.append(plan.batch_flag.format(largest))
     if plan.image_flag and plan.stride:
         height, width = plan.image_size
 

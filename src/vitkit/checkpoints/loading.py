@@ -148,16 +148,21 @@ def read_native(directory: Path, parsed: dict[str, Any] | None = None, weights: 
     return config, read_safetensors(weights_path) if weights else {}
 
 
+def overridden(config: ViTConfig, overrides: dict[str, Any], source: str) -> ViTConfig:
+    """``config`` with the overrides that win over what the file ``source`` says (``kept_overrides``); a value that
+    does not fit its field is a ``CheckpointError`` naming the file."""
+    try:
+        return config.replace(**kept_overrides(overrides))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{source}: bad override ({error})") from error
+
+
 def build(config: ViTConfig, state: dict[str, torch.Tensor], overrides: dict[str, Any],
           source: str, adapter: str | Path | None = None) -> VisionTransformer:
     """Build the model of ``config`` (plus overrides), load ``state`` strictly, apply the ``adapter`` folder if one
     is given, then the surgery the overrides ask for (a size or a head asked for wins over the adapter's)."""
     surgery = {key: overrides[key] for key in SURGERY if key in overrides}
-    rest = kept_overrides(overrides)
-    try:
-        config = config.replace(**rest)
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"{source}: bad override ({error})") from error
+    config = overridden(config, overrides, source)
     with torch.device("meta"):
         model = VisionTransformer(config)
     load_state_strict(model, state, source)

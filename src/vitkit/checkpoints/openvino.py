@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from collections.abc import Sequence
 from xml.etree import ElementTree
 from dataclasses import dataclass
@@ -182,24 +183,27 @@ class OpenVinoModel(ExportedModel):
         self.inputs = input_names(graph)
         self._graph, self._hint = graph, precision_name(dtype)
         self._compiled, self._shapes, self._shapes_compiled = None, None, 0
+        self._turn = threading.Lock()  # one compiled graph and its one infer request: callers on threads take turns
 
     @property
     def precision(self) -> str:
         """What the plugin runs the matrix products in (``quantize.openvino_precision``)."""
-        if self._compiled is None:
-            self._compile(None)
-        return openvino_precision(self._compiled)
+        with self._turn:
+            if self._compiled is None:
+                self._compile(None)
+            return openvino_precision(self._compiled)
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """The logits of ``arrays`` from the graph compiled for their shapes: the CPU plugin runs a graph of fixed
         shapes faster (ViT-S/16, batch 16: 1.11x in bf16, 1.39x in int8; ``benchmarks/bench_openvino_shapes.py``).
         A new shape is compiled in place of the last (in under a second for a ViT-S); past ``STATIC_SHAPES`` shapes,
-        the graph is compiled once for any shape."""
+        the graph is compiled once for any shape. Calls from several threads take turns."""
         shapes = {name: array.shape for name, array in arrays.items()}
-        fixed = self._shapes_compiled < STATIC_SHAPES
-        if shapes != self._shapes and (fixed or self._shapes is not None):  # else compiled for any shape already
-            self._compile(shapes if fixed else None)
-        return self._compiled(arrays)[0]
+        with self._turn:
+            fixed = self._shapes_compiled < STATIC_SHAPES
+            if shapes != self._shapes and (fixed or self._shapes is not None):  # else compiled for any shape already
+                self._compile(shapes if fixed else None)
+            return self._compiled(arrays)[0]
 
     def _compile(self, shapes: dict[str, tuple[int, ...]] | None) -> None:
         """Compile the graph for ``shapes`` (None: for any) in place of the compilation held: one at a time, as

@@ -14,8 +14,7 @@ from ..models.config import ViTConfig
 from ..runtime import resolve_precision, select_device
 from .adapters import WEIGHTS_FILE, load_adapter, read_adapter
 from .hub import is_remote
-from .inference import kept_overrides
-from .loading import load, read_config
+from .loading import load, overridden, read_config
 from .onnx import ExportedModel, OnnxModel
 from .openvino import OpenVinoModel
 
@@ -32,10 +31,15 @@ def source_config(source: str, overrides: dict[str, Any], *, adapter: str | None
     """The config of the model a checkpoint (or a variant's name) describes with ``overrides``, and the adapter
     folder ``adapter`` (its image size, channels, classes, prompts and adapters), before any weights are put into
     a model: what a size check needs to know (a vitkit directory's weights are not read)."""
-    if not is_checkpoint(source):
-        config = model_config(source, **overrides)
-    else:
-        config = read_config(source, overrides).replace(**kept_overrides(overrides))
+    if is_checkpoint(source):
+        return checkpoint_config(source, overrides, adapter=adapter)
+    config = model_config(source, **overrides)
+    return config if adapter is None else adapted_config(config, adapter)
+
+
+def checkpoint_config(checkpoint: str, overrides: dict[str, Any], *, adapter: str | None = None) -> ViTConfig:
+    """``source_config`` of a checkpoint: a path that does not exist is a ``CheckpointError`` naming it."""
+    config = overridden(read_config(checkpoint, overrides), overrides, checkpoint)
     return config if adapter is None else adapted_config(config, adapter)
 
 

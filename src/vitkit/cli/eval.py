@@ -8,7 +8,7 @@ import argparse
 from ..checkpoints.runnable import load_inference
 from ..data import CORRUPT
 from ..data.datasets import DATASET_FORMS
-from ..evaluate.accuracy import DEFAULT_VAL_FRACTION, evaluate_dataset
+from ..evaluate.accuracy import DEFAULT_VAL_FRACTION, check_model_memory, evaluate_dataset
 from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, model_source, positive,
                     print_table, resize_flag, run_defaults, runtime_flags, unit_fraction)
 
@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Top-1/top-5, per-class accuracy and a confusion-matrix PNG of a checkpoint on a dataset split."""
+    check_model_memory(args.checkpoint, args.overrides, args.device, args.precision, adapter=args.adapter,
+                       command="vitkit eval")
     model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision,
                                           adapter=args.adapter)
     from_run = args.dataset is None

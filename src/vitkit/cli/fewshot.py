@@ -7,6 +7,7 @@ import argparse
 
 from ..checkpoints.runnable import load_on_device
 from ..data.datasets import DATASET_FORMS
+from ..evaluate.accuracy import check_model_memory
 from ..evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
 from ..evaluate.knn import DEFAULT_TEMPERATURE
 from ..evaluate.probes import FEWSHOT_FILE, probe_dataset
@@ -51,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Few-shot linear evaluation (the paper's protocol), with ``--linear-probe`` the full probe, and with
     ``--knn`` k-NN classification (DINO's protocol) from the same frozen representations."""
+    check_model_memory(args.checkpoint, args.overrides, args.device, args.precision, adapter=args.adapter,
+                       command="vitkit fewshot")
     model, device, dtype = load_on_device(args.checkpoint, args.overrides, args.device, args.precision,
                                           adapter=args.adapter)
     run_defaults(args)

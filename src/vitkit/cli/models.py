@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..checkpoints.runnable import load_on_device
+from ..evaluate.accuracy import check_model_memory
 from ..models import list_models, model_config
 from ..models.stats import config_parameters, count_parameters, forward_flops
 from .flags import checkpoint_flags, count, image_size_type, print_table, runtime_flags
@@ -53,6 +54,8 @@ def run_models(args: argparse.Namespace) -> int:
 
 def run_info(args: argparse.Namespace) -> int:
     """Config, parameter count and input size of a checkpoint of any format."""
+    check_model_memory(args.checkpoint, args.overrides, args.device, "fp32", adapter=args.adapter,
+                       command="vitkit info")
     model, device, _ = load_on_device(args.checkpoint, args.overrides, args.device, adapter=args.adapter)
     config = model.config
     if args.json:

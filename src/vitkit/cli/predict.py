@@ -8,6 +8,7 @@ import sys
 
 from ..checkpoints.runnable import load_inference
 from ..classnames import escape_name
+from ..evaluate.accuracy import check_model_memory
 from ..evaluate.predict import check_feature_request, predict_files, prediction_record
 from .flags import checkpoint_flags, max_patches_flag, model_source, positive, resize_flag, runtime_flags
 
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     """Top-k labels with probabilities for each image file; with --features, each image's dense patch features
     and pooled embedding written to one file."""
     check_feature_request(args.checkpoint, args.features)
+    check_model_memory(args.checkpoint, args.overrides, args.device, args.precision, adapter=args.adapter,
+                       command="vitkit predict")
     model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision,
                                           adapter=args.adapter)
     predictions, features = predict_files(model, args.images, args.top_k, device, dtype, args.resize, args.features,

@@ -7,15 +7,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..checkpoints.runnable import check_graph_inputs
+from ..checkpoints.runnable import EXPORTED, check_graph_inputs, checkpoint_config
 from ..data import ALL, SplitSpec, default_split, evaluation_loader, load_dataset
 from ..data.survey import conversions, image_geometry
 from ..errors import ConfigError
 from ..memory import Plan, check, check_workers, estimate
+from ..models.config import pair
 from ..models.vit import VisionTransformer
+from ..runtime import resolve_precision, select_device
 from .metrics import evaluate, real_top1, write_report
 from .preprocessing import checkpoint_transform, naflex_loader
 
@@ -68,6 +71,26 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     real = real_top1(evaluation, real_labels, data, config.num_classes) if real_labels is not None else None
     report = write_report(evaluation, data.classes, out, chosen, real)
     return DatasetEvaluation(dataset, chosen, chosen == ALL and split is None, report)
+
+
+def check_model_memory(checkpoint: str, overrides: dict[str, Any] | None, device: str | torch.device | None,
+                       precision: str, *, adapter: str | None = None, command: str) -> None:
+    """Refuse, before a weight is allocated, a checkpoint whose weights and the pass of one image exceed the memory
+    the machine has, from its config alone (a position table resampled for ``--set image_size=100000`` asks for
+    tens of GB), naming the estimate and an ``image_size`` that fits; an exported graph runs as it was exported."""
+    if Path(checkpoint).suffix in EXPORTED:
+        return
+    overrides = overrides or {}
+    config = checkpoint_config(checkpoint, overrides, adapter=adapter)
+    chosen = select_device(device)
+    dtype = resolve_precision(precision, chosen)
+    size = pair(overrides.get("image_size", config.image_size))  # a checkpoint's table is resized after loading
+
+    def measure(plan: Plan):
+        return estimate(config, plan.batch, plan.image_size, dtype=dtype, device=chosen.type)
+
+    check(Plan(1, size, stride=config.effective_patch_size, image_flag="--set image_size={}", batch_flag=None),
+          measure, command, device=chosen)
 
 
 def check_eval_size(model: torch.nn.Module, images: int, batch_size: int, num_workers: int, max_patches: int | None,

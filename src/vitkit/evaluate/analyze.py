@@ -10,12 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..analysis import inputs
 from ..analysis.report import Analysis, analyze
 from ..checkpoints.runnable import load_on_device
 from ..data.transforms import Preset
 from ..errors import ConfigError
+from ..memory import Estimate, Plan, check, estimate, tokens_per_image
 from ..models.config import ViTConfig
+from .accuracy import check_model_memory
 from .preprocessing import checkpoint_transform, naflex_transform
 
 
@@ -43,16 +47,36 @@ def analyze_checkpoint(checkpoint: str, out: str | Path, *, images: Sequence[str
     ``image_size`` (default: the checkpoint's) by ``resize``, or with ``max_patches`` each to its own aspect ratio,
     and normalised by ``mean``/``std`` (one value or one per channel; default: the checkpoint's). ``options`` go to
     ``analysis.report.analyze`` (batch_size, head_fusion, discard_ratio, readout, overlays, filters)."""
-    model, _, dtype = load_on_device(checkpoint, overrides, device, precision, adapter=adapter)
+    check_model_memory(checkpoint, overrides, device, precision, adapter=adapter, command="vitkit analyze")
+    model, device, dtype = load_on_device(checkpoint, overrides, device, precision, adapter=adapter)
     config = model.config
     pictures, about = inputs.gather(images, dataset, data_dir, num_images, seed, config.provenance.classes)
     if max_patches and image_size:
         raise ConfigError("--image-size and --max-patches: the budget sizes each image at its own aspect ratio")
     size = None if max_patches else image_size or config.image_size
+    check_analysis_memory(config, options.get("batch_size", 8), size, max_patches, device, dtype)
     prepared, shown = inputs.prepare(pictures, input_transform(config, resize, size, mean, std, max_patches))
     title = str(checkpoint) if adapter is None else f"{checkpoint} with adapter {adapter}"
     result = analyze(model, prepared, shown, out, title=title, dtype=dtype, about=about, **options)
     return CheckpointAnalysis(result, len(prepared), size)
+
+
+def check_analysis_memory(config: ViTConfig, batch_size: int, size: tuple[int, int] | None, max_patches: int | None,
+                          device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, before an image is run, an analysis whose batches cannot fit: the pass of ``batch_size`` images at
+    ``size`` (or ``max_patches`` each) and every block's attention maps, which the analysis keeps (and stacks in
+    float32): depth x heads x tokens^2 numbers an image, twice."""
+
+    def measure(plan: Plan) -> Estimate:
+        found = estimate(config, plan.batch, plan.image_size, dtype=dtype, patches=max_patches, device=device.type)
+        tokens = tokens_per_image(config, plan.image_size, max_patches)
+        maps = 2 * 4 * plan.batch * config.depth * config.num_heads * tokens ** 2
+        note = f"{config.depth} blocks x {config.num_heads} heads x {tokens}^2 an image"
+        return Estimate({**found.parts, "attention maps": maps}, found.device, {**found.notes, "attention maps": note})
+
+    plan = Plan(batch_size, tuple(size or config.image_size), stride=config.effective_patch_size,
+                image_flag=None if max_patches else "--image-size {}")
+    check(plan, measure, "vitkit analyze", device=device)
 
 
 def input_transform(config: ViTConfig, resize: str, size: tuple[int, int] | None, mean: Sequence[float] | None,

@@ -99,10 +99,13 @@ async def uploaded_image(request: Request, body: bytes) -> bytes:
         form = await Request(request.scope, replay).form(max_files=1, max_fields=16)
     except Exception as problem:  # the multipart parser's refusals carry no common base
         raise HTTPException(400, f"unreadable multipart body ({problem})") from None
-    upload = form.get("file")
-    if upload is None or isinstance(upload, str):
-        raise HTTPException(400, "the multipart body has no file field named 'file'")
-    return await upload.read()
+    try:
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise HTTPException(400, "the multipart body has no file field named 'file'")
+        return await upload.read()
+    finally:
+        await form.close()
 
 
 def top_k_of(request: Request) -> int:
@@ -127,9 +130,7 @@ def build_app(classifier: Classifier, limits: Limits = Limits()) -> Starlette:
             top_k = top_k_of(request)
             body = await read_body(request, limits.max_body_bytes)
             image = await uploaded_image(request, body)
-            loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(None, classifier.prepare, image)  # decoding off the model's thread
-            probabilities = await batcher.submit(prepared)
+            probabilities = await batcher.submit(image, classifier.prepare)  # decoded off the model's thread
         except TooLarge as problem:
             return error(413, str(problem))
         except (DatasetError, InputError) as problem:

@@ -12,7 +12,7 @@ import torch
 from ..checkpoints.runnable import check_graph_inputs, load_inference
 from ..data.images import read_image
 from ..errors import ConfigError
-from ..evaluate.accuracy import check_eval_size
+from ..evaluate.accuracy import check_eval_size, check_model_memory
 from ..evaluate.predict import class_names, image_transform
 from ..models.naflex import patch_batch
 from ..runtime import autocast
@@ -35,6 +35,7 @@ class Classifier:
     def __init__(self, checkpoint: str, overrides: dict | None = None, device: str | None = None,
                  precision: str = "fp32", adapter: str | None = None,
                  preprocessing: Preprocessing = Preprocessing(), max_batch_size: int = 1) -> None:
+        check_model_memory(checkpoint, overrides, device, precision, adapter=adapter, command="vitkit serve")
         self.model, self.device, self.dtype = load_inference(checkpoint, overrides, device, precision,
                                                              adapter=adapter)
         config = self.model.config
