@@ -117,8 +117,9 @@ def top_k_of(request: Request) -> int:
 
 def build_app(classifier: Classifier, limits: Limits = Limits()) -> Starlette:
     """The application serving ``classifier`` with dynamic batching (``Batcher``) within ``limits``. Its
-    lifespan warms the model up on the batcher's thread (``/health`` answers 503 until then) and, at the end,
-    answers every accepted request before the batcher's thread stops."""
+    lifespan warms the model up on a worker thread and then starts the batcher's thread (``/health`` answers 503
+    until then; requests accepted meanwhile wait in the queue) and, at the end, answers every accepted request
+    before the batcher's thread stops."""
     metrics = Metrics(limits.max_batch_size)
     batcher = Batcher(classifier.run, limits.max_batch_size, limits.max_wait_ms, limits.max_queue,
                       on_batch=metrics.batch.observe)
