@@ -67,8 +67,8 @@ def images(tmp_path_factory) -> list[Path]:
 class Server:
     """``vitkit serve`` in a child process on a port the system picks, ready once /health answers 200."""
 
-    def __init__(self, *args) -> None:
-        self.process = subprocess.Popen([*VITKIT, "serve", *map(str, args), "--port", "0"], env=child_env(),
+    def __init__(self, *args, port: int = 0) -> None:
+        self.process = subprocess.Popen([*VITKIT, "serve", *map(str, args), "--port", str(port)], env=child_env(),
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             lines = []

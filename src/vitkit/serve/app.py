@@ -115,14 +115,15 @@ def top_k_of(request: Request) -> int:
     return int(text)
 
 
-def build_app(classifier: Classifier, limits: Limits = Limits()) -> Starlette:
-    """The application serving ``classifier`` with dynamic batching (``Batcher``) within ``limits``. Its
-    lifespan warms the model up on a worker thread and then starts the batcher's thread (``/health`` answers 503
-    until then; requests accepted meanwhile wait in the queue) and, at the end, answers every accepted request
-    before the batcher's thread stops."""
+def build_app(classifier: Classifier, limits: Limits = Limits(), batching: type = Batcher) -> Starlette:
+    """The application serving ``classifier`` with dynamic batching within ``limits``, by ``batching``: a class
+    made as ``Batcher`` is, with its ``submit``, ``depth``, ``start`` and ``stop`` (``ray_serve.RayBatches`` in a
+    Ray replica). Its lifespan warms the model up on a worker thread and then starts the batcher (``/health``
+    answers 503 until then; requests accepted meanwhile wait in the queue) and, at the end, answers every accepted
+    request before the batcher stops."""
     metrics = Metrics(limits.max_batch_size)
-    batcher = Batcher(classifier.run, limits.max_batch_size, limits.max_wait_ms, limits.max_queue,
-                      on_batch=metrics.batch.observe)
+    batcher = batching(classifier.run, limits.max_batch_size, limits.max_wait_ms, limits.max_queue,
+                       on_batch=metrics.batch.observe)
     ready = threading.Event()
 
     async def classify(request: Request) -> Response:

@@ -50,6 +50,7 @@ class Classifier:
                         self.dtype, command="vitkit serve")
         self.names = class_names(self.model)
         self.model.eval()
+        self.warm_for = 0  # the largest batch run so far
 
     def prepare(self, data: bytes) -> torch.Tensor:
         """The upload ``data`` decoded (``read_image``: a ``DatasetError`` for anything unreadable) and brought to
@@ -60,7 +61,9 @@ class Classifier:
 
     def warm_up(self, batch_size: int) -> None:
         """One batch of ``batch_size`` blank images of the model's size: the runtime's first-call work (kernel
-        choice, an OpenVINO compile) done before the first request."""
+        choice, an OpenVINO compile) done before the first request; nothing when a batch as large has run."""
+        if self.warm_for >= batch_size:
+            return
         config = self.model.config
         blank = torch.zeros(config.in_chans, *config.image_size)
         if self.preprocessing.max_patches:  # an image as many patches as the budget holds, in whole patches
@@ -91,6 +94,7 @@ class Classifier:
             probabilities = logits.float().softmax(dim=-1).cpu()
             for row, index in zip(probabilities, indices):
                 results[index] = row
+        self.warm_for = max(self.warm_for, len(inputs))
         return results
 
     def ranked(self, probabilities: torch.Tensor, k: int) -> list[dict]:
