@@ -42,3 +42,26 @@ def test_random_erasing_fills_one_rectangle_of_2_to_33_percent_with_noise():
         box = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
         assert 0.02 * 1600 * 0.9 <= box <= 1600 / 3 + 40  # area within the bounds (rounding to whole pixels)
         assert changed.sum() >= 0.9 * box  # the rectangle filled with noise (a pixel may draw 7 by chance)
+
+
+def test_inception_crop_equals_torchvisions_crop_and_flip_draw_for_draw():
+    """The pretrain preset's crop gives what v2.RandomResizedCrop then v2.RandomHorizontalFlip give from the same
+    generator state: the same pixels, and the generator left in the same state."""
+    from torchvision.transforms import v2
+
+    from vitkit.data.transforms import InceptionCrop
+
+    generator = torch.Generator().manual_seed(1)
+    cases = [(32, 32, (32, 32), (0.35, 1.0), True), (40, 24, (16, 20), (0.08, 1.0), True),
+             (7, 50, (32, 32), (0.5, 0.9), False), (224, 300, (224, 224), (0.08, 1.0), True)]
+    for height, width, size, scale, flip in cases:
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=generator)
+        ours = InceptionCrop(size, scale, flip=0.5 if flip else 0.0)
+        theirs = v2.Compose([v2.RandomResizedCrop(list(size), scale=scale, antialias=True),
+                             *([v2.RandomHorizontalFlip()] if flip else [])])
+        for seed in range(20):
+            torch.manual_seed(seed)
+            expected, after = theirs(image), torch.rand(())
+            torch.manual_seed(seed)
+            assert torch.equal(ours(image), expected), (height, width, size, seed)
+            assert torch.rand(()) == after

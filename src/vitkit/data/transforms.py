@@ -181,6 +181,25 @@ class RandomErasing(torch.nn.Module):
         return erased
 
 
+class InceptionCrop(torch.nn.Module):
+    """Inception's crop: a random area in ``scale`` of the image at an aspect ratio in 3/4..4/3, resized to ``size``
+    (antialiased), then a horizontal flip with probability ``flip``. The same random draws and the same pixels as
+    torchvision's ``v2.RandomResizedCrop`` then ``v2.RandomHorizontalFlip``, without v2's dispatch on every call,
+    which is half the time of the pair on a 32 px image."""
+
+    def __init__(self, size: Sequence[int], scale: tuple[float, float], flip: float = 0.5):
+        super().__init__()
+        self.crop, self.flip = v2.RandomResizedCrop(list(size), scale=scale, antialias=True), flip
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        box = self.crop.make_params([image])
+        image = TF.resized_crop(image, box["top"], box["left"], box["height"], box["width"], list(self.crop.size),
+                                antialias=True)
+        if self.flip and torch.rand(1) < self.flip:  # v2's random-apply draw
+            image = TF.horizontal_flip(image)
+        return image
+
+
 def build_transform(preset: str, image_size: tuple[int, int], channels: int, family: str = "google",
                     hflip: bool = True, crop_scale: tuple[float, float] = (0.08, 1.0),
                     aug_level: str = "none", erasing: float = 0.0) -> Preset:
@@ -196,11 +215,11 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
     size = list(image_size)
     steps: list = [ToChannels(channels)]
     if preset == "pretrain":
-        steps.append(v2.RandomResizedCrop(size, scale=tuple(crop_scale), antialias=True))
+        steps.append(InceptionCrop(size, tuple(crop_scale), flip=0.5 if hflip else 0.0))
     else:
         steps += [v2.Resize(size, antialias=True), v2.RandomCrop(size, padding=max(1, min(size) // 8))]
-    if hflip:
-        steps.append(v2.RandomHorizontalFlip())
+        if hflip:
+            steps.append(v2.RandomHorizontalFlip())
     randaug, _ = augreg_level(aug_level)
     if randaug:
         steps.append(v2.RandAugment(num_ops=randaug[0], magnitude=randaug[1]))

@@ -113,7 +113,7 @@ class ResNet(nn.Module):
                 nn.init.zeros_(module.norm3.weight)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self.stem(images)
+        x = self.stem(images.contiguous(memory_format=torch.channels_last))  # faster convolutions and max-pool
         for stage in self.stages:
             x = stage(x)
         return x
