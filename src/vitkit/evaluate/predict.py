@@ -141,9 +141,15 @@ def top_classes(logits: torch.Tensor | None, names: list[str], top_k: int) -> tu
     """The ``top_k`` names by softmax probability of one image's (1, K) logits; nothing without logits."""
     if logits is None:
         return [], []
-    probabilities = logits.float().softmax(dim=-1)[0].cpu()
-    top = probabilities.topk(min(top_k, len(probabilities)))
-    return [names[i] for i in top.indices.tolist()], top.values.tolist()
+    indices, probabilities = most_probable(logits.float().softmax(dim=-1)[0].cpu(), top_k)
+    return [names[i] for i in indices], probabilities
+
+
+def most_probable(probabilities: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
+    """The indices and probabilities of the ``k`` most probable classes in one image's (K,) ``probabilities``,
+    most probable first (every class where ``k`` is at least K)."""
+    top = probabilities.topk(min(k, len(probabilities)))
+    return top.indices.tolist(), top.values.tolist()
 
 
 def feature_file(path: str | Path) -> Path:

@@ -13,7 +13,7 @@ from ..checkpoints.runnable import check_graph_inputs, load_inference
 from ..data.images import read_image
 from ..errors import ConfigError
 from ..evaluate.accuracy import check_eval_size, check_model_memory
-from ..evaluate.predict import class_names, image_transform
+from ..evaluate.predict import class_names, image_transform, most_probable
 from ..models.naflex import patch_batch
 from ..runtime import autocast
 
@@ -100,6 +100,5 @@ class Classifier:
     def ranked(self, probabilities: torch.Tensor, k: int) -> list[dict]:
         """The ``k`` most probable classes (every class where ``k`` is at least their number), most probable first,
         each as ``{"index", "label", "probability"}`` (rounded to 6 places, as ``predict --json``)."""
-        top = probabilities.topk(min(k, len(probabilities)))
         return [{"index": index, "label": self.names[index], "probability": round(value, 6)}
-                for index, value in zip(top.indices.tolist(), top.values.tolist())]
+                for index, value in zip(*most_probable(probabilities, k))]
