@@ -114,3 +114,35 @@ def test_unknown_keys_are_listed(tmp_path):
     save_file(state, tmp_path / "adapter.safetensors")
     with pytest.raises(vitkit.CheckpointError, match=r"unexpected keys \(2\): blocks.0.adapter.weight"):
         vitkit.load(tmp_path / "adapter.safetensors", num_heads=4)
+
+
+def test_internvit_without_a_final_norm_reads_as_timm_runs_it(tmp_path):
+    """timm's InternViT-300M (vit_intern300m_patch14_448: LayerScale, no norm after the last block), from its hub
+    directory and as a bare state dict: timm's logits and features at its size and at another; the writers whose
+    formats always hold a final norm refuse it by name, and timm's own state dict travels back."""
+    from timm.models._hub import save_for_hf
+
+    from vitkit.checkpoints.google import write_npz
+    from vitkit.checkpoints.hf import write_hf
+    from vitkit.checkpoints.timm import write_timm
+    from vitkit.errors import FormatError
+
+    peer = randomised(timm.create_model("vit_intern300m_patch14_448", img_size=56, embed_dim=64, depth=2, num_heads=4,
+                                        num_classes=5))
+    assert not any(key.startswith(("norm.", "fc_norm.")) for key in peer.state_dict())
+    save_for_hf(peer, str(tmp_path / "hub"), safe_serialization=True)
+    bare = save(peer, tmp_path / "bare.safetensors")
+    for model in (vitkit.load(tmp_path / "hub"), vitkit.load(bare, num_heads=4)):
+        assert not model.config.final_norm and model.config.layer_scale
+        for size in ((56, 56), (28, 42)):
+            x = torch.randn(2, 3, *size)
+            with torch.no_grad():
+                torch.testing.assert_close(model.eval()(x), peer(x), atol=1e-5, rtol=0)
+                torch.testing.assert_close(model.forward_features(x), peer.forward_features(x), atol=1e-5, rtol=0)
+    for write, name in ((write_hf, "hf"), (write_npz, "out.npz")):
+        with pytest.raises(FormatError, match="final_norm=False"):
+            write(model, tmp_path / name)
+    back = vitkit.load(write_timm(model, tmp_path / "back.safetensors"), num_heads=4)
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(x), peer(x), atol=1e-5, rtol=0)

@@ -7,8 +7,8 @@ Numerics are timm's: exact GELU, LayerNorm eps 1e-6, and for hybrids StdConv (w-
 with GroupNorm eps 1e-5.
 
 The families on timm's ``VisionTransformer`` (DeiT with its distillation token, DeiT-III, DINOv2 with or
-without registers, CLIP, SigLIP) show themselves in the weights (``dist_token``, ``reg_token``, ``ls1.gamma``,
-``norm_pre``, ``attn_pool.latent``...), except for numerics: CLIP's LayerNorm eps 1e-5 and OpenAI's
+without registers, CLIP, SigLIP, InternViT-300M) show themselves in the weights (``dist_token``, ``reg_token``,
+``ls1.gamma``, ``norm_pre``, ``attn_pool.latent``, no ``norm`` after the last block...), except for numerics: CLIP's LayerNorm eps 1e-5 and OpenAI's
 QuickGELU need the overrides ``ln_eps=1e-5``, ``gelu='quick'`` on a bare state dict.
 
 A timm hub directory (what ``hf-hub:timm/...`` downloads: ``config.json`` with ``architecture`` and
@@ -76,7 +76,9 @@ def from_timm(state: dict[str, torch.Tensor], overrides: dict[str, Any],
         numerics = {k: TIMM_NUMERICS[k] for k in ("gelu", "ln_eps", "pos_interp", "pos_interp_antialias")}
     else:
         numerics = TIMM_NUMERICS
-    return infer_config(state, overrides, source, **numerics, provenance=Provenance(format="timm", source=source))
+    final_norm = "norm.weight" in state or "fc_norm.weight" in state  # timm's final_norm=False (InternViT) has none
+    return infer_config(state, overrides, source, **numerics, final_norm=final_norm,
+                        provenance=Provenance(format="timm", source=source))
 
 
 def is_timm_config(config_json: dict[str, Any] | None) -> bool:

@@ -292,6 +292,7 @@ def timm_architecture(config: ViTConfig, path: Any) -> tuple[str, dict[str, Any]
         ("pre_norm with a patch bias (timm's Eva drops the bias under a pre-norm)", c.pre_norm == c.patch_bias),
         ("rope in AIMv2's layout", aimv2 and c.rope != "none"), ("qk_norm", c.qk_norm and aimv2),
         ("a bias on q and v alone in AIMv2's layout", aimv2 and not c.k_bias),
+        ("final_norm=False", not c.final_norm),
     ] if bad]
     if refused:
         raise FormatError(f"cannot write {path}: timm's {architecture.split('_patch')[0]} cannot hold "

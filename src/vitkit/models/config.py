@@ -40,7 +40,7 @@ FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_
                                        patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu", norm="layer",
                                        patch_norm=False, k_bias=True, proj_bias=True, mlp_norm=False,
                                        attn_norm=False, rope="none", pool_heads=None, pool_mlp_dim=None,
-                                       pool_prefix=False)
+                                       pool_prefix=False, final_norm=True)
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -197,6 +197,8 @@ class ViTConfig:
     pool: str = setting("token", Choice(POOLINGS), "what the head reads: the [class] token, the mean of the "
                         "patches, or an attention pool")
     fc_norm: bool = setting(False, Bool(), "LayerNorm after pooling instead of on every token (timm's fc_norm)")
+    final_norm: bool = setting(True, Bool(), "a norm after the last block (on every token, or after pooling with "
+                               "fc_norm); false: none, as InternViT")
     pos_embed: str = setting("learned", Choice(POS_EMBEDS), "position embeddings")
     # How a learned table is resampled to another grid; each checkpoint family has its own: Google
     # bilinear with corners aligned (scipy's linear zoom), HF bicubic, timm bicubic with antialias,

@@ -82,8 +82,8 @@ class VisionTransformer(nn.Module):
         drop_rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         relative_tokens = self.num_prefix_tokens + c.grid_size[0] * c.grid_size[1] if c.pos_embed == "relative" else 0
         self.blocks = nn.ModuleList(Block(c, rate, relative_tokens) for rate in drop_rates)
-        self.norm = nn.Identity() if c.fc_norm else make_norm(c, c.dim)
-        self.fc_norm = make_norm(c, c.dim) if c.fc_norm else nn.Identity()
+        self.norm = make_norm(c, c.dim) if c.final_norm and not c.fc_norm else nn.Identity()  # option: none
+        self.fc_norm = make_norm(c, c.dim) if c.final_norm and c.fc_norm else nn.Identity()
         # Option pool='map' (SigLIP, PE): attention pooling with a learned probe.
         self.attn_pool = AttentionPool(c) if c.pool == "map" else None
         if c.representation_size:
