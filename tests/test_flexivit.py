@@ -3,7 +3,7 @@
 import pytest
 import torch
 from interop_helpers import randomised
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import vitkit
 from vitkit.models.patch_resize import resample_patch_kernel
@@ -139,3 +139,24 @@ def test_kernel_sizes_that_are_not_pairs_of_positive_ints_are_refused(size, mess
 def test_a_kernel_of_another_rank_is_refused():
     with pytest.raises(vitkit.InputError, match=r"patch kernel of shape \(4, 768\): expected \(dim, channels"):
         resample_patch_kernel(torch.randn(4, 768), (8, 8))
+
+
+@pytest.mark.parametrize("patch_size", [8, 4])
+def test_resize_patch_can_follow_timms_set_input_size(checkpoint, patch_size):
+    """Two reference paths of timm: its loading path (bilinear, no antialias for FlexiViT: ``resize_patch``'s
+    default, from the family's settings) and ``set_input_size`` (bicubic with antialias, for any ViT), which
+    ``resize_patch(mode='bicubic', antialias=True)`` follows; they differ, so each match is earned."""
+    peer = timm.create_model("flexivit_small", **TINY)
+    peer.load_state_dict(load_file(checkpoint / "flexivit.safetensors"))
+    peer.eval().set_input_size(patch_size=patch_size)
+    loaded = timm_at_patch(checkpoint / "hub" / "model.safetensors", patch_size, "flexivit_small.1200ep_in1k")
+    x = torch.randn(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        assert (peer(x) - loaded(x)).abs().max().item() > 1e-3
+        for how, reference in (({}, loaded), (dict(mode="bicubic", antialias=True), peer)):
+            model = vitkit.load(checkpoint / "hub").eval()
+            model.resize_patch(patch_size, **how)
+            assert (model(x) - reference(x)).abs().max().item() <= 1e-5, how
+            assert model.config.pos_interp == "bilinear"  # the family's setting stays for later resizes
+    with pytest.raises(vitkit.ConfigError, match=r"resize_patch\(mode='cubic'\): expected one of"):
+        model.resize_patch(8, mode="cubic")

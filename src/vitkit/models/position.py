@@ -174,8 +174,12 @@ class LearnedPositionEmbedding(_CachedByGrid):
         return torch.cat([self.weight[:, :self.prefix].expand(grids.shape[0], -1, -1), patches], dim=1)
 
     @torch.no_grad()
-    def resize(self, grid: tuple[int, int]) -> None:
-        self.weight = nn.Parameter(self._compute(tuple(grid)).detach().clone())
+    def resize(self, grid: tuple[int, int], mode: str | None = None, antialias: bool | None = None) -> None:
+        """Resample the table to ``grid`` for good, by its own ``mode`` and ``antialias`` unless others are given
+        (for this resize only)."""
+        table = resample_with_prefix(self.weight, self.prefix, self.grid, tuple(grid), mode or self.mode,
+                                     self.antialias if antialias is None else antialias, self.align_corners)
+        self.weight = nn.Parameter(table.detach().clone())
         self.grid = tuple(grid)
         self._cache.clear()
 

@@ -26,11 +26,11 @@ from torch.utils.checkpoint import checkpoint
 
 from ..atomic import atomic_directory, os_errors
 from ..errors import ConfigError, InputError
-from .config import ViTConfig, pair
+from .config import POS_INTERPS, ViTConfig, pair
 from .layers import Adapter, AttentionPool, Block, PatchEmbed, make_norm
 from .naflex import PatchBatch, check_patch_batch
 from .patch_resize import resample_patch_kernel
-from .position import make_position_embedding
+from .position import LearnedPositionEmbedding, make_position_embedding
 from .rotary import make_rope
 from .resnet import make_backbone
 
@@ -343,23 +343,31 @@ class VisionTransformer(nn.Module):
         self.config = config
 
     @torch.no_grad()
-    def resize_patch(self, patch_size: int, image_size: int | tuple[int, int] | None = None) -> None:
+    def resize_patch(self, patch_size: int, image_size: int | tuple[int, int] | None = None, *,
+                     mode: str | None = None, antialias: bool | None = None) -> None:
         """FlexiViT: run at ``patch_size`` from now on, at ``image_size`` (by default the current one). The
-        patch kernel is resampled by the pseudo-inverse of the patch resize (its bias kept), and the position
-        table, once, to the new grid image_size // patch_size, as ``resize_image`` resamples it. Both resizes
-        are the family's (``pos_interp``, ``pos_interp_antialias``), as timm resizes both when loading."""
+        patch kernel is resampled by the pseudo-inverse of the patch resize (its bias kept), and a learned position
+        table, once, to the new grid image_size // patch_size. Both resizes are the family's (``pos_interp``,
+        ``pos_interp_antialias``), as timm's loading path resizes both (FlexiViT: bilinear, no antialias), unless
+        ``mode`` and ``antialias`` say otherwise: ``mode='bicubic', antialias=True`` is what timm's
+        ``set_input_size`` does to any ViT."""
         if self.config.backbone is not None and patch_size != self.config.patch_size:
             raise ConfigError(f"resize_patch({patch_size!r}): a hybrid's patches are cut from its CNN's "
                               f"features, not pixels; only a plain ViT changes its patch size")
         size = self.config.image_size if image_size is None else pair(image_size)
         config = self.config.replace(patch_size=patch_size, image_size=size)  # refuses a size P does not divide
         proj = self.patch_embed.proj
-        kernel = resample_patch_kernel(proj.weight, (patch_size, patch_size), config.pos_interp,
-                                       config.pos_interp_antialias)
+        if mode is not None and mode not in POS_INTERPS:
+            raise ConfigError(f"resize_patch(mode={mode!r}): expected one of {POS_INTERPS}")
+        mode = mode or config.pos_interp
+        antialias = config.pos_interp_antialias if antialias is None else antialias
+        kernel = resample_patch_kernel(proj.weight, (patch_size, patch_size), mode, antialias)
         proj.weight = nn.Parameter(kernel, requires_grad=proj.weight.requires_grad)
         proj.kernel_size = proj.stride = (patch_size, patch_size)
         self.patch_embed.patch_size, self.patch_embed.stride = patch_size, config.effective_patch_size
-        if self.pos_embed is not None:
+        if isinstance(self.pos_embed, LearnedPositionEmbedding):
+            self.pos_embed.resize(config.grid_size, mode, antialias)
+        elif self.pos_embed is not None:
             self.pos_embed.resize(config.grid_size)
         self.config = config
 
