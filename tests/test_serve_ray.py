@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -67,6 +68,13 @@ def test_ray_replica_answers_as_predict_batched_and_stops_on_sigterm(ray_cluster
         assert missing.status_code == 404 and "no such path" in missing.json()["error"]
         refused = running.classify(b"not an image")
         assert refused.status_code == 400 and "error" in refused.json()
+        with pytest.raises(httpx.TimeoutException):  # a client that gives up while its request waits for a batch
+            httpx.post(f"{running.url}/v1/classify", content=images[0].read_bytes(),
+                       headers={"Content-Type": "image/png"}, timeout=0.3)
+        deadline = time.monotonic() + 30
+        while "vitkit_queue_depth 0.0" not in running.client.get("/metrics").text:  # its place is given back
+            assert time.monotonic() < deadline, "a request given up kept its place in the replica's queue"
+            time.sleep(0.05)
         with ThreadPoolExecutor(4) as pool:  # SIGTERM while these wait out --max-wait-ms: each is answered
             in_flight = [pool.submit(running.classify, images[0].read_bytes()) for _ in range(4)]
             while "vitkit_queue_depth 4.0" not in running.client.get("/metrics").text:

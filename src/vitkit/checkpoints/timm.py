@@ -8,8 +8,9 @@ with GroupNorm eps 1e-5.
 
 The families on timm's ``VisionTransformer`` (DeiT with its distillation token, DeiT-III, DINOv2 with or
 without registers, CLIP, SigLIP, InternViT-300M) show themselves in the weights (``dist_token``, ``reg_token``,
-``ls1.gamma``, ``norm_pre``, ``attn_pool.latent``, no ``norm`` after the last block...), except for numerics: CLIP's LayerNorm eps 1e-5 and OpenAI's
-QuickGELU need the overrides ``ln_eps=1e-5``, ``gelu='quick'`` on a bare state dict.
+``ls1.gamma``, ``norm_pre``, ``attn_pool.latent``, no ``norm`` after the last block...), except for numerics:
+CLIP's LayerNorm eps 1e-5 and OpenAI's QuickGELU need the overrides ``ln_eps=1e-5``, ``gelu='quick'`` on a bare
+state dict.
 
 A timm hub directory (what ``hf-hub:timm/...`` downloads: ``config.json`` with ``architecture`` and
 ``pretrained_cfg`` beside the weights) tells the rest: ``global_pool``, ``model_args``, the input

@@ -184,8 +184,8 @@ class RandomErasing(torch.nn.Module):
 class InceptionCrop(torch.nn.Module):
     """Inception's crop: a random area in ``scale`` of the image at an aspect ratio in 3/4..4/3, resized to ``size``
     (antialiased), then a horizontal flip with probability ``flip``. The same random draws and the same pixels as
-    torchvision's ``v2.RandomResizedCrop`` then ``v2.RandomHorizontalFlip``, without v2's dispatch on every call,
-    which is half the time of the pair on a 32 px image."""
+    torchvision's ``v2.RandomResizedCrop`` then ``v2.RandomHorizontalFlip``, without v2's dispatch on every call
+    (which costs most where the images are small)."""
 
     def __init__(self, size: Sequence[int], scale: tuple[float, float], flip: float = 0.5):
         super().__init__()

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoints.inference import SURGERY
 from ..checkpoints.runnable import EXPORTED, check_graph_inputs, checkpoint_config
 from ..data import ALL, SplitSpec, default_split, evaluation_loader, load_dataset
 from ..data.survey import conversions, image_geometry
@@ -77,10 +78,12 @@ def check_model_memory(checkpoint: str, overrides: dict[str, Any] | None, device
                        precision: str, *, adapter: str | None = None, command: str) -> None:
     """Refuse, before a weight is allocated, a checkpoint whose weights and the pass of one image exceed the memory
     the machine has, from its config alone (a position table resampled for ``--set image_size=100000`` asks for
-    tens of GB), naming the estimate and an ``image_size`` that fits; an exported graph runs as it was exported."""
-    if Path(checkpoint).suffix in EXPORTED:
-        return
+    tens of GB), naming the estimate and an ``image_size`` that fits. Only the user's numbers are checked: without
+    an override of the size, patch or classes the model is the file's own (whose config most formats give only by
+    reading the weights, which loading does anyway), and an exported graph runs as it was exported."""
     overrides = overrides or {}
+    if Path(checkpoint).suffix in EXPORTED or not set(SURGERY) & set(overrides):
+        return
     config = checkpoint_config(checkpoint, overrides, adapter=adapter)
     chosen = select_device(device)
     dtype = resolve_precision(precision, chosen)

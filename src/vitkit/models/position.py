@@ -158,9 +158,9 @@ class LearnedPositionEmbedding(_CachedByGrid):
         self.weight = nn.Parameter(torch.empty(1, prefix + grid[0] * grid[1], dim))
         nn.init.normal_(self.weight, std=0.02)
 
-    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
-        return resample_with_prefix(self.weight, self.prefix, self.grid, grid, self.mode, self.antialias,
-                                    self.align_corners)
+    def _compute(self, grid: tuple[int, int], mode: str | None = None, antialias: bool | None = None) -> torch.Tensor:
+        return resample_with_prefix(self.weight, self.prefix, self.grid, grid, mode or self.mode,
+                                    self.antialias if antialias is None else antialias, self.align_corners)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         native = tuple(grid) == self.grid and not torch.jit.is_tracing()
@@ -177,9 +177,7 @@ class LearnedPositionEmbedding(_CachedByGrid):
     def resize(self, grid: tuple[int, int], mode: str | None = None, antialias: bool | None = None) -> None:
         """Resample the table to ``grid`` for good, by its own ``mode`` and ``antialias`` unless others are given
         (for this resize only)."""
-        table = resample_with_prefix(self.weight, self.prefix, self.grid, tuple(grid), mode or self.mode,
-                                     self.antialias if antialias is None else antialias, self.align_corners)
-        self.weight = nn.Parameter(table.detach().clone())
+        self.weight = nn.Parameter(self._compute(tuple(grid), mode, antialias).detach().clone())
         self.grid = tuple(grid)
         self._cache.clear()
 

@@ -82,7 +82,8 @@ class VisionTransformer(nn.Module):
         drop_rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         relative_tokens = self.num_prefix_tokens + c.grid_size[0] * c.grid_size[1] if c.pos_embed == "relative" else 0
         self.blocks = nn.ModuleList(Block(c, rate, relative_tokens) for rate in drop_rates)
-        self.norm = make_norm(c, c.dim) if c.final_norm and not c.fc_norm else nn.Identity()  # option: none
+        # Options: the norm on the pooled output (fc_norm) instead of every token, or none at all (final_norm).
+        self.norm = make_norm(c, c.dim) if c.final_norm and not c.fc_norm else nn.Identity()
         self.fc_norm = make_norm(c, c.dim) if c.final_norm and c.fc_norm else nn.Identity()
         # Option pool='map' (SigLIP, PE): attention pooling with a learned probe.
         self.attn_pool = AttentionPool(c) if c.pool == "map" else None

@@ -50,20 +50,33 @@ class RayBatches:
     async def submit(self, item: Any, prepare: Callable[[Any], Any] | None = None) -> Any:
         if self.depth >= self.max_queue:
             raise Overloaded(f"{self.depth} requests wait already in this replica (--max-queue {self.max_queue})")
+        ticket = _Ticket(item)
         self.depth += 1
         try:
             if prepare is not None:
-                item = await asyncio.get_running_loop().run_in_executor(None, prepare, item)
-        except BaseException:
-            self.depth -= 1
-            raise
-        return await self.batched(item)
+                ticket.item = await asyncio.get_running_loop().run_in_executor(None, prepare, item)
+            return await self.batched(ticket)
+        finally:  # a failed decode, or a request cancelled while it waited (Ray leaves it out of its batch)
+            if ticket.waiting:
+                ticket.waiting = False
+                self.depth -= 1
 
-    async def _run(self, items: list[Any]) -> list[Any]:
-        self.depth -= len(items)
+    async def _run(self, tickets: list[_Ticket]) -> list[Any]:
+        for ticket in tickets:
+            ticket.waiting = False
+        self.depth -= len(tickets)
         if self.on_batch is not None:
-            self.on_batch(len(items))
+            self.on_batch(len(tickets))
+        items = [ticket.item for ticket in tickets]
         return list(await asyncio.get_running_loop().run_in_executor(None, self.run_batch, items))
+
+
+@dataclass
+class _Ticket:
+    """A request in a replica: its item, and whether it still counts as waiting for a batch."""
+
+    item: Any
+    waiting: bool = True
 
 
 @dataclass(frozen=True)
