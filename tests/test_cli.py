@@ -154,7 +154,7 @@ def test_recipe_help_groups_hold_every_field_once_with_typed_choices():
 
 # The values of the recipe fields that take one of a few, written out.
 RECIPE_CHOICES = {"data.corrupt": ("fail", "skip"), "data.train_split": ("train", "trainval", "train800", "train800val200"), "model.channels": ("", "rgb", "grey"),
-                  "objective.kind": ("classification", "mpp", "distill"),
+                  "objective.kind": ("classification", "mpp", "distill", "segmentation", "depth"),
                   "peft.method": ("none", "lora", "dora", "vpt-shallow", "vpt-deep", "adaptformer", "bitfit", "linear"),
                   "objective.mpp_target": ("mean-colour", "downsized", "pixels"),
                   "augment.transform": ("pretrain", "finetune", "eval"),

@@ -65,14 +65,14 @@ def test_unknown_datasets_name_what_was_meant(tmp_path):
         with pytest.raises(DatasetError) as error:
             load_dataset(text, "test")
         assert str(error.value).endswith(f"; did you mean {meant}?"), str(error.value)
-    with pytest.raises(DatasetError, match=r"^unknown dataset 'qqq': expected digits, mnist, .* or vtab:DIR$"):
+    with pytest.raises(DatasetError, match=r"^unknown dataset 'qqq': expected digits, mnist, .* or depthfolder:DIR$"):
         load_dataset("qqq", "test")
 
 
 def test_unknown_model_keywords_are_config_errors_naming_the_close_field():
     with pytest.raises(ConfigError, match=r"^ViTConfig: dpeth: unknown key; did you mean depth\?$"):
         vitkit.create_model("ViT-Ti/16", dpeth=3)
-    with pytest.raises(ConfigError, match=r"^ViTConfig: num_head: unknown key; did you mean num_heads\?$"):
+    with pytest.raises(ConfigError, match=r"^ViTConfig: num_head: unknown key; did you mean num_heads or dense_head\?$"):
         vitkit.create_model(vitkit.ViTConfig(**TINY), num_head=4)
 
 

@@ -49,7 +49,7 @@ DEFAULT_TARGETS = ("qkv", "fc1", "fc2")
 # The dense layers of a block a LoRA may target, by their last name; q, k and v are rows of the fused qkv.
 LAYER_TARGETS = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
 ROW_TARGETS = ("q", "k", "v")
-HEADS = ("head", "head_dist")
+HEADS = ("head", "head_dist", "dense_head")
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."  # peft's prefix of every key of an adapter file
 # peft_type of the methods peft has no type for.

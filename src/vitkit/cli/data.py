@@ -55,6 +55,12 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
         return 0
     splits = report["splits"]
+    if "task" in report:  # per-pixel labels: no image belongs to one class
+        print_table(["split", "images"], [[name, split["images"]] for name, split in splits.items()])
+        print(f"{report['task']}: {len(report['classes'])} classes" if report["classes"] else report["task"])
+        if report["classes"]:
+            print(", ".join(report["classes"]))
+        return 0
     print_table(["split", "images", "classes"], [[name, split["images"], len(split["per_class"])]
                                                  for name, split in splits.items()])
     print()

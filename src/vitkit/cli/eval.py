@@ -59,8 +59,18 @@ def run(args: argparse.Namespace) -> int:
     if done.whole:
         print(f"{args.dataset} names no test or validation split: every one of its {report['images']} images is "
               f"evaluated (--split test evaluates the part a training run holds out)")
-    print_table(["class", "accuracy"], [[name, "-" if acc is None else f"{100 * acc:.2f}%"]
-                                        for name, acc in report["per_class"].items()])
+    kept = f"report in {args.out}" if args.out else "pass --out DIR to keep the report"
+    if report.get("task") == "segmentation":
+        print_table(["class", "IoU", "accuracy"], [[name, percent(iou), percent(report["Acc"][name])]
+                                                   for name, iou in report["IoU"].items()])
+        print(f"{args.dataset} [{done.split}]: mIoU {percent(report['mIoU'])}  aAcc {percent(report['aAcc'])}  "
+              f"({report['images']} images); {kept}")
+        return 0
+    if report.get("task") == "depth":
+        print(f"{args.dataset} [{done.split}]: AbsRel {report['abs_rel']:.4f}  RMSE {report['rmse']:.4f} m  "
+              f"delta<1.25 {percent(report['a1'])}  ({report['images']} images); {kept}")
+        return 0
+    print_table(["class", "accuracy"], [[name, percent(acc)] for name, acc in report["per_class"].items()])
     kept = f"report and confusion matrix in {args.out}" if args.out else "pass --out DIR to keep the report and " \
         "confusion matrix"
     print(f"{args.dataset} [{done.split}]: top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
@@ -68,3 +78,8 @@ def run(args: argparse.Namespace) -> int:
                                             f"({report['real_images']} images with labels)"
                                             if "real_top1" in report else "") + f"; {kept}")
     return 0
+
+
+def percent(value: float | None) -> str:
+    """A fraction as a percentage with two decimals, ``-`` where undefined (``null``)."""
+    return "-" if value is None else f"{100 * value:.2f}%"

@@ -84,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if "test/accuracy" in summary:
         print(f"{summary['test/split']} accuracy: {100 * summary['test/accuracy']:.2f}% "
               f"({summary['test/images']} images)")
+    elif "test/mIoU" in summary:
+        print(f"{summary['test/split']} mIoU: {100 * summary['test/mIoU']:.2f}%, aAcc {100 * summary['test/aAcc']:.2f}% "
+              f"({summary['test/images']} images)")
+    elif "test/abs_rel" in summary:
+        print(f"{summary['test/split']} depth: AbsRel {summary['test/abs_rel']:.4f}, RMSE {summary['test/rmse']:.4f} m, "
+              f"delta<1.25 {100 * summary['test/a1']:.2f}% ({summary['test/images']} images)")
     else:
         print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
     return 0

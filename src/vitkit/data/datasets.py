@@ -3,10 +3,11 @@
 
 The names: the embedded ``digits``, torchvision's MNIST / Fashion-MNIST / CIFAR, arrays in ``.npz`` files,
 ``imagefolder:PATH`` (listed, decoded on access), the sharded ``webdataset:`` and ``hf:``, and the evaluation
-suite's ``imagenet:``, ``pets:``, ``flowers102:`` and ``vtab:``.
+suite's ``imagenet:``, ``pets:``, ``flowers102:`` and ``vtab:``; the dense sets, segmentation's ``voc:``,
+``cityscapes:``, ``ade20k:`` and ``maskfolder:`` and depth's ``nyu:`` and ``depthfolder:``.
 
 Every dataset yields ``(image, label)`` with the image a uint8 ``(C, H, W)`` tensor and keeps its
-class names in ``.classes``. Splits are ``train``, ``val`` and ``test``; a dataset without a
+class names in ``.classes``; a dense set's label is a ``tv_tensors.Mask`` of the image's size (``data.dense``). Splits are ``train``, ``val`` and ``test``; a dataset without a
 validation (or test) split gets one held out of its training images, the same for every seed-equal
 call, so a run's validation images never leak into its training images. ``all`` is every image of the
 dataset, whatever its split: what a folder of images that names no split holds.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import numpy as np
@@ -27,23 +28,32 @@ def read_image(source: str | Path | BinaryIO, name: str | None = None) -> torch.
     Transparency is composited over white, as a page shows it and as HF's image processors do: the colour
     under a transparent pixel is undefined (often black), so dropping alpha would show that instead.
     Errors name the image ``name`` (default: the path)."""
+    with decoded(source, name) as image:
+        return pil_to_tensor(_eight_bit(ImageOps.exif_transpose(image)))
+
+
+@contextlib.contextmanager
+def decoded(source: str | Path | BinaryIO, name: str | None = None, what: str = "image") -> Iterator[Image.Image]:
+    """The image file or bytes ``source`` opened and fully decoded by Pillow, as it is stored (a path opened as a
+    regular file only: a FIFO or a device in its place is refused, never waited on). An image larger than
+    ``MAX_PIXELS`` is refused before it is decoded, and every failure, in decoding or in the body, is a
+    DatasetError naming ``name`` (default: the path) as the ``what`` it should have been."""
     name = name or str(source)
     try:
-        # A path is opened as a regular file only: a FIFO or a device in its place is refused, never waited on.
         with open_regular(source) if isinstance(source, str | Path) else contextlib.nullcontext(source) as handle, \
                 Image.open(handle) as image:
             if image.width * image.height > MAX_PIXELS:
-                raise DatasetError(f"{name}: refusing to decode a {image.width}x{image.height} image "
+                raise DatasetError(f"{name}: refusing to decode a {image.width}x{image.height} {what} "
                                    f"({image.width * image.height:,} pixels, more than {MAX_PIXELS:,}): "
                                    f"a decompression bomb, or an image to downscale first")
             image.load()
-            return pil_to_tensor(_eight_bit(ImageOps.exif_transpose(image)))
+            yield image
     except DatasetError:
         raise
     except Image.DecompressionBombError as error:
         raise DatasetError(f"{name}: refusing to decode a decompression bomb ({error})") from error
     except (OSError, ValueError, SyntaxError) as error:
-        raise DatasetError(f"{name}: not a readable image ({error})") from error
+        raise DatasetError(f"{name}: not a readable {what} ({error})") from error
 
 
 def _eight_bit(image: Image.Image) -> Image.Image:

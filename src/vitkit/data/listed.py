@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..classnames import parse_class_list
 from ..errors import DatasetError
-from ..paths import read_text, within
+from ..paths import read_capped, read_text, reason, within
 from .map_style import FileDataset
 
 
@@ -86,3 +87,18 @@ def number(text: str, path: Path, line: int, what: str) -> int:
         return int(text)
     except ValueError:
         raise DatasetError(f"{path}:{line}: {what} {text!r} is not an integer") from None
+
+
+def read_class_names(path: Path) -> list[str] | None:
+    """The class names of ``classes.txt`` (one a line, UTF-8, escaped as ``classnames`` says; bytes that are not
+    UTF-8 kept as surrogate escapes), or None when there is no such file."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        names = parse_class_list(read_capped(path, "class list").decode("utf-8", "surrogateescape"))
+    except OSError as error:
+        raise DatasetError(f"{path}: not a readable class list ({reason(error)}); expected UTF-8 text, one class "
+                           f"name a line") from None
+    if not names:
+        raise DatasetError(f"{path}: names no class; expected one class name a line")
+    return names

@@ -36,13 +36,22 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return hash((seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF  # hash of ints: the same in every process
 
 
-def seeded_transform(preset: Preset, image: torch.Tensor, seed: int) -> torch.Tensor:
-    """``preset.per_image(image)`` with torchvision's random draws seeded, leaving the global RNG as it was."""
+def transformed(preset: Preset, image: torch.Tensor, label):
+    """``(image, label)`` through ``preset.per_image``: the image alone, or with its dense target (a joint
+    preset), which then moves with it."""
+    if preset.joint:
+        return preset.per_image(image, label)
+    return preset.per_image(image), label
+
+
+def seeded_transform(preset: Preset, image: torch.Tensor, label, seed: int) -> tuple:
+    """``transformed(preset, image, label)`` with torchvision's random draws seeded, leaving the global RNG as it
+    was."""
     generator = torch.default_generator  # what torchvision's random transforms draw from
     state = generator.get_state()
     try:
         generator.manual_seed(seed)
-        return preset.per_image(image)
+        return transformed(preset, image, label)
     finally:
         generator.set_state(state)
 
@@ -72,16 +81,22 @@ def finished_batch(preset: Preset, images: Sequence[torch.Tensor],
 
 def collate_training(preset: Preset, items: list[Item],
                      slots: BatchSlots | None = None) -> tuple[torch.Tensor | SlotBatch, torch.Tensor, list[str]]:
-    """A training micro-batch and the names of the files replaced in it."""
+    """A training micro-batch and the names of the files replaced in it; dense targets (cropped to one size)
+    stacked as plain tensors."""
     images, labels, skipped = zip(*items)
-    return finished_batch(preset, images, slots), torch.tensor(labels), [n for names in skipped for n in names]
+    targets = torch.stack([label.as_subclass(torch.Tensor) for label in labels]) \
+        if isinstance(labels[0], torch.Tensor) else torch.tensor(labels)
+    return finished_batch(preset, images, slots), targets, [n for names in skipped for n in names]
 
 
-def collate_evaluation(preset: Preset, items: list[Item],
-                       slots: BatchSlots | None = None) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
-    """An evaluation batch; the images that could not be read (``--corrupt skip``) are left out, with a warning."""
+def collate_evaluation(preset: Preset, items: list[Item], slots: BatchSlots | None = None
+                       ) -> tuple[torch.Tensor | SlotBatch, torch.Tensor | list[torch.Tensor]]:
+    """An evaluation batch; the images that could not be read (``--corrupt skip``) are left out, with a warning.
+    Dense targets stay a list of plain tensors, each at its image's own size."""
     images, labels, _ = zip(*readable(items))
-    return finished_batch(preset, images, slots), torch.tensor(labels)
+    targets = [label.as_subclass(torch.Tensor) for label in labels] \
+        if isinstance(labels[0], torch.Tensor) else torch.tensor(labels)
+    return finished_batch(preset, images, slots), targets
 
 
 def readable(items: list[Item]) -> list[Item]:
@@ -131,8 +146,8 @@ class Transformed(Dataset):
                     raise DatasetError(f"{getattr(self.dataset, 'name', 'dataset')}: no image is readable") from None
                 index = (index + 1) % len(self.dataset)
         if epoch is None:
-            return self.preset.per_image(image), label, tuple(skipped)
-        return seeded_transform(self.preset, image, sample_seed(self.seed, epoch, key[0])), label, tuple(skipped)
+            return *transformed(self.preset, image, label), tuple(skipped)
+        return *seeded_transform(self.preset, image, label, sample_seed(self.seed, epoch, key[0])), tuple(skipped)
 
     def collate(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
         """Stack evaluation items into (images, labels), left-out (unreadable) images dropped."""

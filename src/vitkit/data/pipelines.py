@@ -77,7 +77,7 @@ def for_workers(preset: Preset, device: torch.device | None) -> tuple[Preset, To
     a quarter of float32's bytes, and the per-batch step runs there."""
     if device is None or device.type == "cpu":
         return preset, torch.nn.Identity()
-    return Preset(preset.per_image, torch.nn.Identity()), preset.per_batch
+    return Preset(preset.per_image, torch.nn.Identity(), preset.joint), preset.per_batch
 
 
 def training_loader(dataset, preset: Preset, *, global_batch: int, total_steps: int, start_step: int, seed: int,

@@ -37,8 +37,8 @@ from webdataset.filters import _shuffle
 from ..errors import DatasetError
 from .index_cache import ShardIndex, shard_indexes
 from .map_style import MAX_UNNAMED_CLASSES
-from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed,
-                      seeded_transform)
+from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed, seeded_transform,
+                      transformed)
 from .slots import BatchSlots, SlotBatch
 from .transforms import Preset
 
@@ -156,7 +156,7 @@ class TrainingStream(IterableDataset):
                 continue
             for index, shard, key, payload in itertools.islice(self.epoch(epoch, slot, slots), to_skip, None):
                 image, label, skipped = self.split.item(shard, key, payload, self.corrupt, replace=True)
-                yield seeded_transform(self.preset, image, sample_seed(self.seed, epoch, index)), label, skipped
+                yield *seeded_transform(self.preset, image, label, sample_seed(self.seed, epoch, index)), skipped
             to_skip = 0
 
     def collate_training(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor, list[str]]:
@@ -179,7 +179,7 @@ class EvaluationStream(IterableDataset):
         for shard in self.split.shards[worker::workers]:
             for key, payload in self.split.raw(shard):
                 image, label, skipped = self.split.item(shard, key, payload, self.corrupt, replace=False)
-                yield (None if image is None else self.preset.per_image(image)), label, skipped
+                yield *((None, label) if image is None else transformed(self.preset, image, label)), skipped
 
     def collate(self, items: list[Item]) -> tuple[torch.Tensor | SlotBatch, torch.Tensor]:
         return collate_evaluation(self.preset, items, self.batch_slots)

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import DatasetError
 from ..progress import track
+from .dense import DenseDataset
 from .map_style import ArrayDataset
 from .loading import Transformed, worker_options
 from .shards import EvaluationStream, ShardedSplit
@@ -30,8 +31,14 @@ def class_counts(dataset) -> Counter:
 
 
 def describe(splits: dict[str, object]) -> dict:
-    """Split sizes, class names and the images of each class per split."""
-    report = {"classes": list(next(iter(splits.values())).classes), "splits": {}}
+    """Split sizes, class names and the images of each class per split. A dense dataset (masks or depth maps)
+    has no label an image to count: its report names its task and counts no images per class."""
+    first = next(iter(splits.values()))
+    report = {"classes": list(first.classes), "splits": {}}
+    if isinstance(first, DenseDataset):
+        report["task"] = first.task
+        report["splits"] = {name: {"images": len(dataset), "per_class": {}} for name, dataset in splits.items()}
+        return report
     for name, dataset in splits.items():
         counts = class_counts(dataset)
         report["splits"][name] = {"images": len(dataset),

@@ -105,10 +105,13 @@ class ResizeToCover(torch.nn.Module):
 @dataclass
 class Preset:
     """A transform split where it is cheapest: the random and size-changing steps per image (uint8), then
-    conversion to float and normalisation, which can wait for the batch's arrival on an accelerator."""
+    conversion to float and normalisation, which can wait for the batch's arrival on an accelerator. A ``joint``
+    preset's ``per_image`` takes and returns ``(image, target)`` pairs: a dense target (a mask, a depth map) is
+    cropped, scaled and flipped with its image."""
 
-    per_image: Callable[[torch.Tensor], torch.Tensor]
+    per_image: Callable
     per_batch: ToModelInput | torch.nn.Identity  # the identity where the pixels stay uint8 (for a device)
+    joint: bool = False
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         return self.per_batch(self.per_image(image)[None])[0]
@@ -226,3 +229,58 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
     if erasing:
         steps.append(RandomErasing(erasing))
     return Preset(v2.Compose(steps), ToModelInput(mean, std))
+
+
+DENSE_TASKS = ("segmentation", "depth")
+DENSE_SCALES = (0.5, 2.0)  # the random rescale of a training image, relative to the model's size (mmseg's ratio range)
+IGNORED = 255  # the mask value of pixels outside any class (and the padding of a crop)
+
+
+class JointSteps:
+    """The image's channels made the model's, then ``steps`` (torchvision v2) on the image and its target
+    together: a ``tv_tensors.Mask`` is resampled by nearest neighbour and padded with its own fill."""
+
+    def __init__(self, channels: int, steps: list):
+        self.to_channels, self.steps = ToChannels(channels), v2.Compose(steps)
+
+    def __call__(self, image: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.steps(self.to_channels(image), target)
+
+
+class ImageOnly:
+    """The evaluation geometry on the image alone: its target keeps its own size, where the metrics are taken."""
+
+    def __init__(self, transform: Callable[[torch.Tensor], torch.Tensor]):
+        self.transform = transform
+
+    def __call__(self, image: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.transform(image), target
+
+
+def dense_transform(task: str, training: bool, image_size: tuple[int, int], channels: int,
+                    family: str = "google", hflip: bool = True) -> Preset:
+    """The joint preset of a dense ``task``. Training: segmentation rescales the shorter side at random to 0.5-2x
+    the model's (mmseg's ratio range), depth brings it to the model's (depth in metres does not change with the
+    picture's scale); then a random crop of ``image_size``, padded where the image is smaller (pixels 0, masks
+    255, depth 0: no depth), and a horizontal flip. Evaluation: the whole image stretched to ``image_size``, its
+    target left at its own size (outputs are brought to it: ``models.dense.resized``)."""
+    if task not in DENSE_TASKS:
+        raise ConfigError(f"unknown dense task {task!r}; expected one of {DENSE_TASKS}")
+    mean, std = normalization(family, channels)
+    size = list(image_size)
+    if not training:
+        return Preset(ImageOnly(v2.Compose([ToChannels(channels), v2.Resize(size, antialias=True)])),
+                      ToModelInput(mean, std), joint=True)
+    from torchvision import tv_tensors
+
+    side = min(size)
+    if task == "segmentation":
+        steps: list = [v2.RandomResize(round(DENSE_SCALES[0] * side), round(DENSE_SCALES[1] * side) + 1,
+                                       antialias=True)]
+    else:
+        steps = [v2.Resize(side, antialias=True)]
+    fill = {tv_tensors.Mask: IGNORED if task == "segmentation" else 0, "others": 0}
+    steps.append(v2.RandomCrop(size, pad_if_needed=True, fill=fill))
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    return Preset(JointSteps(channels, steps), ToModelInput(mean, std), joint=True)

@@ -15,11 +15,13 @@ from ..checkpoints.inference import SURGERY
 from ..checkpoints.runnable import EXPORTED, check_graph_inputs, checkpoint_config
 from ..data import ALL, SplitSpec, default_split, evaluation_loader, load_dataset
 from ..data.survey import conversions, image_geometry
+from ..data.transforms import dense_transform
 from ..errors import ConfigError
 from ..memory import Plan, check, check_workers, estimate
 from ..models.config import pair
 from ..models.vit import VisionTransformer
 from ..runtime import resolve_precision, select_device
+from .dense import evaluate_dense, write_dense_report
 from .metrics import evaluate, real_top1, write_report
 from .preprocessing import checkpoint_transform, naflex_loader
 
@@ -58,6 +60,17 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     chosen = split or default_split(dataset)
     data = load_dataset(dataset, chosen, data_dir, SplitSpec(val_fraction), corrupt)
     check_eval_size(model, len(data), batch_size, num_workers, max_patches, device, dtype, command)
+    task = dense_task_of(config, data, dataset, source)
+    if task:
+        loader = evaluation_loader(data, dense_transform(task, False, config.image_size, config.in_chans,
+                                                         config.provenance.normalization),
+                                   batch_size, num_workers, corrupt, device=device)
+        evaluation = evaluate_dense(model, loader, task, config.num_classes, device, dtype,
+                                    ignore_index=getattr(data, "ignore_index", 255),
+                                    max_depth=config.depth_max if task == "depth" else None,
+                                    eval_crop=getattr(data, "eval_crop", None))
+        report = write_dense_report(evaluation, data.classes, out, chosen)
+        return DatasetEvaluation(dataset, chosen, chosen == ALL and split is None, report)
     if config.num_classes != len(data.classes):
         raise ConfigError(f"{source} predicts {config.num_classes} classes but {dataset} has {len(data.classes)}")
     for conversion in [] if max_patches else conversions(image_geometry(data), config.in_chans, config.image_size):
@@ -72,6 +85,21 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     real = real_top1(evaluation, real_labels, data, config.num_classes) if real_labels is not None else None
     report = write_report(evaluation, data.classes, out, chosen, real)
     return DatasetEvaluation(dataset, chosen, chosen == ALL and split is None, report)
+
+
+def dense_task_of(config, data, dataset: str, source: str) -> str | None:
+    """The dense task a model with a dense head is measured on (None for a classifier), refused where the dataset
+    holds another kind of label or other classes."""
+    holds = getattr(data, "task", "classification")
+    task = None if config.dense_head == "none" else "depth" if config.dense_output == "depth" else "segmentation"
+    if task != holds and (task or holds != "classification"):
+        has = f"a {task} head" if task else "a classifier"
+        raise ConfigError(f"{source} has {has} and {dataset} holds {holds} labels; expected a "
+                          f"{task or 'classification'} dataset")
+    if task == "segmentation" and config.num_classes != len(data.classes):
+        raise ConfigError(f"{source} predicts {config.num_classes} classes per pixel but {dataset} has "
+                          f"{len(data.classes)}")
+    return task
 
 
 def check_model_memory(checkpoint: str, overrides: dict[str, Any] | None, device: str | torch.device | None,

@@ -34,6 +34,11 @@ ROPES = ("none", "axial", "mixed")
 # cells when set); "centered", patch centres normalised to [-1, 1] per axis, angles in turns (DINOv3).
 ROPE_GRIDS = ("index", "centered")
 MOST_MODULES = {"depth": 4096, "reg_tokens": 4096, "prompt_tokens": 4096}  # far beyond any published ViT (48 blocks, 16 registers)
+# Dense heads (per-pixel outputs at the patch grid or finer, in place of the classifier): "linear", DINOv2's linear
+# probe on the last block; "linear-ms", the same on the last four; "dpt", a DPT decoder over four blocks.
+DENSE_HEADS = ("none", "linear", "linear-ms", "dpt")
+# What a dense head predicts: class logits per pixel, or depth in metres (its outputs weigh bins of depth).
+DENSE_OUTPUTS = ("classes", "depth")
 POS_INTERPS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 # The options of the families built on the skeleton (DeiT, DeiT-III, DINOv2, CLIP, SigLIP) and their off values.
 FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_class=False, pre_norm=False,
@@ -200,6 +205,13 @@ class ViTConfig:
     final_norm: bool = setting(True, Bool(), "a norm after the last block (on every token, or after pooling with "
                                "fc_norm); false: none, as InternViT")
     pos_embed: str = setting("learned", Choice(POS_EMBEDS), "position embeddings")
+    # Dense prediction (segmentation, depth): a head on the patch tokens in place of pooling and the classifier.
+    dense_head: str = setting("none", Choice(DENSE_HEADS), "a per-pixel head on the patch tokens instead of the "
+                              "classifier (none: classify the image)")
+    dense_output: str = setting("classes", Choice(DENSE_OUTPUTS), "what the dense head's num_classes outputs are: "
+                                "class logits, or weights of depth bins spaced evenly in [depth_min, depth_max]")
+    depth_min: float = setting(1e-3, Float(0), "metres: the first depth bin")
+    depth_max: float = setting(10.0, Float(0, low_open=True), "metres: the last depth bin")
     # How a learned table is resampled to another grid; each checkpoint family has its own: Google
     # bilinear with corners aligned (scipy's linear zoom), HF bicubic, timm bicubic with antialias,
     # torchvision bicubic with corners aligned.
@@ -247,6 +259,14 @@ class ViTConfig:
                                         and not (self.representation_size and self.num_classes)), SOURCE,
                 "dist_token", "false unless class_token=True, pool='token', fc_norm=False, and no "
                 "representation_size beside a head", self.dist_token)
+        require(self.dense_head == "none" or self.num_classes > 0, SOURCE, "num_classes",
+                f"at least 1 with dense_head={self.dense_head!r} (its outputs per pixel)", self.num_classes)
+        require(self.dense_head == "none" or not self.representation_size, SOURCE, "representation_size",
+                "null with a dense_head (nothing is pooled)", self.representation_size)
+        require(self.dense_head != "none" or self.dense_output == "classes", SOURCE, "dense_output",
+                "'classes' unless a dense_head is set", self.dense_output)
+        require(self.dense_output != "depth" or self.depth_min < self.depth_max, SOURCE, "depth_max",
+                f"more than depth_min={self.depth_min}", self.depth_max)
         if self.backbone is not None:
             require(self.backbone_width % self.gn_groups == 0, SOURCE, "backbone_width",
                     f"a multiple of gn_groups={self.gn_groups}", self.backbone_width)

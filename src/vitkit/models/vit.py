@@ -16,6 +16,7 @@ AdaptFormer's adapters (in the blocks); LoRA wraps the dense layers from outside
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from ..atomic import atomic_directory, os_errors
 from ..errors import ConfigError, InputError
 from .config import POS_INTERPS, ViTConfig, pair
+from .dense import DenseHead, Features, dense_layers
 from .layers import Adapter, AttentionPool, Block, PatchEmbed, make_norm
 from .naflex import PatchBatch, check_patch_batch
 from .patch_resize import resample_patch_kernel
@@ -84,15 +86,17 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(c, rate, relative_tokens) for rate in drop_rates)
         # Options: the norm on the pooled output (fc_norm) instead of every token, or none at all (final_norm).
         self.norm = make_norm(c, c.dim) if c.final_norm and not c.fc_norm else nn.Identity()
-        self.fc_norm = make_norm(c, c.dim) if c.final_norm and c.fc_norm else nn.Identity()
+        dense = c.dense_head != "none"  # Option dense_head: per-pixel outputs; nothing pooled, no classifier
+        self.fc_norm = make_norm(c, c.dim) if c.final_norm and c.fc_norm and not dense else nn.Identity()
         # Option pool='map' (SigLIP, PE): attention pooling with a learned probe.
-        self.attn_pool = AttentionPool(c) if c.pool == "map" else None
+        self.attn_pool = AttentionPool(c) if c.pool == "map" and not dense else None
         if c.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(c.dim, c.representation_size), nn.Tanh())
         else:
             self.pre_logits = nn.Identity()
-        self.head = self._new_head(c.num_classes)
-        self.head_dist = self._new_head(c.num_classes) if c.dist_token else None
+        self.head = self._new_head(0 if dense else c.num_classes)
+        self.head_dist = self._new_head(c.num_classes) if c.dist_token and not dense else None
+        self.dense_head = DenseHead(c) if dense else None
         self.grad_checkpointing = False  # recompute block activations in backward to save memory
         self.init_weights()
 
@@ -221,14 +225,21 @@ class VisionTransformer(nn.Module):
         prompts = self.prompts[layer if c.prompt_deep else 0].expand(z.shape[0], -1, -1).to(z.dtype)
         return torch.cat([z[:, :start], prompts, z[:, start + (c.prompt_tokens if layer else 0):]], dim=1)
 
-    def encode(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
-               ) -> torch.Tensor:
-        """Eqs. (2)-(3) through every block, then the final LayerNorm; ``ropes`` holds each block's rotary table
-        (None without rope) and ``mask`` which keys may be attended to (NaFlex padding)."""
+    def run_blocks(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
+                   ) -> Iterator[torch.Tensor]:
+        """Eqs. (2)-(3): each block's output in turn; ``ropes`` holds each block's rotary table (None without rope)
+        and ``mask`` which keys may be attended to (NaFlex padding)."""
         recompute = self.grad_checkpointing and torch.is_grad_enabled()
         for layer, (block, rope) in enumerate(zip(self.blocks, ropes)):
             z = self.prompted(z, layer)
             z = checkpoint(block, z, rope, mask, use_reentrant=False) if recompute else block(z, rope, mask)
+            yield z
+
+    def encode(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """Every block (``run_blocks``), then the final LayerNorm."""
+        for z in self.run_blocks(z, ropes, mask):
+            pass
         return self.norm(z)
 
     def forward_features(self, images: torch.Tensor | PatchBatch) -> torch.Tensor:
@@ -256,6 +267,29 @@ class VisionTransformer(nn.Module):
                 z = block(z, rope)
             outputs.append(z)
         return Intermediates(outputs, self.norm(z), grid, attentions if attention else None)
+
+    def dense_features(self, images: torch.Tensor) -> Features:
+        """What the dense head reads (``models.dense``): for each of its blocks, the (B, D, rows, cols) map of the
+        patch tokens after the final norm, and the (B, D) state of the [class] token (None without one); the
+        other prefix tokens and VPT's prompts are left out."""
+        if isinstance(images, PatchBatch):
+            raise InputError("a dense head takes (B, C, H, W) images, not a NaFlex batch: its outputs are maps of "
+                             "one grid; run each image at its own size")
+        z, grid = self.embed(images)
+        wanted = dense_layers(self.config)
+        kept = {}
+        for layer, tokens in enumerate(self.run_blocks(z, self.rope_tables(grid, z.device))):
+            if layer in wanted:
+                kept[layer] = self.norm(tokens)
+            if layer == max(wanted):
+                break
+        prefix, batch = self.num_prefix_tokens, z.shape[0]
+
+        def maps(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            patches = tokens[:, prefix:].transpose(1, 2).reshape(batch, -1, *grid)
+            return patches, tokens[:, 0] if self.cls_token is not None else None
+
+        return [maps(kept[layer]) for layer in wanted]
 
     def pool(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
@@ -302,6 +336,8 @@ class VisionTransformer(nn.Module):
         resampled to the grid); or of a NaFlex :class:`PatchBatch` (each image at its own grid). Equal to
         ``forward_head(forward_features(images))``; ``forward_intermediates`` gives what the blocks saw. With
         ``apart`` (a model with a distillation token), its two heads' logits, not their mean."""
+        if self.dense_head is not None:  # Option dense_head: (B, num_classes or 1, h, w) per-pixel outputs
+            return self.dense_head(self.dense_features(images))
         mask = images.mask if isinstance(images, PatchBatch) else None
         return self.forward_head(self.forward_features(images), mask=mask, apart=apart)
 
@@ -319,6 +355,20 @@ class VisionTransformer(nn.Module):
         self.head = self._new_head(num_classes).to(device)
         if self.head_dist is not None:
             self.head_dist = self._new_head(num_classes).to(device)
+
+    def make_dense(self, head: str, outputs: int, output: str = "classes", depth_min: float = 1e-3,
+                   depth_max: float = 10.0) -> None:
+        """Put a fresh dense head (``models.dense``: linear, linear-ms or dpt) in place of pooling and the
+        classifier, its ``outputs`` per pixel class logits or (``output='depth'``) the weights of depth bins from
+        ``depth_min`` to ``depth_max`` metres; the blocks are kept as they are."""
+        provenance = self.config.provenance.replace(classes=None)
+        self.config = self.config.replace(dense_head=head, dense_output=output, num_classes=outputs,
+                                          depth_min=depth_min, depth_max=depth_max, representation_size=None,
+                                          provenance=provenance)
+        device = next(self.parameters()).device
+        self.head, self.head_dist, self.pre_logits = nn.Identity(), None, nn.Identity()
+        self.attn_pool, self.fc_norm = None, nn.Identity()
+        self.dense_head = DenseHead(self.config).to(device).train(self.training)
 
     def add_prompts(self, count: int, deep: bool = False) -> None:
         """VPT (Jia et al. 2022): ``count`` learned prompt tokens after the prefix tokens, at the input (shallow)

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.transforms import v2
 
+from ..models.dense import resized
+
 
 class Objective(Protocol):
     """What the training loop minimises: a callable ``(model, batch) -> (loss, metrics)``; a new recipe is a
@@ -85,3 +87,42 @@ class MaskedPatches:
 
     def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return model(batch[0])
+
+
+class Segmentation:
+    """Per-pixel softmax cross-entropy of a dense head's logits, brought to the masks' size first (bilinear, as
+    mmseg resizes them), the ignored pixels (``ignore_index``) left out."""
+
+    def __init__(self, ignore_index: int = 255):
+        self.ignore_index = ignore_index
+
+    def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        images, masks = batch
+        logits = resized(model(images).float(), masks.shape[-2:])
+        loss = F.cross_entropy(logits, masks.long(), ignore_index=self.ignore_index)
+        counted = masks != self.ignore_index
+        right = (logits.detach().argmax(dim=1) == masks) & counted
+        return loss, {"pixel_accuracy": right.sum() / counted.sum().clamp(min=1)}
+
+
+SIGLOSS_EPS = 1e-3  # added to predicted and true depth before their logarithms (DINOv2's SigLoss)
+
+
+class DepthRegression:
+    """The scale-invariant log loss of Eigen et al. (2014) as DINOv2 trains depth: with g = log(pred) - log(true)
+    over the pixels with depth (0 < true <= ``max_depth`` when capped), sqrt(Var(g) + 0.15 mean(g)^2); the
+    prediction is brought to the depth map's size first."""
+
+    def __init__(self, max_depth: float | None = None):
+        self.max_depth = max_depth
+
+    def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        images, depth = batch
+        predicted = resized(model(images).float(), depth.shape[-2:])[:, 0]
+        valid = depth > 0
+        if self.max_depth is not None:
+            valid &= depth <= self.max_depth
+        g = torch.log(predicted[valid] + SIGLOSS_EPS) - torch.log(depth[valid] + SIGLOSS_EPS)
+        loss = torch.sqrt(g.var() + 0.15 * g.mean() ** 2) if g.numel() > 1 else predicted.sum() * 0
+        error = (predicted.detach()[valid] - depth[valid]) ** 2
+        return loss, {"rmse": error.mean().sqrt() if error.numel() else error.sum()}

@@ -21,6 +21,7 @@ from ..declare import (Bool, Choice, FieldError, Float, Int, Invalid, Items, Map
                        check_fields, check_keys, declared, refuse, require, setting)
 from ..errors import ConfigError
 from ..models import ViTConfig
+from ..models.config import DENSE_HEADS
 from ..normalization import NORMALIZATION
 from ..runtime import TRAINING_PRECISIONS
 from .distributed import PARALLEL
@@ -29,7 +30,9 @@ from .optim import SCHEDULES
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("classification", "mpp", "distill")
+OBJECTIVES = ("classification", "mpp", "distill", "segmentation", "depth")
+DENSE_OBJECTIVES = ("segmentation", "depth")
+HEAD_KINDS = tuple(head for head in DENSE_HEADS if head != "none")
 DISTILL_KINDS = ("hard", "soft")
 NORMALIZATIONS = ("", *NORMALIZATION)
 OPTIMIZERS = ("adamw", "sgd")
@@ -128,12 +131,20 @@ class Augment(Section):
 
 @dataclass
 class ObjectiveSection(Section):
-    """What the model learns: classes (with label smoothing), or masked patch prediction."""
+    """What the model learns: classes (with label smoothing), masked patch prediction, distillation, or a class or
+    a depth per pixel (a dense head)."""
 
     SECTION: ClassVar[str] = "objective"
     kind: str = setting("classification", Choice(OBJECTIVES),
         "classification; mpp: masked patch prediction (self-supervised, labels unused); distill: DeiT's distillation "
-        "from --distill-teacher", alias="objective")
+        "from --distill-teacher; segmentation, depth: a dense head (--head) on a segmentation or depth dataset",
+        alias="objective")
+    dense_head: str | None = setting(None, Maybe(Choice(HEAD_KINDS)), "segmentation, depth: linear (BatchNorm and a "
+                                     "1x1 convolution on the last block, DINOv2's probe), linear-ms (the last four "
+                                     "blocks) or dpt (a DPT decoder); null: linear", alias="head")
+    depth_bins: int = setting(256, Int(2, 65536), "depth: bins of depth the head weighs (DINOv2's 256)")
+    max_depth: float | None = setting(None, Maybe(Float(0, low_open=True)), "depth: metres; deeper pixels are left "
+                                      "out and the bins end there; null: the dataset's cap, else 10")
     label_smoothing: float = setting(0.0, FRACTION, "label smoothing of the classification targets",
                                      short=("--smoothing",))
     mpp_target: str = setting("mean-colour", Choice(MPP_TARGETS),
@@ -161,6 +172,11 @@ class ObjectiveSection(Section):
         distilling = self.kind == "distill"
         require(not distilling or self.distill_teacher, "Recipe", "objective.distill_teacher",
                 "a teacher with objective.kind='distill' (--distill-teacher CKPT)", self.distill_teacher)
+        dense = self.kind in DENSE_OBJECTIVES
+        require(dense or self.dense_head is None, "Recipe", "objective.dense_head",
+                "null unless objective.kind is segmentation or depth (--objective segmentation)", self.dense_head)
+        require(self.kind == "depth" or self.max_depth is None, "Recipe", "objective.max_depth",
+                "null unless objective.kind='depth' (--objective depth)", self.max_depth)
         for name in ("distill_teacher", "distill_kind", "distill_teacher_size"):
             require(distilling or getattr(self, name) is None, "Recipe", f"objective.{name}",
                     "null unless objective.kind='distill' (--objective distill)", getattr(self, name))
@@ -354,7 +370,7 @@ class Recipe:
                 "null with objective.kind='mpp' (layer-wise decay fine-tunes a pre-trained encoder)",
                 self.optim.layer_decay)
         require(self.peft.method == "none" or (self.model.init and self.objective.kind != "mpp"), "Recipe",
-                "peft.method", "'none' unless fine-tuning a checkpoint for classification (vitkit finetune CHECKPOINT "
+                "peft.method", "'none' unless fine-tuning a checkpoint (vitkit finetune CHECKPOINT "
                 "--peft METHOD)", self.peft.method)
         fields = {item.name for item in dataclasses.fields(ViTConfig)} - {"image_size", "num_classes"}
         check_keys(self.model.args, sorted(fields), "Recipe", "model.args",

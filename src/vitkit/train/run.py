@@ -28,8 +28,9 @@ from ..data import (ALL, STREAMED, ShardedSplit, SplitSpec, build_transform, def
 from ..data.map_style import held_part
 from ..data.splits import seeded_permutation
 from ..data.survey import Geometry, image_geometry
-from ..data.transforms import augreg_level
+from ..data.transforms import augreg_level, dense_transform
 from ..errors import ConfigError
+from ..evaluate.dense import BEST, HEADLINE, DenseEvaluation, evaluate_dense, write_dense_report
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..evaluate.preprocessing import checkpoint_transform
 from ..memory import Limit, Plan, available_memory, check, estimate
@@ -40,16 +41,19 @@ from ..runtime import DTYPES
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
 from .mpp import MaskedPatchPrediction
-from .objectives import Classification, Distillation, MaskedPatches
+from .objectives import Classification, DepthRegression, Distillation, MaskedPatches, Segmentation
 from .optim import learning_rate, make_optimizer
 from .presets import RECIPE_FILE, read_config_file
-from .recipes import Recipe
+from .recipes import DENSE_OBJECTIVES, Recipe
 from .sizing import fresh_model_args, finetune_channels, finetune_size, say_sizing
 from .skipped import SkippedFiles
 from .teacher import Teacher, load_teacher, record
 from .trainer import LoopConfig, Trainer
 
 logger = logging.getLogger(__name__)
+
+DENSE_FORMS = {"segmentation": "voc:, cityscapes:, ade20k: or maskfolder:DIR", "depth": "nyu: or depthfolder:DIR"}
+DEPTH_MIN, DEPTH_MAX = 1e-3, 10.0  # metres: the first depth bin, and the last where neither recipe nor data caps depth
 
 # What a run writes into its folder besides RECIPE_FILE (which marks a run): a folder holding only these is a run
 # cut short before its recipe was saved, which may be used again; one holding anything else is not a run's.
@@ -65,30 +69,64 @@ def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: boo
     checkpoint's classes are the data's. What the recipe leaves open is sized from the data's ``geometry``
     (``train.sizing``), and said (where ``say``: by one rank of several)."""
     kept_head = False
+    dense = dense_head(recipe, classes)
     if recipe.model.init:
         config, state, source = read_checkpoint(recipe.model.init, recipe.model.args)
-        size = finetune_size(recipe, config, geometry)
+        # a dense run takes crops of the data's varied sizes: at the checkpoint's size unless asked
+        size = config.image_size if dense and recipe.model.image_size is None else finetune_size(recipe, config,
+                                                                                                  geometry)
         channels = finetune_channels(recipe, config, geometry)
         model = build(config, state, {**recipe.model.args, "image_size": size}, source)
         model.map_channels(channels)
-        kept_head = model.config.provenance.classes == tuple(classes) and model.config.num_classes == len(classes)
-        if not kept_head:
+        kept_head = not dense and model.config.provenance.classes == tuple(classes) \
+            and model.config.num_classes == len(classes)
+        if dense:
+            model.make_dense(**dense)
+        elif not kept_head:
             model.reset_head(len(classes))
     else:
         args = fresh_model_args(recipe, geometry)
         if recipe.objective.kind == "distill":
             args = {**distillation_token(recipe.model.name or ViTConfig(), args, say), **args}
-        model = create_model(recipe.model.name or ViTConfig(), num_classes=len(classes), **args)
+        if dense:
+            args = {**args, "dense_head": dense["head"], "dense_output": dense["output"],
+                    "depth_min": dense["depth_min"], "depth_max": dense["depth_max"]}
+        model = create_model(recipe.model.name or ViTConfig(), num_classes=dense["outputs"] if dense else len(classes),
+                             **args)
     if say:
         say_sizing(recipe, model.config, geometry, kept_head)
     family = recipe.augment.normalization or (model.config.provenance.normalization if recipe.model.init else "google")
     # vitkit's presets train on the whole image brought to the model's size, so it is evaluated whole too.
-    provenance = model.config.provenance.replace(classes=tuple(classes), normalization=family, crop_pct=1.0)
+    named = tuple(classes) if model.config.dense_output == "classes" else None  # depth bins have no names
+    provenance = model.config.provenance.replace(classes=named, normalization=family, crop_pct=1.0)
     model.config = model.config.replace(provenance=provenance)
     if recipe.peft.method != "none":
         adapt(model, adapter_spec(recipe))
     model.grad_checkpointing = recipe.run.grad_checkpointing
     return model
+
+
+def dense_task(recipe: Recipe, dataset) -> str | None:
+    """The dense task of a run (``segmentation`` or ``depth``; None for the others), which its dataset must hold:
+    per-pixel targets for a dense objective, image labels for the others."""
+    kind, holds = recipe.objective.kind, getattr(dataset, "task", "classification")
+    if kind in DENSE_OBJECTIVES and holds != kind:
+        raise ConfigError(f"--objective {kind} needs a {kind} dataset ({DENSE_FORMS[kind]}); "
+                          f"{recipe.data.dataset} holds {holds} labels")
+    if kind not in DENSE_OBJECTIVES and holds in DENSE_OBJECTIVES:
+        raise ConfigError(f"{recipe.data.dataset} is a {holds} dataset: pass --objective {holds} (and --head)")
+    return kind if kind in DENSE_OBJECTIVES else None
+
+
+def dense_head(recipe: Recipe, classes: list[str]) -> dict[str, Any] | None:
+    """What ``VisionTransformer.make_dense`` puts on for a segmentation or depth run (None for the others): the
+    recipe's head, one output per class or ``depth_bins`` bins from 1 mm to ``max_depth``."""
+    goal = recipe.objective
+    if goal.kind not in DENSE_OBJECTIVES:
+        return None
+    depth = goal.kind == "depth"
+    return dict(head=goal.dense_head or "linear", outputs=goal.depth_bins if depth else len(classes),
+                output="depth" if depth else "classes", depth_min=DEPTH_MIN, depth_max=goal.max_depth or DEPTH_MAX)
 
 
 def distillation_token(name: str | ViTConfig, args: dict[str, Any], say: bool) -> dict[str, Any]:
@@ -251,6 +289,9 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         keep = np.sort(seeded_permutation(len(train_set), recipe.run.seed).numpy()[:recipe.data.train_subset])
         train_set = train_set.subset(keep, f"{train_set.name}[subset]")
     classes = train_set.classes
+    task = dense_task(recipe, train_set)
+    if task == "depth" and recipe.objective.max_depth is None:  # saved with the run: the bins end at the data's cap
+        recipe = recipe.replace(objective={"max_depth": getattr(train_set, "max_depth", None) or DEPTH_MAX})
     model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
     if recipe.peft.method in ("lora", "dora") and set(recipe.peft.targets) & {"q", "k", "v"} and env.enabled \
@@ -269,10 +310,17 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     model = shard(model.to(env.device), env, recipe.run.parallel)
     if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
         torch.manual_seed(recipe.run.seed + env.rank)
-    train_transform = build_transform(recipe.augment.transform, config.image_size, config.in_chans,
-                                      config.provenance.normalization, recipe.augment.hflip, recipe.augment.crop_scale,
-                                      recipe.augment.aug_level, recipe.augment.random_erasing)
-    eval_transform = checkpoint_transform(config)
+    if task:
+        train_transform = dense_transform(task, True, config.image_size, config.in_chans,
+                                          config.provenance.normalization, recipe.augment.hflip)
+        eval_transform = dense_transform(task, False, config.image_size, config.in_chans,
+                                         config.provenance.normalization)
+    else:
+        train_transform = build_transform(recipe.augment.transform, config.image_size, config.in_chans,
+                                          config.provenance.normalization, recipe.augment.hflip,
+                                          recipe.augment.crop_scale, recipe.augment.aug_level,
+                                          recipe.augment.random_erasing)
+        eval_transform = checkpoint_transform(config)
     steps = total_steps(recipe, len(train_set))
     recipe = recipe.replace(schedule={"warmup_steps": fitted_warmup(recipe.schedule.warmup_steps, steps, env.is_main)})
     if recipe.data.num_workers < 0:  # resolved once and saved with the run: a stream's order depends on it
@@ -296,7 +344,13 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     loaders = {name: evaluation_loader(dataset, eval_transform, recipe.run.eval_batch_size, workers,
                                        recipe.data.corrupt, env.device) for name, dataset in splits.items()}
 
-    def measure(network: VisionTransformer, split_name: str) -> Evaluation:
+    ignore_index = getattr(train_set, "ignore_index", None)
+
+    def measure(network: VisionTransformer, split_name: str) -> Evaluation | DenseEvaluation:
+        if task:
+            return evaluate_dense(network, loaders[split_name], task, config.num_classes, env.device,
+                                  ignore_index=ignore_index, max_depth=recipe.objective.max_depth,
+                                  eval_crop=getattr(splits[split_name], "eval_crop", None))
         return evaluate(network, loaders[split_name], len(classes), env.device)
 
     def validate(network: VisionTransformer) -> dict[str, float]:
@@ -317,10 +371,15 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         goal = recipe.objective
         objective = Distillation(teacher, goal.distill_kind or "hard", goal.distill_temperature, goal.distill_alpha,
                                  len(classes), goal.label_smoothing, mixup_alpha, recipe.augment.cutmix_alpha)
+    elif task == "segmentation":
+        objective = Segmentation(ignore_index)
+    elif task == "depth":
+        objective = DepthRegression(recipe.objective.max_depth)
     else:
         objective = Classification(len(classes), recipe.objective.label_smoothing, mixup_alpha,
                                    recipe.augment.cutmix_alpha)
-    loop = LoopConfig(steps, recipe.optim, recipe.schedule, recipe.run)
+    loop = LoopConfig(steps, recipe.optim, recipe.schedule, recipe.run,
+                      **({"best_metric": f"val/{BEST[task]}"} if task else {}))
     trainer = Trainer(model, objective, optimizer, lr_at, batches, run_dir, loop, validate, env)
     trained = say_trained(model, recipe.peft.method) if env.is_main else {}
     return Experiment(recipe, run_dir, trainer, classes, measure, skipped, evaluated[-1] if evaluated else None,
@@ -359,13 +418,19 @@ def run(recipe: Recipe, resume: bool = False, device: str | None = None) -> dict
         with trainer.rank_loss_explained(), trainer.final_model() as final:
             if trainer.env.is_main:
                 save_model(final, run_dir / "model")
-                if recipe.peft.method != "none":  # what the method trained, to apply to the base: far smaller
+                # what the method trained, to apply to the base: far smaller (a dense head is saved with its model)
+                if recipe.peft.method != "none" and final.config.dense_head == "none":
                     save_adapter(final, run_dir / "adapter", base=recipe.model.init)
                 if recipe.objective.kind != "mpp":
                     split = experiment.final_split
-                    report = write_report(experiment.measure(final, split), experiment.classes, run_dir, split)
-                    summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"],
-                                    "test/images": report["images"], "test/split": split})
+                    evaluation = experiment.measure(final, split)
+                    if isinstance(evaluation, DenseEvaluation):
+                        report = write_dense_report(evaluation, experiment.classes, run_dir, split)
+                        summary.update({f"test/{name}": report[name] for name in HEADLINE[evaluation.task]})
+                    else:
+                        report = write_report(evaluation, experiment.classes, run_dir, split)
+                        summary.update({"test/accuracy": report["top1"], "test/top5": report["top5"]})
+                    summary.update({"test/images": report["images"], "test/split": split})
                 names = experiment.skipped.all_ranks()
                 summary.update({"data/skipped": len(names), "data/skipped_files": names})
                 with atomic_file(run_dir / "summary.json") as handle:

@@ -10,6 +10,7 @@ and add one entry ``"lance:": Lance()`` below. A source imports only those share
 """
 
 from .base import ReadOptions, Source
+from .depth import DepthFolder, Nyu
 from .flowers102 import Flowers102
 from .hf import HuggingFace
 from .imagefolder import ImageFolder
@@ -17,12 +18,14 @@ from .imagenet import ImageNet
 from .named import NAMED
 from .npz import Npz
 from .pets import Pets
+from .segmentation import Ade20k, Cityscapes, MaskFolder, Voc
 from .vtab import Vtab
 from .webdataset import WebDataset
 
 SOURCES: dict[str, Source] = {**NAMED, "npz:": Npz(), "imagefolder:": ImageFolder(), "webdataset:": WebDataset(),
                               "hf:": HuggingFace(), "imagenet:": ImageNet(), "pets:": Pets(), "flowers102:": Flowers102(),
-                              "vtab:": Vtab()}
+                              "vtab:": Vtab(), "voc:": Voc(), "cityscapes:": Cityscapes(), "ade20k:": Ade20k(),
+                              "maskfolder:": MaskFolder(), "nyu:": Nyu(), "depthfolder:": DepthFolder()}
 """Each source by the prefix that names it (``KIND:``, ending in a colon) or by the plain name of a dataset it
 reads; in the order the help lists them."""
 

@@ -16,11 +16,11 @@ import torch
 from webdataset.handlers import ignore_and_stop
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
-from ...classnames import parse_class_list
 from ...errors import DatasetError
-from ...paths import open_regular, read_capped, reason, regular_file, resolved, within
+from ...paths import open_regular, regular_file, resolved, within
 from ..images import read_image
 from ..index_cache import ShardIndex
+from ..listed import read_class_names
 from ..shards import Shard, ShardedSplit, indexed_split, label_problem
 from ..splits import ALL, SPLITS, named_split
 from .base import ReadOptions, Source
@@ -189,20 +189,5 @@ def webdataset_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSpl
     listed = os.path.lexists(os.path.join(root, "classes.txt"))  # a broken link is a class list that fails, not none
     names = read_class_names(within(resolved(root), "classes.txt", DatasetError, "the class list")) if listed else None
     return indexed_split(f"{spec}[{split}]", files, "tar", tar_index, names, read_tar, decode_tar_sample, corrupt)
-
-
-def read_class_names(path: Path) -> list[str] | None:
-    """The class names of ``classes.txt`` (one a line, UTF-8, escaped as ``classnames`` says; bytes that are not
-    UTF-8 kept as surrogate escapes), or None when there is no such file."""
-    if not os.path.lexists(path):
-        return None
-    try:
-        names = parse_class_list(read_capped(path, "class list").decode("utf-8", "surrogateescape"))
-    except OSError as error:
-        raise DatasetError(f"{path}: not a readable class list ({reason(error)}); expected UTF-8 text, one class "
-                           f"name a line") from None
-    if not names:
-        raise DatasetError(f"{path}: names no class; expected one class name a line")
-    return names
 
 

@@ -1,0 +1,138 @@
+"""Dense tasks through the commands people run: ``vitkit finetune --objective segmentation|depth`` trains a head on
+a frozen backbone (``--peft linear``) to a high mIoU on a task a linear probe can learn, ``vitkit eval`` measures
+the saved model to the same numbers, and mismatched data and objectives are refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.cli import main
+from vitkit.evaluate.segmentation import miou
+from vitkit.models import ViTConfig, VisionTransformer
+
+COLOURS = {1: (230, 30, 30), 2: (30, 230, 30), 3: (30, 30, 230)}  # class -> colour; 0 = black background
+
+
+def colour_boxes(root, splits=(("train", 48), ("val", 12)), seed=0):
+    """``maskfolder:`` canvases of 32-40 px with boxes of three colours on black, each pixel labelled by its
+    colour; a box's soft 1 px rim is ignored (255)."""
+    rng = np.random.default_rng(seed)
+    root.mkdir()
+    (root / "classes.txt").write_text("background\nred\ngreen\nblue\n")
+    for split, count in splits:
+        (root / split / "images").mkdir(parents=True)
+        (root / split / "masks").mkdir(parents=True)
+        for number in range(count):
+            height, width = (int(rng.integers(32, 41)) for _ in range(2))
+            image = np.zeros((height, width, 3), np.uint8)
+            mask = np.zeros((height, width), np.uint8)
+            for _ in range(3):
+                label = int(rng.integers(1, 4))
+                top, left = int(rng.integers(0, height - 12)), int(rng.integers(0, width - 12))
+                bottom, right = top + int(rng.integers(10, 20)), left + int(rng.integers(10, 20))
+                image[top:bottom, left:right] = COLOURS[label]
+                mask[top:bottom, left:right] = 255
+                mask[top + 1:bottom - 1, left + 1:right - 1] = label
+            Image.fromarray(image).save(root / split / "images" / f"{number:03d}.png")
+            Image.fromarray(mask).save(root / split / "masks" / f"{number:03d}.png")
+    return root
+
+
+def backbone(path):
+    torch.manual_seed(0)
+    VisionTransformer(ViTConfig(image_size=32, patch_size=4, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                                num_classes=5)).save(path)
+    return path
+
+
+def test_linear_probe_learns_a_segmentation_and_eval_measures_it_again(tmp_path, capsys):
+    data = colour_boxes(tmp_path / "boxes")
+    run_dir = tmp_path / "run"
+    code = main(["finetune", str(backbone(tmp_path / "backbone")), "--objective", "segmentation", "--head", "linear",
+                 "--peft", "linear", "--dataset", f"maskfolder:{data}", "--image-size", "32", "--steps", "150",
+                 "--batch-size", "16", "--optimizer", "adamw", "--lr", "0.02", "--weight-decay", "0",
+                 "--warmup-steps", "10", "--run-dir", str(run_dir)])
+    assert code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["test/split"] == "val" and summary["test/images"] == 12
+    assert summary["test/mIoU"] > 0.75, summary  # colours a linear probe of patch features tells apart
+    assert summary["params/trained"] < 0.1 * summary["params/total"]  # the backbone stayed frozen
+    model = vitkit.load(run_dir / "model").eval()
+    assert model.config.dense_head == "linear" and model.config.provenance.classes == ("background", "red", "green",
+                                                                                        "blue")
+    frozen = vitkit.load(tmp_path / "backbone")  # the backbone's weights are the checkpoint's
+    torch.testing.assert_close(model.blocks[0].attn.qkv.weight, frozen.blocks[0].attn.qkv.weight)
+
+    capsys.readouterr()
+    assert main(["eval", str(run_dir / "model"), "--dataset", f"maskfolder:{data}", "--split", "val", "--out",
+                 str(tmp_path / "eval")]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "eval" / "eval-val.json").read_text())
+    assert report["mIoU"] == pytest.approx(summary["test/mIoU"])
+    assert set(report["IoU"]) == {"background", "red", "green", "blue"} and "mIoU" in printed
+    # the same number from the model run by hand: each image stretched to 32 px, its logits resized to its mask
+    preds, masks = [], []
+    for name in sorted((data / "val" / "images").iterdir()):
+        pixels = torch.from_numpy(np.array(Image.open(name))).permute(2, 0, 1).float() / 255
+        mask = torch.from_numpy(np.array(Image.open(data / "val" / "masks" / name.name))).long()
+        stretched = torch.nn.functional.interpolate(pixels[None], size=(32, 32), mode="bilinear", antialias=True,
+                                                    align_corners=False)
+        mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in model.config.input_statistics)
+        with torch.no_grad():
+            logits = model((stretched - mean) / std)
+        logits = torch.nn.functional.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False)
+        preds.append(logits[0].argmax(0))
+        masks.append(mask)
+    assert miou(preds, masks, 4)["mIoU"] == pytest.approx(report["mIoU"], abs=0.01)  # uint8 rounding of the resize
+
+
+def test_depth_head_trains_and_evaluates(tmp_path):
+    root = tmp_path / "depth"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 16), ("val", 4)):
+        (root / split / "images").mkdir(parents=True)
+        (root / split / "depth").mkdir(parents=True)
+        for number in range(count):
+            near = rng.uniform(1, 3)
+            depth = np.full((32, 32), 6000, np.uint16)
+            depth[8:24, 8:24] = int(near * 1000)
+            image = np.where(depth == 6000, 20, 255 - int(near * 60)).astype(np.uint8)
+            Image.fromarray(np.stack([image] * 3, -1)).save(root / split / "images" / f"{number}.png")
+            Image.fromarray(depth).save(root / split / "depth" / f"{number}.png")
+    run_dir = tmp_path / "run"
+    assert main(["finetune", str(backbone(tmp_path / "backbone")), "--objective", "depth", "--head", "dpt",
+                 "--dataset", f"depthfolder:{root}", "--image-size", "32", "--steps", "20", "--batch-size", "8",
+                 "--optimizer", "adamw", "--lr", "0.001", "--run-dir", str(run_dir), "--depth-bins", "32"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    recipe = json.loads((run_dir / "recipe.json").read_text())
+    assert recipe["objective"]["max_depth"] == 10.0  # a depth folder has no cap: the bins end at 10 m
+    model = vitkit.load(run_dir / "model")
+    assert (model.config.dense_head, model.config.dense_output, model.config.num_classes) == ("dpt", "depth", 32)
+    assert 0 < summary["test/abs_rel"] < 10 and 0 <= summary["test/a1"] <= 1
+    assert main(["eval", str(run_dir / "model"), "--dataset", f"depthfolder:{root}", "--split", "val", "--out",
+                 str(tmp_path / "eval")]) == 0
+    report = json.loads((tmp_path / "eval" / "eval-val.json").read_text())
+    assert report["abs_rel"] == pytest.approx(summary["test/abs_rel"]) and report["images"] == 4
+
+
+def test_objectives_and_data_that_do_not_match_are_refused(tmp_path, capsys):
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 4), ("val", 2)))
+    checkpoint = str(backbone(tmp_path / "backbone"))
+    assert main(["finetune", checkpoint, "--dataset", f"maskfolder:{data}", "--steps", "1", "--batch-size", "2",
+                 "--run-dir", str(tmp_path / "a")]) == 2
+    assert "is a segmentation dataset: pass --objective segmentation" in capsys.readouterr().err
+    assert main(["finetune", checkpoint, "--objective", "depth", "--dataset", f"maskfolder:{data}", "--steps", "1",
+                 "--batch-size", "2", "--run-dir", str(tmp_path / "b")]) == 2
+    assert "--objective depth needs a depth dataset" in capsys.readouterr().err
+    assert main(["finetune", checkpoint, "--head", "dpt", "--dataset", f"maskfolder:{data}", "--steps", "1",
+                 "--run-dir", str(tmp_path / "c")]) == 2
+    assert "objective.dense_head: expected null unless objective.kind is segmentation or depth" \
+        in capsys.readouterr().err
+    assert main(["eval", checkpoint, "--dataset", f"maskfolder:{data}", "--split", "val"]) == 2
+    assert "has a classifier and maskfolder" in capsys.readouterr().err
