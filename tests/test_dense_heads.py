@@ -32,10 +32,11 @@ def trained_bn(model: VisionTransformer) -> None:
 
 @pytest.mark.parametrize("head, blocks", [("linear", [4]), ("linear-ms", [1, 2, 3, 4])])
 @pytest.mark.parametrize("options", [dict(), dict(reg_tokens=2, rope="axial", pos_embed="none", layer_scale=0.1),
-                                     dict(class_token=False, pool="gap")])
+                                     dict(class_token=False, pool="gap"), dict(dense_output="depth")])
 def test_linear_heads_equal_the_probe_written_out(head, blocks, options):
     torch.manual_seed(0)
     model = VisionTransformer(ViTConfig(**SMALL, **options, num_classes=6, dense_head=head)).eval()
+    depth = options.get("dense_output") == "depth"
     trained_bn(model)
     assert dense_layers(model.config) == blocks
     images = torch.randn(2, 3, 32, 48)
@@ -46,13 +47,15 @@ def test_linear_heads_equal_the_probe_written_out(head, blocks, options):
         tokens = model.norm(seen.blocks[index])
         patches = tokens[:, prefix:].reshape(2, 4, 6, 32).permute(0, 3, 1, 2)
         maps.append(patches)
-        if model.config.class_token:
+        if depth:  # DINOv2's depth probe joins the [class] token's state; its segmentation probe does not
             maps.append(tokens[:, 0, :, None, None].expand(-1, -1, 4, 6))
     bn, conv = model.dense_head.decoder.bn, model.dense_head.decoder.conv
     features = torch.cat(maps, dim=1)
     normed = (features - bn.running_mean[:, None, None]) / torch.sqrt(bn.running_var[:, None, None] + bn.eps)
     normed = normed * bn.weight[:, None, None] + bn.bias[:, None, None]
     expected = torch.einsum("bchw,kc->bkhw", normed, conv.weight[:, :, 0, 0]) + conv.bias[:, None, None]
+    if depth:
+        expected = depth_from_bins(expected, 1e-3, 10.0)
     torch.testing.assert_close(model(images), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -179,3 +182,19 @@ def test_evaluation_transform_leaves_the_target_at_its_size():
     image, mask = halves(50, 70)
     seen, target = preset.per_image(image, mask)
     assert seen.shape == (1, 32, 48) and target is mask
+
+
+@pytest.mark.parametrize("head, output", [("linear-ms", "classes"), ("dpt", "depth")])
+def test_dense_models_export_to_onnx_at_any_size_and_not_to_the_plain_formats(tmp_path, head, output):
+    from vitkit.checkpoints.convert import export
+    from vitkit.checkpoints.runnable import load_inference
+    from vitkit.errors import FormatError
+
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(**SMALL, num_classes=6, dense_head=head, dense_output=output)).eval()
+    export(model, tmp_path / "dense.onnx", "onnx")
+    graph, _, _ = load_inference(str(tmp_path / "dense.onnx"), {}, "cpu", "fp32")
+    images = torch.randn(2, 3, 40, 56)  # not the size it was traced at, an odd grid
+    torch.testing.assert_close(graph(images), model(images), rtol=1e-4, atol=1e-4)
+    with pytest.raises(FormatError, match="has no place for a dense head"):
+        export(model, tmp_path / "timm.safetensors", "timm")

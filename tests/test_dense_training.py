@@ -91,6 +91,19 @@ def test_linear_probe_learns_a_segmentation_and_eval_measures_it_again(tmp_path,
         masks.append(mask)
     assert miou(preds, masks, 4)["mIoU"] == pytest.approx(report["mIoU"], abs=0.01)  # uint8 rounding of the resize
 
+    # predict writes each image's classes as an indexed PNG (read back by maskfolder:) and an overlay
+    images = sorted((data / "val" / "images").iterdir())[:3]
+    capsys.readouterr()
+    assert main(["predict", str(run_dir / "model"), *map(str, images), "--out", str(tmp_path / "pred"),
+                 "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    for record, image, expected in zip(records, images, preds):
+        written = np.array(Image.open(record["mask"]))
+        assert Image.open(record["mask"]).mode == "P" and written.shape == expected.shape
+        assert (written == expected.numpy()).mean() > 0.98  # the same argmax, up to the resize's rounding
+        assert Image.open(record["overlay"]).size == Image.open(image).size
+        assert sum(entry["share"] for entry in record["classes"]) == pytest.approx(1.0)
+
 
 def test_depth_head_trains_and_evaluates(tmp_path):
     root = tmp_path / "depth"
@@ -136,3 +149,59 @@ def test_objectives_and_data_that_do_not_match_are_refused(tmp_path, capsys):
         in capsys.readouterr().err
     assert main(["eval", checkpoint, "--dataset", f"maskfolder:{data}", "--split", "val"]) == 2
     assert "has a classifier and maskfolder" in capsys.readouterr().err
+
+
+def test_a_training_split_of_one_image_trains(tmp_path):
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 1), ("val", 1)))
+    assert main(["finetune", str(backbone(tmp_path / "backbone")), "--objective", "segmentation", "--peft", "linear",
+                 "--dataset", f"maskfolder:{data}", "--steps", "3", "--batch-size", "1",
+                 "--run-dir", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["test/images"] == 1
+
+
+def test_a_bad_mask_stops_the_run_naming_it_before_anything_is_saved(tmp_path, capsys):
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 4), ("val", 2)))
+    bad = data / "train" / "masks" / "002.png"
+    Image.fromarray(np.zeros((7, 9), np.uint8)).save(bad)
+    code = main(["finetune", str(backbone(tmp_path / "backbone")), "--objective", "segmentation", "--dataset",
+                 f"maskfolder:{data}", "--steps", "4", "--batch-size", "2", "--run-dir", str(tmp_path / "run")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and str(bad) in error[-1] and "Traceback" not in "\n".join(error)
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_cached_features_are_the_backbones_and_are_computed_once(tmp_path, caplog):
+    from vitkit.train.feature_cache import CachedFeatures
+    from vitkit.train.objectives import Segmentation
+
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, dim=32, depth=4, num_heads=2, mlp_dim=64,
+                                        num_classes=5, dense_head="linear-ms", class_token=True))
+    images, masks = torch.randn(6, 3, 32, 32), torch.randint(0, 5, (6, 32, 32))
+    cache = CachedFeatures(model, limit_bytes=10**9)
+    for first in (True, False):
+        for (ours, state), (theirs, their_state) in zip(cache(images), model.dense_features(images)):
+            torch.testing.assert_close(ours, theirs)
+            torch.testing.assert_close(state, their_state)
+        assert (cache.hits, cache.misses) == ((0, 6) if first else (6, 6))
+    order = torch.tensor([5, 0, 3, 1, 2, 4])
+    torch.testing.assert_close(cache(images[order])[0][0], model.dense_features(images[order])[0][0])
+    plain, cached = Segmentation(255), Segmentation(255, cache)
+    loss, _ = plain(model, (images, masks))
+    loss.backward()
+    expected = model.dense_head.decoder.conv.weight.grad.clone()
+    model.zero_grad()
+    loss_cached, _ = cached(model, (images, masks))
+    loss_cached.backward()
+    torch.testing.assert_close(loss_cached, loss)
+    torch.testing.assert_close(model.dense_head.decoder.conv.weight.grad, expected)
+    nothing_kept = CachedFeatures(model, limit_bytes=0)
+    torch.testing.assert_close(nothing_kept(images)[0][0], model.dense_features(images)[0][0])
+    assert not nothing_kept.entries
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 8), ("val", 2)))
+    with caplog.at_level("INFO"):
+        assert main(["finetune", str(backbone(tmp_path / "backbone")), "--objective", "segmentation", "--peft",
+                     "linear", "--transform", "eval", "--dataset", f"maskfolder:{data}", "--steps", "6",
+                     "--batch-size", "4", "--image-size", "32", "--run-dir", str(tmp_path / "run")]) == 0
+    assert "each image's features computed once and kept" in caplog.text

@@ -66,12 +66,15 @@ def export(model: VisionTransformer, path: str | Path, to: str, quantize: str | 
     or OpenVINO IR (checked by OpenVINO; int8 static, calibrated); for the last two their report is returned.
     Their graphs take images of any size, or with ``naflex`` NaFlex batches of any number of patches. An adapted
     model's LoRA is merged into its weights first, in place (``adapters.merged``); its VPT prompts and AdaptFormer
-    adapters go to vitkit's format, ONNX and OpenVINO, and are refused by the others."""
+    adapters, and a dense head, go to vitkit's format, ONNX and OpenVINO, and are refused by the others."""
     if naflex and to not in ("onnx", "openvino"):
         raise CheckpointError(f"naflex applies to ONNX and OpenVINO export, not to {to!r}: the other formats hold "
                               f"weights, which take NaFlex batches once loaded")
     if to in PLAIN_FORMATS:
         refuse_adapted(model.config, f"{path}: {PLAIN_FORMATS[to]}")
+        if model.config.dense_head != "none":
+            raise FormatError(f"{path}: {PLAIN_FORMATS[to]} has no place for a dense head "
+                              f"(dense_head={model.config.dense_head!r}); write vitkit's format or ONNX/OpenVINO")
     model = merged(model)
     if to == "onnx":
         return write_onnx(model, path, quantize, device, naflex, calibration)

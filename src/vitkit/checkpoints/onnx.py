@@ -120,11 +120,13 @@ def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: 
     else:
         module, names, inputs = model, [INPUT], (example.to(device),)
         axes = {INPUT: {0: "batch", 2: "height", 3: "width"}}
+    # a dense head's outputs are maps whose size follows the image's
+    outputs = {0: "batch"} if model.config.dense_head == "none" else {0: "batch", 2: "rows", 3: "cols"}
     traced = io.BytesIO()
     with warnings.catch_warnings():  # the tracer's notes on shape checks, which hold at every size the graph takes
         warnings.simplefilter("ignore")
         torch.onnx.export(module, inputs, traced, dynamo=False, opset_version=OPSET, input_names=names,
-                          output_names=[OUTPUT], dynamic_axes=axes | {OUTPUT: {0: "batch"}})
+                          output_names=[OUTPUT], dynamic_axes=axes | {OUTPUT: outputs})
     graph = onnx.load_from_string(traced.getvalue())
     del traced  # the graph holds the weights now
     if metadata:
@@ -290,11 +292,21 @@ class ExportedModel(nn.Module):
             wanted = "NaFlex batches (eval/predict --max-patches N)" if self.naflex else "image tensors"
             raise InputError(f"{self.path} takes {wanted}; got {type(inputs).__name__}")
         logits = np.ascontiguousarray(self.run(feeds(inputs, self.inputs)))
-        count, classes = len(inputs), self.config.num_classes
-        if logits.ndim != 2 or len(logits) != count or classes not in (0, logits.shape[1]):
+        count, (wanted, sizes) = len(inputs), output_shape(self.config)
+        if logits.ndim != len(sizes) or len(logits) != count or any(
+                want is not None and size != want for size, want in zip(logits.shape[1:], sizes[1:])):
             raise CheckpointError(f"{self.path}: gave logits of shape {list(logits.shape)} for {count} images; "
-                                  f"expected {[count, classes or 'features']}, as the exported config says")
+                                  f"expected {wanted} = {[count, *sizes[1:]]}, as the exported config says")
         return torch.from_numpy(logits).to(inputs.patches.device if self.naflex else inputs.device)
+
+
+def output_shape(config: ViTConfig) -> tuple[str, list[int | None]]:
+    """What an exported graph of ``config`` gives, in words and as sizes (None where any size goes): logits
+    (batch, classes), features (batch, D) without a head, or a dense head's (batch, classes or 1, rows, cols)."""
+    if config.dense_head != "none":
+        return "(batch, classes or 1, rows, cols)", [None, 1 if config.dense_output == "depth" else config.num_classes,
+                                                     None, None]
+    return "(batch, classes)", [None, config.num_classes or None]
 
 
 class OnnxModel(ExportedModel):
@@ -334,13 +346,13 @@ class OnnxModel(ExportedModel):
     def _check_signature(self) -> None:
         """The graph takes what ``forward`` feeds it and gives what its config promises, as ``write_onnx`` makes
         them: one input ``images`` (batch, C, H, W), or a NaFlex batch's inputs with ``patches`` (batch, N, P*P*C),
-        and an output ``logits`` (batch, classes); a size the graph fixes must be the config's (a bare tower's
+        and an output ``logits`` (``output_shape``); a size the graph fixes must be the config's (a bare tower's
         feature width is not checked)."""
         config = self.config
         patch = config.patch_size ** 2 * config.in_chans
         expected = {INPUT: ("(batch, C, H, W)", [None, config.in_chans, *config.image_size]),
                     NAFLEX_INPUTS[0]: ("(batch, patches, P*P*C)", [None, None, patch]),
-                    OUTPUT: ("(batch, classes)", [None, config.num_classes or None])}
+                    OUTPUT: output_shape(config)}
         first = NAFLEX_INPUTS[0] if self.naflex else INPUT
         allowed = set(NAFLEX_INPUTS) if self.naflex else {INPUT}
         for kind, found, name in (("input", self.session.get_inputs(), first),

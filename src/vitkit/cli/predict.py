@@ -9,6 +9,9 @@ import sys
 from ..checkpoints.runnable import load_inference
 from ..classnames import escape_name
 from ..evaluate.accuracy import check_model_memory
+from ..analysis.inputs import image_files
+from ..errors import ConfigError
+from ..evaluate.dense import predict_dense
 from ..evaluate.predict import check_feature_request, predict_files, prediction_record
 from .flags import checkpoint_flags, max_patches_flag, model_source, positive, resize_flag, runtime_flags
 
@@ -16,7 +19,8 @@ HELP: dict[str, tuple[str, str | None]] = {
     "predict": ("The most probable classes of image files, folders or glob patterns.",
                 "examples:\n"
                 "  vitkit predict runs/x/model cat.jpg photos/ --top-k 3\n"
-                "  vitkit predict runs/x/model 'img/*.jpg' --json"),
+                "  vitkit predict runs/x/model 'img/*.jpg' --json\n"
+                "  vitkit predict runs/seg/model street.jpg --out masks/   (a segmentation or depth model)"),
 }
 
 
@@ -31,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="how many of the most probable classes to list for each image (default: 5)")
     predict_.add_argument("--features", metavar="OUT", help="also write each image's dense patch features (D, H/P, "
                           "W/P) and pooled embedding to OUT (.npz or .safetensors)")
+    predict_.add_argument("--out", metavar="DIR", help="a segmentation or depth model's PNGs: STEM-mask.png and "
+                          "STEM-overlay.png, or STEM-depth.png (16-bit mm) and STEM-depth-colour.png")
     predict_.add_argument("--keep-aspect", action="store_true",
                           help="resize each image to its own aspect ratio, the shorter side to the model's, both "
                                "sides rounded to the patch size (no crop), instead of --resize")
@@ -48,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
                        command="vitkit predict")
     model, device, dtype = load_inference(args.checkpoint, args.overrides, args.device, args.precision,
                                           adapter=args.adapter)
+    if model.config.dense_head != "none" or args.out:
+        return run_dense(args, model, device, dtype)
     predictions, features = predict_files(model, args.images, args.top_k, device, dtype, args.resize, args.features,
                                           args.keep_aspect, args.max_patches, source=model_source(args))
     if args.json:
@@ -62,4 +70,31 @@ def run(args: argparse.Namespace) -> int:
     if features:
         print(f"dense features and embeddings in {features}",
               file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def run_dense(args: argparse.Namespace, model, device, dtype) -> int:
+    """A dense model's masks and overlays, or depth maps, written as PNGs into ``--out``."""
+    what = "segmentation" if model.config.dense_output == "classes" else "depth"
+    if model.config.dense_head == "none":
+        raise ConfigError(f"--out: {model_source(args)} classifies whole images; --out DIR takes the PNGs of a "
+                          f"segmentation or depth model")
+    if not args.out:
+        raise ConfigError(f"{model_source(args)} is a {what} model: pass --out DIR for its PNGs")
+    unused = [flag for flag, value in (("--features", args.features), ("--keep-aspect", args.keep_aspect),
+                                       ("--max-patches", args.max_patches)) if value]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)}: not for a {what} model, whose images are stretched to its size")
+    predictions = predict_dense(model, image_files(args.images), args.out, device, dtype)
+    if args.json:
+        print(json.dumps([prediction.record() for prediction in predictions], indent=1))
+        return 0
+    for prediction in predictions:
+        if prediction.shares is not None:
+            shown = ", ".join(f"{escape_name(label)} {100 * share:.1f}%"
+                              for label, share in list(prediction.shares.items())[:5])
+        else:
+            shown = f"depth {prediction.depth_range[0]:.3g}-{prediction.depth_range[1]:.3g} m"
+        print(f"{prediction.path}: {shown}")
+    print(f"PNGs in {args.out}")
     return 0

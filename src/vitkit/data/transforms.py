@@ -258,12 +258,14 @@ class ImageOnly:
 
 
 def dense_transform(task: str, training: bool, image_size: tuple[int, int], channels: int,
-                    family: str = "google", hflip: bool = True) -> Preset:
+                    family: str = "google", hflip: bool = True, random: bool = True) -> Preset:
     """The joint preset of a dense ``task``. Training: segmentation rescales the shorter side at random to 0.5-2x
     the model's (mmseg's ratio range), depth brings it to the model's (depth in metres does not change with the
     picture's scale); then a random crop of ``image_size``, padded where the image is smaller (pixels 0, masks
-    255, depth 0: no depth), and a horizontal flip. Evaluation: the whole image stretched to ``image_size``, its
-    target left at its own size (outputs are brought to it: ``models.dense.resized``)."""
+    255, depth 0: no depth), and a horizontal flip; without ``random``, image and target stretched to
+    ``image_size`` (the same pixels every epoch: a frozen backbone's features can be kept). Evaluation: the whole
+    image stretched to ``image_size``, its target left at its own size (outputs are brought to it:
+    ``models.dense.resized``)."""
     if task not in DENSE_TASKS:
         raise ConfigError(f"unknown dense task {task!r}; expected one of {DENSE_TASKS}")
     mean, std = normalization(family, channels)
@@ -273,6 +275,8 @@ def dense_transform(task: str, training: bool, image_size: tuple[int, int], chan
                       ToModelInput(mean, std), joint=True)
     from torchvision import tv_tensors
 
+    if not random:
+        return Preset(JointSteps(channels, [v2.Resize(size, antialias=True)]), ToModelInput(mean, std), joint=True)
     side = min(size)
     if task == "segmentation":
         steps: list = [v2.RandomResize(round(DENSE_SCALES[0] * side), round(DENSE_SCALES[1] * side) + 1,

@@ -1,6 +1,7 @@
 """One evaluation pass of a dense model (a segmentation or depth head) over a split, and its report: the model's
 outputs brought to each target's own size (``models.dense.resized``), then mIoU and aAcc (``segmentation``) or
-the depth metrics of Eigen et al. (``depth``) over the whole split."""
+the depth metrics of Eigen et al. (``depth``) over the whole split; and a dense model's predictions for image
+files, written as PNGs (class masks with colour overlays, depth maps)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -95,3 +97,125 @@ def write_dense_report(evaluation: DenseEvaluation, classes: list[str], out_dir:
         with atomic_file(Path(out_dir) / f"eval-{split}.json") as handle:
             json.dump(report, handle, indent=1)
     return report
+
+
+OVERLAY_ALPHA = 0.5  # the share of the class colour in an overlay's pixel
+
+
+def class_colours(count: int) -> np.ndarray:
+    """(count, 3) uint8 colours, PASCAL VOC's colour map: class i's bits spread over the high bits of red, green
+    and blue in turn (0 black, 1 dark red, 2 dark green, ...), as VOC's masks and mmseg's drawings colour them."""
+    colours = np.zeros((count, 3), dtype=np.uint8)
+    for index in range(count):
+        value, shift = index, 7
+        while value:
+            for channel in range(3):
+                colours[index, channel] |= ((value >> channel) & 1) << shift
+            value >>= 3
+            shift -= 1
+    return colours
+
+
+@dataclass
+class DensePrediction:
+    """What ``predict_dense`` wrote for one image: its file, the PNGs, and what they show (each class's share of
+    the pixels, most first; or the depth range in metres)."""
+
+    path: Path
+    written: dict[str, Path]
+    shares: dict[str, float] | None = None
+    depth_range: tuple[float, float] | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The image's entry of ``vitkit predict --json``."""
+        record: dict[str, Any] = {"image": str(self.path), **{key: str(path) for key, path in self.written.items()}}
+        if self.shares is not None:
+            record["classes"] = [{"label": label, "share": round(share, 6)} for label, share in self.shares.items()]
+        if self.depth_range is not None:
+            record["depth_range"] = [round(value, 4) for value in self.depth_range]
+        return record
+
+
+def output_names(paths: list[Path]) -> list[str]:
+    """A distinct file stem per image: its own, numbered where two images share one."""
+    seen: dict[str, int] = {}
+    names = []
+    for path in paths:
+        count = seen.get(path.stem, 0)
+        seen[path.stem] = count + 1
+        names.append(path.stem if not count else f"{path.stem}-{count}")
+    return names
+
+
+def write_png(pixels: np.ndarray, path: Path, palette: np.ndarray | None = None) -> Path:
+    """``pixels`` as a PNG at ``path``, written atomically: 8-bit grey or RGB, 16-bit grey (uint16), or with
+    ``palette`` an indexed ('P') image whose values are class ids."""
+    from PIL import Image
+
+    from ..atomic import atomic_file
+
+    if palette is not None:  # the values are indices as they are, not grey levels to convert
+        image = Image.frombytes("P", (pixels.shape[1], pixels.shape[0]), np.ascontiguousarray(pixels).tobytes())
+        image.putpalette(palette.reshape(-1).tolist())
+    else:
+        image = Image.fromarray(pixels)
+    with atomic_file(path, "wb") as handle:
+        image.save(handle, format="PNG")
+    return path
+
+
+@torch.no_grad()
+def predict_dense(model: nn.Module, paths: list[Path], out: str | Path, device: torch.device | str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> list[DensePrediction]:
+    """Run a dense ``model`` on each image file (stretched to the model's size, normalised as it was trained; the
+    outputs brought back to the image's own size) and write into ``out``: for segmentation ``STEM-mask.png``
+    (class ids in an indexed PNG with VOC's colours, read back by ``maskfolder:``; 16-bit grey beyond 256 classes) and ``STEM-overlay.png`` (the
+    picture with the class colours laid over it); for depth ``STEM-depth.png`` (16-bit millimetres, as NYU's) and
+    ``STEM-depth-colour.png`` (near bright, far dark)."""
+    from ..data.images import read_image
+    from ..data.transforms import dense_transform
+
+    device, out = torch.device(device), Path(out)
+    config = model.config
+    task = "depth" if config.dense_output == "depth" else "segmentation"
+    preset = dense_transform(task, False, config.image_size, config.in_chans, config.provenance.normalization)
+    names = list(config.provenance.classes or [str(i) for i in range(config.num_classes)])
+    colours = class_colours(max(len(names), 256))
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for path, stem in zip(paths, output_names(paths)):
+        pixels = read_image(path)
+        image, _ = preset.per_image(pixels, None)
+        with autocast(device, dtype):
+            output = model(preset.per_batch(image[None]).to(device))
+        output = resized(output.float(), pixels.shape[-2:])[0].cpu()
+        picture = pixels.expand(3, -1, -1).permute(1, 2, 0).numpy().astype(np.float32)
+        if task == "segmentation":
+            classes = output.argmax(dim=0).numpy()
+            counts = np.bincount(classes.reshape(-1), minlength=len(names)) / classes.size
+            order = np.argsort(-counts, kind="stable")
+            shares = {names[i]: float(counts[i]) for i in order if counts[i] > 0}
+            overlay = (1 - OVERLAY_ALPHA) * picture + OVERLAY_ALPHA * colours[classes]
+            mask = write_png(classes.astype(np.uint8), out / f"{stem}-mask.png", colours[:256]) if len(names) <= 256 \
+                else write_png(classes.astype(np.uint16), out / f"{stem}-mask.png")  # more ids than a palette holds
+            written = {"mask": mask,
+                       "overlay": write_png(overlay.round().astype(np.uint8), out / f"{stem}-overlay.png")}
+            results.append(DensePrediction(path, written, shares=shares))
+        else:
+            depth = output[0].numpy()
+            millimetres = np.clip(np.rint(depth * 1000), 0, 65535).astype(np.uint16)
+            low, high = float(depth.min()), float(depth.max())
+            nearness = 1 - (depth - low) / max(high - low, 1e-6)
+            shown = (colour_map(nearness) * 255).round().astype(np.uint8)
+            written = {"depth": write_png(millimetres, out / f"{stem}-depth.png"),
+                       "depth_colour": write_png(shown, out / f"{stem}-depth-colour.png")}
+            results.append(DensePrediction(path, written, depth_range=(low, high)))
+    return results
+
+
+def colour_map(values: np.ndarray) -> np.ndarray:
+    """(H, W, 3) colours in [0, 1] of ``values`` in [0, 1] by matplotlib's perceptually even 'magma' map."""
+    import matplotlib
+
+    return matplotlib.colormaps["magma"](values)[..., :3]

@@ -5,10 +5,11 @@ segmentation").
 Each block's tokens reach a head as a patch map (B, D, rows, cols), after the final norm as DINOv2 reads them, with
 the [class] token's state beside it (None for a model without one):
 
-- ``linear`` (DINOv2's linear probe, mmseg's BNHead): the last block's patch map with the [class] token's state
-  concatenated to every position, through BatchNorm and a 1x1 convolution: outputs at the patch grid.
-- ``linear-ms``: the same over the last four blocks' maps concatenated (DINOv2's "+ms", whose multi-scale test
-  is the evaluation's to do).
+- ``linear`` (DINOv2's linear probe, mmseg's BNHead): the last block's patch map through BatchNorm and a 1x1
+  convolution: outputs at the patch grid. For depth the [class] token's state is concatenated to every position
+  first (DINOv2's "lin. 1"; its segmentation probe reads the patches alone).
+- ``linear-ms``: the same over the last four blocks' maps concatenated (DINOv2's "+ms" and "lin. 4"; the
+  multi-scale test of "+ms" is the evaluation's to do).
 - ``dpt`` (Ranftl et al. 2021, the decoder DINOv2's depth uses): four evenly spaced blocks, each reassembled at
   4, 2, 1 and 1/2 times the patch grid (the [class] state projected into every position), fused from the
   coarsest by residual convolution units, each fusion doubling the resolution: outputs at 16 times the patch
@@ -71,17 +72,20 @@ def with_class_state(patches: torch.Tensor, state: torch.Tensor | None) -> torch
 
 
 class LinearHead(nn.Module):
-    """BatchNorm then a 1x1 convolution over the blocks' patch maps (each with the [class] state) concatenated."""
+    """BatchNorm then a 1x1 convolution over the blocks' patch maps concatenated, each with the [class] state
+    where ``class_state`` (depth)."""
 
-    def __init__(self, width: int, outputs: int):
+    def __init__(self, width: int, outputs: int, class_state: bool):
         super().__init__()
+        self.class_state = class_state
         self.bn = nn.BatchNorm2d(width)
         self.conv = nn.Conv2d(width, outputs, kernel_size=1)
         nn.init.normal_(self.conv.weight, std=0.01)  # mmseg's init of a segmentation layer
         nn.init.zeros_(self.conv.bias)
 
     def forward(self, features: Features) -> torch.Tensor:
-        return self.conv(self.bn(torch.cat([with_class_state(*pair) for pair in features], dim=1)))
+        maps = [with_class_state(patches, state if self.class_state else None) for patches, state in features]
+        return self.conv(self.bn(torch.cat(maps, dim=1)))
 
 
 class ResidualUnit(nn.Module):
@@ -97,8 +101,8 @@ class ResidualUnit(nn.Module):
 
 
 class Fusion(nn.Module):
-    """DPT's fusion block: the coarser path plus a residual unit of the skip (brought to the path's size when they
-    differ), a second residual unit, doubled in resolution (bilinear, corners aligned), then a 1x1 projection."""
+    """DPT's fusion block: the coarser path plus a residual unit of the skip (brought to the path's size, which it
+    differs from where the patch grid is odd), a second residual unit, doubled in resolution (bilinear, corners aligned), then a 1x1 projection."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -106,10 +110,8 @@ class Fusion(nn.Module):
         self.project = nn.Conv2d(channels, channels, 1)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        if skip is not None:
-            if skip.shape[-2:] != x.shape[-2:]:
-                skip = F.interpolate(skip, size=x.shape[-2:], mode="bilinear", align_corners=False)
-            x = x + self.skip_unit(skip)
+        if skip is not None:  # resized always (the identity at the same size), so that a traced graph takes any size
+            x = x + self.skip_unit(F.interpolate(skip, size=x.shape[-2:], mode="bilinear", align_corners=False))
         x = F.interpolate(self.unit(x), scale_factor=2, mode="bilinear", align_corners=True)
         return self.project(x)
 
@@ -161,8 +163,9 @@ class DenseHead(nn.Module):
         if config.dense_head == "dpt":
             self.decoder = DPTHead(config.dim, config.num_classes, config.class_token)
         else:
-            width = config.dim * (2 if config.class_token else 1) * len(dense_layers(config))
-            self.decoder = LinearHead(width, config.num_classes)
+            class_state = config.class_token and config.dense_output == "depth"
+            width = config.dim * (2 if class_state else 1) * len(dense_layers(config))
+            self.decoder = LinearHead(width, config.num_classes, class_state)
 
     def forward(self, features: Features) -> torch.Tensor:
         """(B, num_classes, h, w) logits, or (B, 1, h, w) depth in metres, at the head's resolution."""

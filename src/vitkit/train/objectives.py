@@ -6,6 +6,7 @@ is a new objective, not a new loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -89,16 +90,23 @@ class MaskedPatches:
         return model(batch[0])
 
 
+def dense_outputs(model: nn.Module, images: torch.Tensor, features: Callable | None) -> torch.Tensor:
+    """A dense model's outputs: of the whole model, or of its head alone on ``features(images)`` (a frozen
+    backbone's features from ``train.feature_cache``)."""
+    return model(images) if features is None else model.dense_head(features(images))
+
+
 class Segmentation:
     """Per-pixel softmax cross-entropy of a dense head's logits, brought to the masks' size first (bilinear, as
-    mmseg resizes them), the ignored pixels (``ignore_index``) left out."""
+    mmseg resizes them), the ignored pixels (``ignore_index``) left out; ``features``: where the frozen
+    backbone's features come from, when not from a pass of the model (``dense_outputs``)."""
 
-    def __init__(self, ignore_index: int = 255):
-        self.ignore_index = ignore_index
+    def __init__(self, ignore_index: int = 255, features: Callable | None = None):
+        self.ignore_index, self.features = ignore_index, features
 
     def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         images, masks = batch
-        logits = resized(model(images).float(), masks.shape[-2:])
+        logits = resized(dense_outputs(model, images, self.features).float(), masks.shape[-2:])
         loss = F.cross_entropy(logits, masks.long(), ignore_index=self.ignore_index)
         counted = masks != self.ignore_index
         right = (logits.detach().argmax(dim=1) == masks) & counted
@@ -111,14 +119,14 @@ SIGLOSS_EPS = 1e-3  # added to predicted and true depth before their logarithms 
 class DepthRegression:
     """The scale-invariant log loss of Eigen et al. (2014) as DINOv2 trains depth: with g = log(pred) - log(true)
     over the pixels with depth (0 < true <= ``max_depth`` when capped), sqrt(Var(g) + 0.15 mean(g)^2); the
-    prediction is brought to the depth map's size first."""
+    prediction is brought to the depth map's size first. ``features`` as for ``Segmentation``."""
 
-    def __init__(self, max_depth: float | None = None):
-        self.max_depth = max_depth
+    def __init__(self, max_depth: float | None = None, features: Callable | None = None):
+        self.max_depth, self.features = max_depth, features
 
     def __call__(self, model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         images, depth = batch
-        predicted = resized(model(images).float(), depth.shape[-2:])[:, 0]
+        predicted = resized(dense_outputs(model, images, self.features).float(), depth.shape[-2:])[:, 0]
         valid = depth > 0
         if self.max_depth is not None:
             valid &= depth <= self.max_depth

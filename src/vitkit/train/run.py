@@ -40,6 +40,7 @@ from ..paths import own_folder
 from ..runtime import DTYPES
 from .checkpointing import list_checkpoints
 from .distributed import setup, shard
+from .feature_cache import CachedFeatures
 from .mpp import MaskedPatchPrediction
 from .objectives import Classification, DepthRegression, Distillation, MaskedPatches, Segmentation
 from .optim import learning_rate, make_optimizer
@@ -116,6 +117,22 @@ def dense_task(recipe: Recipe, dataset) -> str | None:
     if kind not in DENSE_OBJECTIVES and holds in DENSE_OBJECTIVES:
         raise ConfigError(f"{recipe.data.dataset} is a {holds} dataset: pass --objective {holds} (and --head)")
     return kind if kind in DENSE_OBJECTIVES else None
+
+
+def cached_features(recipe: Recipe, model: VisionTransformer, env) -> CachedFeatures | None:
+    """The frozen backbone's features kept per image (``train.feature_cache``), where they cannot change: the
+    backbone frozen (``--peft linear``) and without dropout, the same pixels every epoch (``--transform eval``),
+    one process (under DDP the head must run through the wrapped model) and no compilation. Up to a quarter of the
+    memory there is; None otherwise."""
+    c = model.config
+    if not (recipe.peft.method == "linear" and recipe.augment.transform == "eval" and env.world_size == 1
+            and not recipe.run.compile and c.dropout == c.attn_dropout == c.drop_path == 0):
+        return None
+    limit = available_memory().bytes // 4
+    if env.is_main:
+        logger.info(f"frozen backbone and fixed inputs: each image's features computed once and kept (up to "
+                    f"{limit / 2**30:.1f} GiB)")
+    return CachedFeatures(model, limit)
 
 
 def dense_head(recipe: Recipe, classes: list[str]) -> dict[str, Any] | None:
@@ -310,9 +327,10 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
     model = shard(model.to(env.device), env, recipe.run.parallel)
     if env.rank:  # the same initial weights everywhere, then a random stream per rank (dropout, masking)
         torch.manual_seed(recipe.run.seed + env.rank)
-    if task:
+    if task:  # --transform eval: whole images, the same pixels every epoch
         train_transform = dense_transform(task, True, config.image_size, config.in_chans,
-                                          config.provenance.normalization, recipe.augment.hflip)
+                                          config.provenance.normalization, recipe.augment.hflip,
+                                          random=recipe.augment.transform != "eval")
         eval_transform = dense_transform(task, False, config.image_size, config.in_chans,
                                          config.provenance.normalization)
     else:
@@ -372,9 +390,9 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         objective = Distillation(teacher, goal.distill_kind or "hard", goal.distill_temperature, goal.distill_alpha,
                                  len(classes), goal.label_smoothing, mixup_alpha, recipe.augment.cutmix_alpha)
     elif task == "segmentation":
-        objective = Segmentation(ignore_index)
+        objective = Segmentation(ignore_index, cached_features(recipe, model, env))
     elif task == "depth":
-        objective = DepthRegression(recipe.objective.max_depth)
+        objective = DepthRegression(recipe.objective.max_depth, cached_features(recipe, model, env))
     else:
         objective = Classification(len(classes), recipe.objective.label_smoothing, mixup_alpha,
                                    recipe.augment.cutmix_alpha)

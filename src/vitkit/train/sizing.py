@@ -106,10 +106,14 @@ def say_sizing(recipe: Recipe, config: ViTConfig, geometry: Geometry, kept_head:
     """One line on how the model was sized, and one on any conversion of the images for it."""
     height, width = config.image_size
     grid = f"{height}x{width} px, patch {config.patch_size} ({config.grid_size[0]}x{config.grid_size[1]} grid)"
+    dense = config.dense_head != "none"
     if recipe.model.init:
-        chosen = "--image-size" if recipe.model.image_size is not None else \
-            f"the data's size; --preset paper-finetune for the paper's {PAPER_SIZE} px"
+        chosen = "--image-size" if recipe.model.image_size is not None else "the checkpoint's size; choose with " \
+            "--image-size" if dense else f"the data's size; --preset paper-finetune for the paper's {PAPER_SIZE} px"
         head = "its head kept (the same classes)" if kept_head else f"a new {config.num_classes}-class head"
+        if dense:
+            head = f"a new {config.dense_head} " + ("depth head" if config.dense_output == "depth" else
+                                                     f"segmentation head ({config.num_classes} classes)")
         logger.info(f"fine-tuning {recipe.model.init} at {grid} ({chosen}), {config.in_chans}-channel input, {head}")
     else:
         sized = recipe.model.image_size is None or not {"in_chans", "patch_size"} <= recipe.model.args.keys()
