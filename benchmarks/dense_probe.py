@@ -28,15 +28,17 @@ from timing import REPO, repo_relative
 
 WORK = REPO / "runs" / "dense-probe"
 FIGURE = REPO / "docs" / "figures" / "dense-digits.png"
-PROBE = ["--image-size", "64", "--batch-size", "32", "--optimizer", "adamw", "--weight-decay", "1e-4",
-         "--warmup-steps", "50", "--schedule", "linear", "--eval-every", "0", "--checkpoint-every", "0"]
-RUNS = {  # name: (objective, head, peft, steps, lr)
-    "segmentation linear, frozen": ("segmentation", "linear", "linear", 1000, 1e-3),
-    "segmentation linear-ms, frozen": ("segmentation", "linear-ms", "linear", 1000, 1e-3),
-    "segmentation dpt, frozen": ("segmentation", "dpt", "linear", 1000, 1e-3),
-    "segmentation linear, fine-tuned": ("segmentation", "linear", "none", 1000, 3e-4),
-    "depth linear, frozen": ("depth", "linear", "linear", 1000, 1e-3),
-    "depth dpt, frozen": ("depth", "dpt", "linear", 1000, 1e-3),
+PROBE = ["--image-size", "64", "--eval-every", "0", "--checkpoint-every", "0"]  # the rest: the head's dense preset
+RUNS = {  # name: (objective, head, peft, flags beyond the dense preset's)
+    "segmentation linear, frozen": ("segmentation", "linear", "linear", []),
+    "segmentation linear, frozen, 2,000 steps": ("segmentation", "linear", "linear", ["--steps", "2000"]),
+    "segmentation linear, frozen, whole images (features cached)": ("segmentation", "linear", "linear",
+                                                                     ["--transform", "eval"]),
+    "segmentation linear-ms, frozen": ("segmentation", "linear-ms", "linear", []),
+    "segmentation dpt, frozen": ("segmentation", "dpt", "linear", []),
+    "segmentation linear, fine-tuned (layer decay 0.3)": ("segmentation", "linear", "none", ["--layer-decay", "0.3"]),
+    "depth linear, frozen": ("depth", "linear", "linear", []),
+    "depth dpt, frozen": ("depth", "dpt", "linear", []),
 }
 FAMILIES = {  # vitkit name: timm architecture of the same shape
     "ViT-S/16": "vit_small_patch16_224", "DINOv2-S/14-reg4": "vit_small_patch14_reg4_dinov2",
@@ -56,19 +58,21 @@ def vitkit_command(*args: str) -> None:
         raise SystemExit(f"vitkit {' '.join(args)} failed:\n{done.stderr[-3000:]}")
 
 
-def probe_runs(data: Path, backbone: Path) -> dict:
-    """Each run of ``RUNS`` from the backbone: its test numbers and wall seconds."""
+def probe_runs(data: Path, backbone: Path, quick: bool = False) -> dict:
+    """Each run of ``RUNS`` from the backbone: its test numbers and wall seconds (``quick``: 20 steps each, to try
+    the script)."""
     results = {}
-    for name, (objective, head, peft, steps, lr) in RUNS.items():
-        run_dir = WORK / name.replace(" ", "-").replace(",", "")
+    for name, (objective, head, peft, flags) in RUNS.items():
+        flags = [*flags, "--steps", "20"] if quick else flags
+        run_dir = WORK / name.split(" (")[0].replace(" ", "-").replace(",", "")
         shutil.rmtree(run_dir, ignore_errors=True)
         dataset = f"{'maskfolder' if objective == 'segmentation' else 'depthfolder'}:{data / objective}"
         started = time.perf_counter()
         vitkit_command("finetune", str(backbone), "--objective", objective, "--head", head, "--peft", peft,
-                       "--dataset", dataset, "--steps", str(steps), "--lr", str(lr), "--run-dir", str(run_dir), *PROBE)
+                       "--dataset", dataset, "--run-dir", str(run_dir), *PROBE, *flags)
         summary = json.loads((run_dir / "summary.json").read_text())
         results[name] = {"run_dir": repo_relative(run_dir), "wall_seconds": round(time.perf_counter() - started, 1),
-                         "train_seconds": summary["train_seconds"], "steps": steps, "lr": lr,
+                         "train_seconds": summary["train_seconds"], "steps": summary["steps"], "flags": flags,
                          "trained_params": summary["params/trained"], "total_params": summary["params/total"],
                          **{key.removeprefix("test/"): value for key, value in summary.items()
                             if key.startswith("test/") and key != "test/split"}}
@@ -154,8 +158,9 @@ def report(record: dict) -> str:
              "metres for a digit, 8 m behind. Backbone: "
              f"`{record['backbone']['command']}` ({record['backbone']['test_accuracy'] * 100:.2f}% MNIST test "
              f"accuracy, {record['backbone']['train_seconds']:.0f} s), probed at 64 px (a 16x16 grid). Every probe: "
-             "AdamW, 1,000 steps of 32 crops, linear decay after 50 warm-up steps; metrics on all validation canvases "
-             "at their own size.", "",
+             "its head's preset (`dense-linear`: AdamW at 1e-2, `dense-dpt`: at 1e-3; weight decay 1e-4, 600 steps "
+             "of 16 random crops, linear decay after 50 warm-up steps) unless the run's name says otherwise; "
+             "metrics on all validation canvases at their own size.", "",
              "| run | trained params | mIoU | aAcc | AbsRel | RMSE (m) | δ<1.25 | train s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in record["runs"].items():
@@ -181,6 +186,7 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--val", type=int, default=400)
     parser.add_argument("--skip-backbone", action="store_true", help="reuse runs/dense-probe/backbone")
+    parser.add_argument("--quick", action="store_true", help="a try of the script: few images and steps, no record")
     args = parser.parse_args()
     started, load = time.perf_counter(), os.getloadavg()
     threads = torch.get_num_threads()
@@ -192,7 +198,7 @@ def main() -> None:
     backbone_args = ["train", "--preset", "mnist", "--data-dir", args.data_dir, "--run-dir", str(backbone_dir)]
     if not args.skip_backbone:
         shutil.rmtree(backbone_dir, ignore_errors=True)
-        vitkit_command(*backbone_args)
+        vitkit_command(*backbone_args, *(["--epochs", "0.05"] if args.quick else []))
     backbone = json.loads((backbone_dir / "summary.json").read_text())
     record = {
         "data": {"command": f"python benchmarks/dense_digits.py {repo_relative(data)} --source mnist --data-dir "
@@ -200,8 +206,11 @@ def main() -> None:
                  "train": args.train, "val": args.val},
         "backbone": {"command": "vitkit " + " ".join(backbone_args[:3] + ["--data-dir", repo_relative(args.data_dir)]),
                      "test_accuracy": backbone["test/accuracy"], "train_seconds": backbone["train_seconds"]},
-        "runs": probe_runs(data, backbone_dir / "model"),
+        "runs": probe_runs(data, backbone_dir / "model", args.quick),
     }
+    if args.quick:
+        print(report({**record, "families": {}, "machine": machine(threads, load, started)}))
+        return
     overlay_figure(data)
     record["families"] = family_timing()
     record["machine"] = machine(threads, load, started)

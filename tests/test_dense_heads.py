@@ -59,12 +59,21 @@ def test_linear_heads_equal_the_probe_written_out(head, blocks, options):
     torch.testing.assert_close(model(images), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_dpt_reads_four_blocks_and_outputs_sixteen_times_the_grid():
+def test_dpt_scales_follow_the_patch_size():
+    from vitkit.models.dense import dpt_scales
+
+    assert dpt_scales(16) == dpt_scales(14) == [4, 2, 1, 0.5]  # DPT's and DINOv2's
+    assert dpt_scales(8) == [2, 1, 0.5, 0.25] and dpt_scales(32) == [8, 4, 2, 1]
+    model = VisionTransformer(ViTConfig(**{**SMALL, "patch_size": 4}, num_classes=3, dense_head="dpt")).eval()
+    assert model(torch.randn(1, 3, 32, 48)).shape == (1, 3, 32, 48)  # about the input's size for any patch
+
+
+def test_dpt_reads_four_blocks_and_outputs_at_the_inputs_size():
     model = VisionTransformer(ViTConfig(**{**SMALL, "depth": 12}, num_classes=3, dense_head="dpt")).eval()
     assert dense_layers(model.config) == [2, 5, 8, 11]
     assert dense_layers(model.config.replace(depth=2)) == [0, 0, 1, 1]  # fewer blocks than four: some twice
     out = model(torch.randn(1, 3, 32, 48))
-    assert out.shape == (1, 3, 4 * 16, 6 * 16)
+    assert out.shape == (1, 3, 32, 48)  # a 4x6 grid of 8 px patches: maps at 8, 4, 2 and 1 px, then two doublings
     # the decoder sees nothing else than the blocks it reads: a change after block 11's output changes nothing
     # (there is none), one to block 2's input changes the output
     with torch.no_grad():

@@ -205,3 +205,17 @@ def test_cached_features_are_the_backbones_and_are_computed_once(tmp_path, caplo
                      "linear", "--transform", "eval", "--dataset", f"maskfolder:{data}", "--steps", "6",
                      "--batch-size", "4", "--image-size", "32", "--run-dir", str(tmp_path / "run")]) == 0
     assert "each image's features computed once and kept" in caplog.text
+
+
+def test_a_dense_head_trains_under_torchrun(tmp_path):
+    """Two gloo ranks fine-tune backbone and head (DDP), rank 0 alone writes the model and the metrics."""
+    from launch import VITKIT_TORCHRUN, launch
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 8), ("val", 2)))
+    stdout = launch(VITKIT_TORCHRUN, "finetune", backbone(tmp_path / "backbone"), "--objective", "segmentation",
+                    "--head", "linear-ms", "--dataset", f"maskfolder:{data}", "--steps", "3", "--batch-size", "4",
+                    "--image-size", "32", "--threads", "1", "--run-dir", tmp_path / "run")
+    assert stdout.count("mIoU:") == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test/images"] == 2 and 0 <= summary["test/mIoU"] <= 1
+    assert vitkit.load(tmp_path / "run" / "model").config.dense_head == "linear-ms"

@@ -11,7 +11,7 @@ from ..train.distributed import leave
 from ..train.launch import train
 from ..declare import help_of
 from ..declare_flags import FLAG_PREFIX
-from ..train.presets import DEFAULT_PRESETS, MODEL_ARGS_FLAG, RECIPE_PRESETS, add_recipe_flags, recipe_from_args
+from ..train.presets import DEFAULT_PRESETS, DENSE_PRESETS, MODEL_ARGS_FLAG, RECIPE_PRESETS, add_recipe_flags, recipe_from_args
 from ..train.recipes import Model
 from .flags import override_flags, print_table, runtime_flags
 
@@ -33,7 +33,9 @@ def _preset_help(command: str) -> str:
     """``--preset``'s help: what a run starts from without one."""
     default = DEFAULT_PRESETS[command == "finetune"]
     return (f"named recipe to start from, listed below (default: the {default} preset's training settings, the "
-            f"input's size, channels and patch from the data{' and the checkpoint' if command == 'finetune' else ''})")
+            f"{' or '.join(sorted(set(DENSE_PRESETS.values())))} preset's for --objective segmentation or depth (by "
+            f"--head), the input's size, channels and patch "
+            f"from the data{' and the checkpoint' if command == 'finetune' else ''})")
 
 
 def _presets_epilog() -> str:

@@ -11,9 +11,10 @@ the [class] token's state beside it (None for a model without one):
 - ``linear-ms``: the same over the last four blocks' maps concatenated (DINOv2's "+ms" and "lin. 4"; the
   multi-scale test of "+ms" is the evaluation's to do).
 - ``dpt`` (Ranftl et al. 2021, the decoder DINOv2's depth uses): four evenly spaced blocks, each reassembled at
-  4, 2, 1 and 1/2 times the patch grid (the [class] state projected into every position), fused from the
-  coarsest by residual convolution units, each fusion doubling the resolution: outputs at 16 times the patch
-  grid (the input's size for 16 px patches).
+  1/4, 1/8, 1/16 and 1/32 of the input's resolution (4, 2, 1 and 1/2 times the grid of 14-16 px patches, as
+  DPT and DINOv2 place them; for other patches the nearest powers of two), the [class] state projected into every
+  position, fused from the coarsest by residual convolution units, each fusion doubling the resolution: outputs
+  at about the input's resolution.
 
 Outputs are logits (``dense_output='classes'``) or depth in metres (``'depth'``): the head's outputs, made
 positive (ReLU + 0.1) and normalised to sum to 1 per pixel (AdaBins' and DINOv2's linear normalisation), weigh
@@ -22,6 +23,8 @@ positive (ReLU + 0.1) and normalised to sum to 1 per pixel (AdaBins' and DINOv2'
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -101,8 +104,8 @@ class ResidualUnit(nn.Module):
 
 
 class Fusion(nn.Module):
-    """DPT's fusion block: the coarser path plus a residual unit of the skip (brought to the path's size, which it
-    differs from where the patch grid is odd), a second residual unit, doubled in resolution (bilinear, corners aligned), then a 1x1 projection."""
+    """DPT's fusion block: the coarser path (brought to the skip's size, which it differs from where the patch grid
+    is odd) plus a residual unit of the skip, a second residual unit, doubled in resolution (bilinear, corners aligned), then a 1x1 projection."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -110,27 +113,44 @@ class Fusion(nn.Module):
         self.project = nn.Conv2d(channels, channels, 1)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        if skip is not None:  # resized always (the identity at the same size), so that a traced graph takes any size
-            x = x + self.skip_unit(F.interpolate(skip, size=x.shape[-2:], mode="bilinear", align_corners=False))
+        if skip is not None:  # the path resized to the finer skip's size (the identity where an even grid makes them
+            # equal; resized always, so that a traced graph takes any size)
+            x = F.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=False) + self.skip_unit(skip)
         x = F.interpolate(self.unit(x), scale_factor=2, mode="bilinear", align_corners=True)
         return self.project(x)
 
 
+def rescaling(channels: int, scale: float) -> nn.Module:
+    """DPT's change of resolution by ``scale``, a power of two: a transposed convolution of kernel and stride
+    ``scale`` to enlarge, a 3x3 convolution of stride ``1 / scale`` to shrink."""
+    if scale > 1:
+        return nn.ConvTranspose2d(channels, channels, int(scale), stride=int(scale))
+    if scale < 1:
+        return nn.Conv2d(channels, channels, 3, stride=round(1 / scale), padding=1)
+    return nn.Identity()
+
+
+def dpt_scales(patch_size: int) -> list[float]:
+    """The resolutions DPT reassembles four blocks at, relative to the patch grid: 4, 2, 1 and 1/2 for patches of
+    14-16 px (1/4 to 1/32 of the input, as DPT and DINOv2 have them), shifted by the nearest power of two of
+    patch / 16 for other patches (8 px: 2, 1, 1/2, 1/4), so that the maps keep their place relative to the input."""
+    shift = round(math.log2(patch_size / 16))
+    return [2.0 ** (level + shift) for level in (2, 1, 0, -1)]
+
+
 class DPTHead(nn.Module):
-    """DPT (Ranftl et al. 2021): reassemble four blocks' tokens into maps at 4, 2, 1 and 1/2 times the patch grid
+    """DPT (Ranftl et al. 2021): reassemble four blocks' tokens into maps at ``dpt_scales`` times the patch grid
     (the [class] state joined by a linear layer and GELU: DPT's "project" readout; 1x1 convolutions to D/8, D/4,
     D/2 and D channels; transposed or strided convolutions to the scale; 3x3 convolutions to 256, or D if that is
     fewer), fuse them from the coarsest, then a head of convolutions that doubles the resolution once more."""
 
-    def __init__(self, dim: int, outputs: int, class_token: bool):
+    def __init__(self, dim: int, outputs: int, class_token: bool, patch_size: int = 16):
         super().__init__()
         widths = [max(dim // 8, 1), max(dim // 4, 1), max(dim // 2, 1), dim]
         self.readout = nn.ModuleList(nn.Sequential(nn.Linear(2 * dim, dim), nn.GELU()) for _ in widths) \
             if class_token else None
         self.project = nn.ModuleList(nn.Conv2d(dim, width, 1) for width in widths)
-        self.rescale = nn.ModuleList([nn.ConvTranspose2d(widths[0], widths[0], 4, stride=4),
-                                      nn.ConvTranspose2d(widths[1], widths[1], 2, stride=2), nn.Identity(),
-                                      nn.Conv2d(widths[3], widths[3], 3, stride=2, padding=1)])
+        self.rescale = nn.ModuleList(rescaling(width, scale) for width, scale in zip(widths, dpt_scales(patch_size)))
         channels = min(FUSION_CHANNELS, dim)
         self.to_fusion = nn.ModuleList(nn.Conv2d(width, channels, 3, padding=1, bias=False) for width in widths)
         self.fusions = nn.ModuleList(Fusion(channels) for _ in widths)
@@ -161,7 +181,7 @@ class DenseHead(nn.Module):
         super().__init__()
         self.config = config
         if config.dense_head == "dpt":
-            self.decoder = DPTHead(config.dim, config.num_classes, config.class_token)
+            self.decoder = DPTHead(config.dim, config.num_classes, config.class_token, config.effective_patch_size)
         else:
             class_state = config.class_token and config.dense_output == "depth"
             width = config.dim * (2 if class_state else 1) * len(dense_layers(config))
