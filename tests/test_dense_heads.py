@@ -207,3 +207,11 @@ def test_dense_models_export_to_onnx_at_any_size_and_not_to_the_plain_formats(tm
     torch.testing.assert_close(graph(images), model(images), rtol=1e-4, atol=1e-4)
     with pytest.raises(FormatError, match="has no place for a dense head"):
         export(model, tmp_path / "timm.safetensors", "timm")
+
+
+def test_serve_refuses_a_dense_model_in_one_line(tmp_path):
+    from vitkit.serve.classifier import Classifier
+
+    VisionTransformer(ViTConfig(**SMALL, num_classes=3, dense_head="linear")).save(tmp_path / "dense")
+    with pytest.raises(ConfigError, match="a linear head predicts per pixel; vitkit serve takes a model that classifies"):
+        Classifier(str(tmp_path / "dense"))

@@ -219,3 +219,38 @@ def test_a_dense_head_trains_under_torchrun(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["test/images"] == 2 and 0 <= summary["test/mIoU"] <= 1
     assert vitkit.load(tmp_path / "run" / "model").config.dense_head == "linear-ms"
+
+
+def test_a_set_without_validation_holds_one_out_and_dense_models_stay_out_of_image_commands(tmp_path, capsys):
+    from vitkit.data import load_dataset, split_names
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 10),))
+    spec = f"maskfolder:{data}"
+    assert "val" in split_names(spec)
+    held, kept = load_dataset(spec, "val"), load_dataset(spec, "train")
+    assert len(held) == 1 and len(kept) == 9  # the default 10% held out, and no longer trained on
+    assert held.path(0) not in {kept.path(i) for i in range(len(kept))}
+
+    dense = VisionTransformer(ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                                        num_classes=4, dense_head="linear"))
+    dense.save(tmp_path / "dense")
+    assert main(["fewshot", str(tmp_path / "dense"), "--dataset", "digits", "--shots", "1"]) == 2
+    assert "a linear head predicts per pixel; vitkit fewshot takes a model that classifies" in capsys.readouterr().err
+    with pytest.raises(vitkit.errors.ConfigError, match="has a linear dense head, not a classifier"):
+        dense.reset_head(10)
+    assert main(["train", "--objective", "segmentation", "--dataset", spec, "--steps", "1",
+                 "--run-dir", str(tmp_path / "scratch")]) == 2
+    assert "--objective segmentation puts a head on a backbone" in capsys.readouterr().err
+
+
+def test_dense_images_are_read_as_stored_whatever_their_exif_orientation(tmp_path):
+    from vitkit.data import load_dataset
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 1),))
+    image = data / "train" / "images" / "000.png"
+    pixels = np.array(Image.open(image))
+    exif = Image.Exif()
+    exif[0x0112] = 3  # rotated 180 degrees for display
+    Image.fromarray(pixels).save(image, exif=exif)
+    read, _ = load_dataset(f"maskfolder:{data}", "all")[0]
+    assert np.array_equal(read.permute(1, 2, 0).numpy(), pixels)  # the pixels the mask was drawn on

@@ -33,7 +33,7 @@ from torch import nn
 
 from .atomic import atomic_file
 from .checkpoints.adapters import merged
-from .checkpoints.runnable import load_model, source_config
+from .checkpoints.runnable import load_model, refuse_dense, source_config
 from .checkpoints.timm_families import is_timm_family, write_timm_family
 from .errors import CheckpointError
 from .memory import Plan, check, estimate
@@ -376,6 +376,7 @@ def bench_checkpoint(source: str, batch_size: int = 8, device: str | None = None
     overrides = {**(overrides or {}), **({"image_size": image_size} if image_size else {})}
     check_bench_size(source, overrides, batch_size, runtimes, chosen, adapter=adapter)
     model = merged(load_model(source, overrides, adapter=adapter))
+    refuse_dense(model.config, source, "vitkit bench")
     rows, skipped = bench(model, batch_size, chosen, runtimes, precisions, repeats, peak_size=peak_size)
     result = BenchRun(source, tuple(model.config.image_size), batch_size, chosen, torch.get_num_threads(),
                       os.getloadavg()[0], repeats, rows, skipped)

@@ -75,6 +75,14 @@ def load_on_device(checkpoint: str, overrides: dict[str, Any] | None = None, dev
     return model.to(chosen), chosen, resolve_precision(precision, chosen)
 
 
+def refuse_dense(config: ViTConfig, source: str, command: str) -> None:
+    """Refuse, in one line, a model with a dense head in a command about whole images' classes or embeddings."""
+    if config.dense_head != "none":
+        raise ConfigError(f"{source}: a {config.dense_head} head predicts per pixel; {command} takes a model that "
+                          f"classifies or embeds whole images (a dense model is measured by vitkit eval and drawn by "
+                          f"vitkit predict --out DIR)")
+
+
 def load_inference(checkpoint: str, overrides: dict[str, Any] | None = None, device: str | None = None,
                    precision: str = "fp32", *, adapter: str | None = None
                    ) -> tuple[VisionTransformer | ExportedModel, torch.device, torch.dtype]:

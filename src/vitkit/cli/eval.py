@@ -7,10 +7,10 @@ import argparse
 
 from ..checkpoints.runnable import load_inference
 from ..data import CORRUPT
-from ..data.datasets import DATASET_FORMS
+from ..data.datasets import DATASET_FORMS, split_names
 from ..evaluate.accuracy import DEFAULT_VAL_FRACTION, check_model_memory, evaluate_dataset
-from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, model_source, positive,
-                    print_table, resize_flag, run_defaults, runtime_flags, unit_fraction)
+from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, model_source, percent,
+                    positive, print_table, resize_flag, run_defaults, runtime_flags, unit_fraction)
 
 HELP: dict[str, tuple[str, str | None]] = {
     "eval": ("Top-1/top-5 accuracy, per-class accuracy and a confusion matrix of a checkpoint on a dataset.",
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
                                           adapter=args.adapter)
     from_run = args.dataset is None
     run_defaults(args)
-    done = evaluate_dataset(model, args.dataset, args.split or ("test" if from_run else None),  # a run's: held out
+    held = from_run and "test" in split_names(args.dataset)  # a run's held-out test split, where the data has one
+    done = evaluate_dataset(model, args.dataset, args.split or ("test" if held else None),
                             data_dir=args.data_dir, val_fraction=args.val_fraction, corrupt=args.corrupt,
                             batch_size=args.batch_size, num_workers=args.num_workers, out=args.out,
                             resize=args.resize, max_patches=args.max_patches, device=device, dtype=dtype,
@@ -79,7 +80,3 @@ def run(args: argparse.Namespace) -> int:
                                             if "real_top1" in report else "") + f"; {kept}")
     return 0
 
-
-def percent(value: float | None) -> str:
-    """A fraction as a percentage with two decimals, ``-`` where undefined (``null``)."""
-    return "-" if value is None else f"{100 * value:.2f}%"

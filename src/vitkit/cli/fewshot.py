@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..checkpoints.runnable import load_on_device
+from ..checkpoints.runnable import load_on_device, refuse_dense
 from ..data.datasets import DATASET_FORMS
 from ..evaluate.accuracy import check_model_memory
 from ..evaluate.fewshot import DEFAULT_L2_REGS, DEFAULT_SHOTS
@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
                        command="vitkit fewshot")
     model, device, dtype = load_on_device(args.checkpoint, args.overrides, args.device, args.precision,
                                           adapter=args.adapter)
+    refuse_dense(model.config, model_source(args), "vitkit fewshot")
     run_defaults(args)
     done = probe_dataset(model, args.dataset, args.split, data_dir=args.data_dir, shots=args.shots, seeds=args.seeds,
                          l2_regs=args.l2, full_probe=args.linear_probe, knn=args.knn,

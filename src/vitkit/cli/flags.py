@@ -170,3 +170,8 @@ def run_defaults(args: argparse.Namespace) -> None:
             args.out = run.run_dir
     if held_out and args.val_fraction is None:
         args.val_fraction = DEFAULT_VAL_FRACTION
+
+
+def percent(value: float | None) -> str:
+    """A fraction as a percentage with two decimals, ``-`` where undefined (``null``)."""
+    return "-" if value is None else f"{100 * value:.2f}%"

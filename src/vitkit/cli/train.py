@@ -13,7 +13,7 @@ from ..declare import help_of
 from ..declare_flags import FLAG_PREFIX
 from ..train.presets import DEFAULT_PRESETS, DENSE_PRESETS, MODEL_ARGS_FLAG, RECIPE_PRESETS, add_recipe_flags, recipe_from_args
 from ..train.recipes import Model
-from .flags import override_flags, print_table, runtime_flags
+from .flags import override_flags, percent, print_table, runtime_flags
 
 EXAMPLES: dict[str, tuple[str, str | None]] = {
     "train": ("Train a ViT from a recipe: a preset, a --config file and flags (no flags: digits).",
@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{summary['test/split']} accuracy: {100 * summary['test/accuracy']:.2f}% "
               f"({summary['test/images']} images)")
     elif "test/mIoU" in summary:
-        print(f"{summary['test/split']} mIoU: {100 * summary['test/mIoU']:.2f}%, aAcc {100 * summary['test/aAcc']:.2f}% "
+        print(f"{summary['test/split']} mIoU: {percent(summary['test/mIoU'])}, aAcc {percent(summary['test/aAcc'])} "
               f"({summary['test/images']} images)")
     elif "test/abs_rel" in summary:
         print(f"{summary['test/split']} depth: AbsRel {summary['test/abs_rel']:.4f}, RMSE {summary['test/rmse']:.4f} m, "
-              f"delta<1.25 {100 * summary['test/a1']:.2f}% ({summary['test/images']} images)")
+              f"delta<1.25 {percent(summary['test/a1'])} ({summary['test/images']} images)")
     else:
         print(f"pre-trained encoder saved in {summary['run_dir']}/model; fine-tune it with `vitkit finetune`")
     return 0

@@ -24,6 +24,7 @@ from torchvision import tv_tensors
 from ..errors import DatasetError
 from ..paths import resolved, within
 from .images import decoded, read_image
+from .map_style import SplitSpec, with_val
 from .splits import ALL, SPLITS
 
 SEGMENTATION, DEPTH = "segmentation", "depth"
@@ -83,7 +84,7 @@ class DenseDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, tv_tensors.Mask]:
         image_path, target_path = self.path(index), self.target_path(index)
-        image = read_image(image_path)
+        image = read_image(image_path, orient=False)  # as stored, as its mask was drawn on it
         target = (read_mask(target_path, self.lookup, self.palette) if self.task == SEGMENTATION
                   else read_depth(target_path))
         if tuple(target.shape) != tuple(image.shape[-2:]):
@@ -241,8 +242,19 @@ def present_splits(root: Path) -> tuple[str, ...]:
     return tuple(split for split in SPLITS if (root / split / "images").is_dir()) or SPLITS
 
 
-def dense_split(split: str, splits: Sequence[str], read: Callable[[str], DenseDataset], root: str) -> DenseDataset:
-    """``read(split)``; for ``all``, every one of the dataset's ``splits`` read, one after the other."""
+def dense_split(split: str, splits: Sequence[str], read: Callable[[str], DenseDataset], root: str,
+                holdout: SplitSpec | None = None) -> DenseDataset:
+    """``read(split)``; for ``all``, every one of the dataset's own ``splits`` read, one after the other. A dataset
+    with training images and no validation split holds ``holdout``'s fraction of them out as ``val`` (the same
+    for every seed-equal call), which its ``train`` then lacks, as for classification."""
     if split == ALL:
         return DenseDataset.joined([read(part) for part in splits], f"{root}[{ALL}]")
+    if split in ("train", "val") and "val" not in splits and "train" in splits and holdout is not None:
+        return with_val(read("train"), None, split, holdout)
     return read(split)
+
+
+def with_held_val(splits: tuple[str, ...]) -> tuple[str, ...]:
+    """A dataset's splits as a run may ask for them: ``val`` too where it has training images and no validation
+    split (held out of them: ``dense_split``)."""
+    return splits if "val" in splits or "train" not in splits else (*splits, "val")

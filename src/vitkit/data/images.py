@@ -21,15 +21,16 @@ from ..paths import open_regular
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS
 
 
-def read_image(source: str | Path | BinaryIO, name: str | None = None) -> torch.Tensor:
+def read_image(source: str | Path | BinaryIO, name: str | None = None, orient: bool = True) -> torch.Tensor:
     """Decode an image fully (a truncated file fails here) as uint8 (C, H, W), the way it is meant to be
     seen: EXIF orientation applied, 16-bit and float grey scaled (not clipped) to 0..255, palette, CMYK and
     other modes converted to RGB, grey kept as 1 channel (the model decides channels: ``ToChannels``).
     Transparency is composited over white, as a page shows it and as HF's image processors do: the colour
     under a transparent pixel is undefined (often black), so dropping alpha would show that instead.
-    Errors name the image ``name`` (default: the path)."""
+    Errors name the image ``name`` (default: the path). Without ``orient`` the pixels stay as stored, EXIF
+    orientation ignored: as a mask drawn on them (which has none) lies."""
     with decoded(source, name) as image:
-        return pil_to_tensor(_eight_bit(ImageOps.exif_transpose(image)))
+        return pil_to_tensor(_eight_bit(ImageOps.exif_transpose(image) if orient else image))
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 
 from ..errors import ConfigError, DatasetError
 from ..normalization import normalization
+from .dense import IGNORE_INDEX
 
 # AugReg (Steiner et al. 2021) augmentation levels: RandAugment (ops, magnitude) and Mixup alpha.
 AUGREG_LEVELS = {
@@ -233,7 +234,6 @@ def build_transform(preset: str, image_size: tuple[int, int], channels: int, fam
 
 DENSE_TASKS = ("segmentation", "depth")
 DENSE_SCALES = (0.5, 2.0)  # the random rescale of a training image, relative to the model's size (mmseg's ratio range)
-IGNORED = 255  # the mask value of pixels outside any class (and the padding of a crop)
 
 
 class JointSteps:
@@ -283,7 +283,7 @@ def dense_transform(task: str, training: bool, image_size: tuple[int, int], chan
                                        antialias=True)]
     else:
         steps = [v2.Resize(side, antialias=True)]
-    fill = {tv_tensors.Mask: IGNORED if task == "segmentation" else 0, "others": 0}
+    fill = {tv_tensors.Mask: IGNORE_INDEX if task == "segmentation" else 0, "others": 0}  # padding: ignored, no depth
     steps.append(v2.RandomCrop(size, pad_if_needed=True, fill=fill))
     if hflip:
         steps.append(v2.RandomHorizontalFlip())

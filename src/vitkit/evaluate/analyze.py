@@ -14,7 +14,7 @@ import torch
 
 from ..analysis import inputs
 from ..analysis.report import Analysis, analyze
-from ..checkpoints.runnable import load_on_device
+from ..checkpoints.runnable import load_on_device, refuse_dense
 from ..data.transforms import Preset
 from ..errors import ConfigError
 from ..memory import Estimate, Plan, check, estimate, tokens_per_image
@@ -50,6 +50,7 @@ def analyze_checkpoint(checkpoint: str, out: str | Path, *, images: Sequence[str
     check_model_memory(checkpoint, overrides, device, precision, adapter=adapter, command="vitkit analyze")
     model, device, dtype = load_on_device(checkpoint, overrides, device, precision, adapter=adapter)
     config = model.config
+    refuse_dense(config, checkpoint, "vitkit analyze")
     pictures, about = inputs.gather(images, dataset, data_dir, num_images, seed, config.provenance.classes)
     if max_patches and image_size:
         raise ConfigError("--image-size and --max-patches: the budget sizes each image at its own aspect ratio")

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.sources.segmentation import voc_colour
 from ..models.dense import resized
 from ..progress import track
 from ..runtime import autocast
@@ -103,17 +104,9 @@ OVERLAY_ALPHA = 0.5  # the share of the class colour in an overlay's pixel
 
 
 def class_colours(count: int) -> np.ndarray:
-    """(count, 3) uint8 colours, PASCAL VOC's colour map: class i's bits spread over the high bits of red, green
-    and blue in turn (0 black, 1 dark red, 2 dark green, ...), as VOC's masks and mmseg's drawings colour them."""
-    colours = np.zeros((count, 3), dtype=np.uint8)
-    for index in range(count):
-        value, shift = index, 7
-        while value:
-            for channel in range(3):
-                colours[index, channel] |= ((value >> channel) & 1) << shift
-            value >>= 3
-            shift -= 1
-    return colours
+    """(count, 3) uint8 colours of classes 0..count-1: PASCAL VOC's colour map (``data.sources.segmentation``), as
+    VOC's masks and mmseg's drawings colour them."""
+    return np.array([voc_colour(index) for index in range(count)], dtype=np.uint8)
 
 
 @dataclass

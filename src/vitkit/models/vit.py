@@ -345,7 +345,11 @@ class VisionTransformer(nn.Module):
     def reset_head(self, num_classes: int, keep_pre_logits: bool = False) -> None:
         """Replace the head by a zero-initialised ``num_classes``-way linear layer (section 3.2);
         the pre-training pre-logits layer is dropped unless ``keep_pre_logits``; a distillation head is
-        replaced too, and an attention-pool head is kept."""
+        replaced too, and an attention-pool head is kept. A dense model's head is not a classifier: refused."""
+        if self.config.dense_head != "none":
+            raise ConfigError(f"reset_head({num_classes}): this model has a {self.config.dense_head} dense head, not a "
+                              f"classifier; fine-tune it with --objective segmentation or depth, or start a classifier "
+                              f"from the backbone it was trained on")
         if not keep_pre_logits and self.config.representation_size:
             self.pre_logits = nn.Identity()
             self.config = self.config.replace(representation_size=None)

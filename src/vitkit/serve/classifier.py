@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkpoints.runnable import check_graph_inputs, load_inference
+from ..checkpoints.runnable import check_graph_inputs, load_inference, refuse_dense
 from ..data.images import read_image
 from ..errors import ConfigError
 from ..evaluate.accuracy import check_eval_size, check_model_memory
@@ -42,6 +42,7 @@ class Classifier:
         if not config.num_classes:
             raise ConfigError(f"{checkpoint}: the model has no classification head (num_classes=0); "
                               "vitkit serve answers with classes")
+        refuse_dense(config, checkpoint, "vitkit serve")
         self.preprocessing = preprocessing
         if preprocessing.max_patches and preprocessing.keep_aspect:
             raise ConfigError("--keep-aspect and --max-patches: pick one way to keep each image's aspect ratio")

@@ -18,8 +18,8 @@ Entry = list[tuple[torch.Tensor, torch.Tensor | None]]  # one image's (patch map
 
 class CachedFeatures:
     """``model.dense_features`` of a batch, each image's taken from the cache when its pixels were seen before,
-    else computed (without a gradient: the backbone is frozen) and kept while the cache holds under
-    ``limit_bytes``. ``hits`` and ``misses`` count images."""
+    else computed (without a gradient: the backbone is frozen) and kept in host memory while the cache holds
+    under ``limit_bytes``. ``hits`` and ``misses`` count images."""
 
     def __init__(self, model: VisionTransformer, limit_bytes: int):
         self.model, self.limit = model, limit_bytes
@@ -40,7 +40,7 @@ class CachedFeatures:
             with torch.no_grad():
                 computed = self.model.dense_features(images[missing])
             for row, index in enumerate(missing):
-                entry = [(patches[row].clone(), None if state is None else state[row].clone())
+                entry = [(patches[row].cpu().clone(), None if state is None else state[row].cpu().clone())
                          for patches, state in computed]
                 found[index] = entry
                 size = sum(t.numel() * t.element_size() for pair in entry for t in pair if t is not None)
@@ -48,6 +48,8 @@ class CachedFeatures:
                     self.entries[keys[index]] = entry
                     self.bytes += size
         ordered = [found[index] for index in range(len(keys))]
-        return [(torch.stack([entry[block][0] for entry in ordered]),
-                 None if ordered[0][block][1] is None else torch.stack([entry[block][1] for entry in ordered]))
+        device = images.device
+        return [(torch.stack([entry[block][0] for entry in ordered]).to(device),
+                 None if ordered[0][block][1] is None else
+                 torch.stack([entry[block][1] for entry in ordered]).to(device))
                 for block in range(len(ordered[0]))]

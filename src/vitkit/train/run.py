@@ -54,7 +54,7 @@ from .trainer import LoopConfig, Trainer
 logger = logging.getLogger(__name__)
 
 DENSE_FORMS = {"segmentation": "voc:, cityscapes:, ade20k: or maskfolder:DIR", "depth": "nyu: or depthfolder:DIR"}
-DEPTH_MIN, DEPTH_MAX = 1e-3, 10.0  # metres: the first depth bin, and the last where neither recipe nor data caps depth
+DEPTH_MAX = 10.0  # metres: the last depth bin where neither the recipe nor the data caps depth
 
 # What a run writes into its folder besides RECIPE_FILE (which marks a run): a folder holding only these is a run
 # cut short before its recipe was saved, which may be used again; one holding anything else is not a run's.
@@ -143,7 +143,8 @@ def dense_head(recipe: Recipe, classes: list[str]) -> dict[str, Any] | None:
         return None
     depth = goal.kind == "depth"
     return dict(head=goal.dense_head or "linear", outputs=goal.depth_bins if depth else len(classes),
-                output="depth" if depth else "classes", depth_min=DEPTH_MIN, depth_max=goal.max_depth or DEPTH_MAX)
+                output="depth" if depth else "classes", depth_min=ViTConfig.depth_min,
+                depth_max=goal.max_depth or DEPTH_MAX)
 
 
 def distillation_token(name: str | ViTConfig, args: dict[str, Any], say: bool) -> dict[str, Any]:
@@ -307,8 +308,15 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         train_set = train_set.subset(keep, f"{train_set.name}[subset]")
     classes = train_set.classes
     task = dense_task(recipe, train_set)
+    if task and not (recipe.model.init or recipe.model.name):
+        raise ConfigError(f"--objective {task} puts a head on a backbone: fine-tune a checkpoint (vitkit finetune "
+                          f"CHECKPOINT) or name a model (--model NAME)")
     if task == "depth" and recipe.objective.max_depth is None:  # saved with the run: the bins end at the data's cap
-        recipe = recipe.replace(objective={"max_depth": getattr(train_set, "max_depth", None) or DEPTH_MAX})
+        cap = getattr(train_set, "max_depth", None)
+        if cap is None and env.is_main:
+            logger.info(f"{recipe.data.dataset} has no depth cap: depth up to {DEPTH_MAX:g} m is learnt and measured, "
+                        f"deeper pixels are left out; set --max-depth for other scenes")
+        recipe = recipe.replace(objective={"max_depth": cap or DEPTH_MAX})
     model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
     if recipe.peft.method in ("lora", "dora") and set(recipe.peft.targets) & {"q", "k", "v"} and env.enabled \

@@ -252,7 +252,7 @@ class Trainer:
                 if results:
                     self.record(self.step, results)
                 score = results.get(self.config.best_metric)
-                if score is not None and (self.best is None or score > self.best):
+                if score is not None and score == score and (self.best is None or score > self.best):  # not NaN
                     self.best = score
                     save_model(model, self.run_dir / "best")
         self.model.train()

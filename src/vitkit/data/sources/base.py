@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from ..dense import DenseDataset, dense_split, with_held_val
 from ..map_style import SplitSpec
 from ..shards import ShardedSplit
 from ..splits import ALL, SPLITS
@@ -72,3 +73,26 @@ class Source:
 def measured_split(have: tuple[str, ...]) -> str:
     """What an evaluation measures of a dataset with splits ``have``: test, else val, else all of it."""
     return next((split for split in ("test", "val") if split in have), ALL)
+
+
+class DenseSource(Source):
+    """A dataset of images with per-pixel targets (``data.dense``): ``present`` lists the splits it holds and
+    ``read`` reads one; a run may also ask for ``val`` where there is none, held out of ``train`` (``dense_split``)."""
+
+    def present(self, path: str) -> tuple[str, ...]:
+        """The splits the dataset holds on disk: by default every known one."""
+        return self.known_splits
+
+    def splits(self, path: str) -> tuple[str, ...]:
+        return with_held_val(self.present(path))
+
+    def read(self, path: str, split: str) -> DenseDataset:
+        """One split the dataset holds."""
+        raise NotImplementedError
+
+    def describe(self, path: str, options: ReadOptions) -> dict:
+        """The splits the dataset holds (not the validation part a run would hold out), as ``Source.describe``."""
+        return describe(self.open_splits(path, self.present(path), options))
+
+    def open(self, path: str, split: str, options: ReadOptions) -> DenseDataset:
+        return dense_split(split, self.present(path), lambda part: self.read(path, part), path, options.holdout)

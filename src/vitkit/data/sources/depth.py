@@ -24,10 +24,10 @@ from pathlib import Path
 
 from ...errors import DatasetError
 from ...paths import resolved, within
-from ..dense import DEPTH, DenseDataset, checked_pairs, dense_split, present_splits, split_folder_pairs
+from ..dense import DEPTH, DenseDataset, checked_pairs, present_splits, split_folder_pairs
 from ..listed import list_lines
 from ..splits import SPLITS
-from .base import ReadOptions, Source
+from .base import DenseSource
 
 NYU_SPLITS = ("train", "test")
 NYU_MAX_DEPTH = 10.0
@@ -47,20 +47,20 @@ def nyu_list(root: Path, split: str) -> tuple[str, str] | None:
     return None
 
 
-class Nyu(Source):
+class Nyu(DenseSource):
     """``nyu:DIR``."""
 
     argument = "DIR"
-    known_splits = NYU_SPLITS
+    known_splits = (*NYU_SPLITS, "val")  # val held out of train
 
     def recognises(self, path: Path) -> int:
         return 2 * any(nyu_list(path, split) for split in NYU_SPLITS)
 
-    def splits(self, path: str) -> tuple[str, ...]:
+    def present(self, path: str) -> tuple[str, ...]:
         return tuple(split for split in NYU_SPLITS if nyu_list(Path(path), split)) or NYU_SPLITS
 
-    def open(self, path: str, split: str, options: ReadOptions) -> DenseDataset:
-        return dense_split(split, self.splits(path), lambda part: read_nyu(Path(path), part), path)
+    def read(self, path: str, split: str) -> DenseDataset:
+        return read_nyu(Path(path), split)
 
 
 def read_nyu(root: Path, split: str) -> DenseDataset:
@@ -81,7 +81,7 @@ def read_nyu(root: Path, split: str) -> DenseDataset:
                         max_depth=NYU_MAX_DEPTH, eval_crop=EIGEN_CROP)
 
 
-class DepthFolder(Source):
+class DepthFolder(DenseSource):
     """``depthfolder:DIR``."""
 
     argument = "DIR"
@@ -89,11 +89,11 @@ class DepthFolder(Source):
     def recognises(self, path: Path) -> int:
         return 2 * any((path / split / "depth").is_dir() for split in SPLITS)
 
-    def splits(self, path: str) -> tuple[str, ...]:
+    def present(self, path: str) -> tuple[str, ...]:
         return present_splits(Path(path))
 
-    def open(self, path: str, split: str, options: ReadOptions) -> DenseDataset:
-        return dense_split(split, self.splits(path), lambda part: read_depth_folder(Path(path), part), path)
+    def read(self, path: str, split: str) -> DenseDataset:
+        return read_depth_folder(Path(path), split)
 
 
 def read_depth_folder(root: Path, split: str) -> DenseDataset:

@@ -27,11 +27,11 @@ import numpy as np
 
 from ...errors import DatasetError
 from ...paths import resolved, within
-from ..dense import (IGNORE_INDEX, NOT_A_CLASS, SEGMENTATION, DenseDataset, checked_pairs, dense_split, entry_names,
+from ..dense import (IGNORE_INDEX, NOT_A_CLASS, SEGMENTATION, DenseDataset, checked_pairs, entry_names,
                      present_splits, split_folder_pairs, stem_pairs)
 from ..listed import list_lines, read_class_names
 from ..splits import SPLITS
-from .base import ReadOptions, Source
+from .base import DenseSource
 
 VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
                "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
@@ -98,7 +98,7 @@ def ade_lookup() -> np.ndarray:
     return lookup
 
 
-class Voc(Source):
+class Voc(DenseSource):
     """``voc:DIR``."""
 
     argument = "DIR"
@@ -107,8 +107,8 @@ class Voc(Source):
     def recognises(self, path: Path) -> int:
         return 2 * any((path / folder / "ImageSets" / "Segmentation").is_dir() for folder in VOC_FOLDERS)
 
-    def open(self, path: str, split: str, options: ReadOptions) -> DenseDataset:
-        return dense_split(split, self.splits(path), lambda part: read_voc(Path(path), part), path)
+    def read(self, path: str, split: str) -> DenseDataset:
+        return read_voc(Path(path), split)
 
 
 def voc_folder(root: Path) -> Path:
@@ -136,7 +136,7 @@ def read_voc(root: Path, split: str) -> DenseDataset:
                         palette=VOC_PALETTE)
 
 
-class Cityscapes(Source):
+class Cityscapes(DenseSource):
     """``cityscapes:DIR``."""
 
     argument = "DIR"
@@ -144,11 +144,14 @@ class Cityscapes(Source):
     def recognises(self, path: Path) -> int:
         return 2 * ((path / "leftImg8bit").is_dir() and (path / "gtFine").is_dir())
 
-    def splits(self, path: str) -> tuple[str, ...]:
-        return tuple(split for split in SPLITS if (Path(path) / "leftImg8bit" / split).is_dir()) or SPLITS
+    known_splits = ("train", "val")  # the public test split's masks hold no class: nothing to measure
 
-    def open(self, path: str, split: str, options: ReadOptions) -> DenseDataset:
-        return dense_split(split, self.splits(path), lambda part: read_cityscapes(Path(path), part), path)
+    def present(self, path: str) -> tuple[str, ...]:
+        return tuple(split for split in self.known_splits if (Path(path) / "leftImg8bit" / split).is_dir()) \
+            or self.known_splits
+
+    def read(self, path: str, split: str) -> DenseDataset:
+        return read_cityscapes(Path(path), split)
 
 
 def read_cityscapes(root: Path, split: str) -> DenseDataset:
@@ -165,7 +168,7 @@ def read_cityscapes(root: Path, split: str) -> DenseDataset:
                         f"{root}[{split}]", lookup=cityscapes_lookup())
 
 
-class Ade20k(Source):
+class Ade20k(DenseSource):
     """``ade20k:DIR``."""
 
     argument = "DIR"
@@ -174,8 +177,8 @@ class Ade20k(Source):
     def recognises(self, path: Path) -> int:
         return 2 * any((folder / "annotations" / "training").is_dir() for folder in (path / ADE_FOLDER, path))
 
-    def open(self, path: str, split: str, options: ReadOptions) -> DenseDataset:
-        return dense_split(split, self.splits(path), lambda part: read_ade(Path(path), part), path)
+    def read(self, path: str, split: str) -> DenseDataset:
+        return read_ade(Path(path), split)
 
 
 def read_ade(root: Path, split: str) -> DenseDataset:
@@ -190,7 +193,7 @@ def read_ade(root: Path, split: str) -> DenseDataset:
                         f"{folder}[{split}]", lookup=ade_lookup())
 
 
-class MaskFolder(Source):
+class MaskFolder(DenseSource):
     """``maskfolder:DIR``."""
 
     argument = "DIR"
@@ -198,11 +201,11 @@ class MaskFolder(Source):
     def recognises(self, path: Path) -> int:
         return 2 * ((path / "classes.txt").is_file() and any((path / split / "masks").is_dir() for split in SPLITS))
 
-    def splits(self, path: str) -> tuple[str, ...]:
+    def present(self, path: str) -> tuple[str, ...]:
         return present_splits(Path(path))
 
-    def open(self, path: str, split: str, options: ReadOptions) -> DenseDataset:
-        return dense_split(split, self.splits(path), lambda part: read_mask_folder(Path(path), part), path)
+    def read(self, path: str, split: str) -> DenseDataset:
+        return read_mask_folder(Path(path), split)
 
 
 def read_mask_folder(root: Path, split: str) -> DenseDataset:
