@@ -61,6 +61,9 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     data = load_dataset(dataset, chosen, data_dir, SplitSpec(val_fraction), corrupt)
     check_eval_size(model, len(data), batch_size, num_workers, max_patches, device, dtype, command)
     task = dense_task_of(config, data, dataset, source)
+    if task and (max_patches or real_labels is not None):
+        raise ConfigError(f"{source} is a {task} model, whose images are stretched whole to its size: "
+                          f"--max-patches and --real-labels are for classifiers")
     if task:
         loader = evaluation_loader(data, dense_transform(task, False, config.image_size, config.in_chans,
                                                          config.provenance.normalization),

@@ -13,7 +13,6 @@ import torch
 from ..models.dense import Features
 from ..models.vit import VisionTransformer
 
-Entry = list[tuple[torch.Tensor, torch.Tensor | None]]  # one image's (patch map, [class] state) per block read
 
 
 class CachedFeatures:
@@ -23,7 +22,7 @@ class CachedFeatures:
 
     def __init__(self, model: VisionTransformer, limit_bytes: int):
         self.model, self.limit = model, limit_bytes
-        self.entries: dict[bytes, Entry] = {}
+        self.entries: dict[bytes, Features] = {}  # one image's (patch map, [class] state) per block, unbatched
         self.bytes = self.hits = self.misses = 0
 
     @staticmethod
