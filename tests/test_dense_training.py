@@ -120,7 +120,7 @@ def test_depth_head_trains_and_evaluates(tmp_path):
             Image.fromarray(depth).save(root / split / "depth" / f"{number}.png")
     run_dir = tmp_path / "run"
     assert main(["finetune", str(backbone(tmp_path / "backbone")), "--objective", "depth", "--head", "dpt",
-                 "--dataset", f"depthfolder:{root}", "--image-size", "32", "--steps", "20", "--batch-size", "8",
+                 "--dataset", f"depthfolder:{root}", "--image-size", "32", "--steps", "6", "--batch-size", "8",
                  "--optimizer", "adamw", "--lr", "0.001", "--run-dir", str(run_dir), "--depth-bins", "32"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     recipe = json.loads((run_dir / "recipe.json").read_text())

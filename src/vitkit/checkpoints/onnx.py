@@ -292,11 +292,12 @@ class ExportedModel(nn.Module):
             wanted = "NaFlex batches (eval/predict --max-patches N)" if self.naflex else "image tensors"
             raise InputError(f"{self.path} takes {wanted}; got {type(inputs).__name__}")
         logits = np.ascontiguousarray(self.run(feeds(inputs, self.inputs)))
-        count, (wanted, sizes) = len(inputs), output_shape(self.config)
+        count, (_, sizes) = len(inputs), output_shape(self.config)
         if logits.ndim != len(sizes) or len(logits) != count or any(
                 want is not None and size != want for size, want in zip(logits.shape[1:], sizes[1:])):
+            shown = [count, *(want if want is not None else "any" for want in sizes[1:])]
             raise CheckpointError(f"{self.path}: gave logits of shape {list(logits.shape)} for {count} images; "
-                                  f"expected {wanted} = {[count, *sizes[1:]]}, as the exported config says")
+                                  f"expected {shown}, as the exported config says")
         return torch.from_numpy(logits).to(inputs.patches.device if self.naflex else inputs.device)
 
 
