@@ -254,3 +254,43 @@ def test_dense_images_are_read_as_stored_whatever_their_exif_orientation(tmp_pat
     Image.fromarray(pixels).save(image, exif=exif)
     read, _ = load_dataset(f"maskfolder:{data}", "all")[0]
     assert np.array_equal(read.permute(1, 2, 0).numpy(), pixels)  # the pixels the mask was drawn on
+
+
+def test_a_dense_run_stopped_half_way_resumes_to_the_uninterrupted_weights(tmp_path):
+    """Random crops are drawn per (seed, epoch, image) and the head's BatchNorm statistics are saved with the
+    weights, so a run continued from its middle checkpoint ends where the uninterrupted one does."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 8), ("val", 2)))
+    args = ["finetune", str(backbone(tmp_path / "backbone")), "--objective", "segmentation", "--head", "linear-ms",
+            "--dataset", f"maskfolder:{data}", "--steps", "6", "--batch-size", "4", "--image-size", "32",
+            "--checkpoint-every", "3"]
+    assert main([*args, "--run-dir", str(tmp_path / "straight")]) == 0
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000006")
+    shutil.rmtree(tmp_path / "resumed" / "model")
+    assert main([*args, "--run-dir", str(tmp_path / "resumed"), "--resume"]) == 0
+    straight = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    assert "dense_head.decoder.bn.running_mean" in straight
+    assert all(torch.equal(resumed[key], straight[key]) for key in straight)
+
+
+def test_unreadable_targets_and_a_file_for_an_output_folder_are_one_line(tmp_path, capsys):
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 2),))
+    mask = data / "train" / "masks" / "000.png"
+    mask.write_bytes(mask.read_bytes()[:40])  # truncated
+    with pytest.raises(vitkit.errors.DatasetError, match=rf"^{mask}: not a readable mask"):
+        from vitkit.data import load_dataset
+
+        load_dataset(f"maskfolder:{data}", "all")[0]
+    dense = VisionTransformer(ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                                        num_classes=4, dense_head="linear"))
+    dense.save(tmp_path / "dense")
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    code = main(["predict", str(tmp_path / "dense"), str(data / "train" / "images" / "001.png"), "--out", str(taken)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and str(taken) in err[0] and taken.read_text() == "not a folder"

@@ -23,6 +23,7 @@ from torchvision import tv_tensors
 
 from ..errors import DatasetError
 from ..paths import resolved, within
+from .folders import entries
 from .images import decoded, read_image
 from .map_style import SplitSpec, with_val
 from .splits import ALL, SPLITS
@@ -181,15 +182,12 @@ def read_depth(path: str | Path) -> torch.Tensor:
     return torch.from_numpy(pixels.astype(np.float32) / np.float32(DEPTH_SCALE))
 
 
-def entry_names(folder: Path, folders: bool = False) -> list[str]:
-    """The names of the files (or with ``folders``, the sub-folders) of ``folder`` that are not hidden, sorted; a
-    DatasetError naming it when it cannot be listed."""
-    try:
-        with os.scandir(folder) as entries:
-            return sorted(entry.name for entry in entries
-                          if not entry.name.startswith(".") and entry.is_dir() == folders)
-    except OSError as error:
-        raise DatasetError(f"{folder}: cannot list the folder ({error.strerror})") from error
+def entry_names(folder: Path, root: Path, folders: bool = False) -> list[str]:
+    """The names of the files (or with ``folders``, the sub-folders) of ``folder`` that are not hidden, sorted
+    (``folders.entries``: a link leading outside the dataset folder ``root`` refused; a DatasetError naming the
+    folder when it cannot be listed)."""
+    return sorted(os.fsdecode(name) for _, name, is_dir in entries(os.fsencode(folder), resolved(root))
+                  if is_dir == folders)
 
 
 def stem_pairs(root: Path, images: str, targets: str, kind: str, image_suffix: str = "") -> list[tuple[str, str]]:
@@ -197,7 +195,7 @@ def stem_pairs(root: Path, images: str, targets: str, kind: str, image_suffix: s
     ``root/targets``, as names relative to ``root`` in the order of the images' names. Two images of one stem are
     refused: one ``kind`` (mask, depth map) cannot be both's."""
     named: dict[str, str] = {}
-    for name in entry_names(root / images):
+    for name in entry_names(root / images, root):
         if name.endswith(image_suffix):
             stem = os.path.splitext(name)[0]
             if stem in named:
@@ -243,15 +241,20 @@ def present_splits(root: Path) -> tuple[str, ...]:
 
 
 def dense_split(split: str, splits: Sequence[str], read: Callable[[str], DenseDataset], root: str,
-                holdout: SplitSpec | None = None) -> DenseDataset:
+                holdout: SplitSpec) -> DenseDataset:
     """``read(split)``; for ``all``, every one of the dataset's own ``splits`` read, one after the other. A dataset
     with training images and no validation split holds ``holdout``'s fraction of them out as ``val`` (the same
     for every seed-equal call), which its ``train`` then lacks, as for classification."""
     if split == ALL:
         return DenseDataset.joined([read(part) for part in splits], f"{root}[{ALL}]")
-    if split in ("train", "val") and "val" not in splits and "train" in splits and holdout is not None:
+    if split in ("train", "val") and "val" not in splits and "train" in splits:
         return with_val(read("train"), None, split, holdout)
     return read(split)
+
+
+def task_of(dataset) -> str:
+    """What a dataset's labels are: ``segmentation`` or ``depth`` for a dense one, else ``classification``."""
+    return getattr(dataset, "task", "classification")
 
 
 def with_held_val(splits: tuple[str, ...]) -> tuple[str, ...]:

@@ -72,10 +72,10 @@ def folder_listing(root: Path) -> Listing:
 
 
 def class_folders(root: Path) -> list[str]:
-    return sorted(os.fsdecode(name) for path, name, is_dir in _entries(os.fsencode(root), resolved(root)) if is_dir)
+    return sorted(os.fsdecode(name) for path, name, is_dir in entries(os.fsencode(root), resolved(root)) if is_dir)
 
 
-def _entries(folder: bytes, real_root: Path) -> list[tuple[bytes, bytes, bool]]:
+def entries(folder: bytes, real_root: Path) -> list[tuple[bytes, bytes, bool]]:
     """``(path, name, is a directory)`` of the entries of ``folder`` that are not hidden; a symbolic link is
     followed if it stays inside ``real_root`` (the resolved folder being listed) and refused otherwise, naming
     both (a link to itself, or one that cannot be followed, is an error naming it)."""
@@ -112,7 +112,7 @@ def _walk(root: Path) -> Listing:
         directories.append(folder)
         stamps.append(_stamp(stat))
         found = []
-        for path, _, is_dir in _entries(folder, real_root):
+        for path, _, is_dir in entries(folder, real_root):
             if is_dir:
                 found += visit(path, ancestors | {identity})
             else:

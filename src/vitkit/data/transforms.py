@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torchvision.transforms.v2.functional as TF
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from ..errors import ConfigError, DatasetError
@@ -273,8 +274,6 @@ def dense_transform(task: str, training: bool, image_size: tuple[int, int], chan
     if not training:
         return Preset(ImageOnly(v2.Compose([ToChannels(channels), v2.Resize(size, antialias=True)])),
                       ToModelInput(mean, std), joint=True)
-    from torchvision import tv_tensors
-
     if not random:
         return Preset(JointSteps(channels, [v2.Resize(size, antialias=True)]), ToModelInput(mean, std), joint=True)
     side = min(size)

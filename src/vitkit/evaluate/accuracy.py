@@ -14,6 +14,7 @@ import torch
 from ..checkpoints.inference import SURGERY
 from ..checkpoints.runnable import EXPORTED, check_graph_inputs, checkpoint_config
 from ..data import ALL, SplitSpec, default_split, evaluation_loader, load_dataset
+from ..data.dense import task_of
 from ..data.survey import conversions, image_geometry
 from ..data.transforms import dense_transform
 from ..errors import ConfigError
@@ -93,7 +94,7 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
 def dense_task_of(config, data, dataset: str, source: str) -> str | None:
     """The dense task a model with a dense head is measured on (None for a classifier), refused where the dataset
     holds another kind of label or other classes."""
-    holds = getattr(data, "task", "classification")
+    holds = task_of(data)
     task = None if config.dense_head == "none" else "depth" if config.dense_output == "depth" else "segmentation"
     if task != holds and (task or holds != "classification"):
         has = f"a {task} head" if task else "a classifier"

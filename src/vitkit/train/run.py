@@ -25,6 +25,7 @@ from ..checkpoints.adapters import AdapterSpec, adapt, parameter_counts, save_ad
 from ..checkpoints.loading import build, read_checkpoint
 from ..data import (ALL, STREAMED, ShardedSplit, SplitSpec, build_transform, default_num_workers, default_split,
                     evaluation_loader, load_splits, split_names, training_loader)
+from ..data.dense import task_of
 from ..data.map_style import held_part
 from ..data.splits import seeded_permutation
 from ..data.survey import Geometry, image_geometry
@@ -110,7 +111,7 @@ def build_model(recipe: Recipe, classes: list[str], geometry: Geometry, say: boo
 def dense_task(recipe: Recipe, dataset) -> str | None:
     """The dense task of a run (``segmentation`` or ``depth``; None for the others), which its dataset must hold:
     per-pixel targets for a dense objective, image labels for the others."""
-    kind, holds = recipe.objective.kind, getattr(dataset, "task", "classification")
+    kind, holds = recipe.objective.kind, task_of(dataset)
     if kind in DENSE_OBJECTIVES and holds != kind:
         raise ConfigError(f"--objective {kind} needs a {kind} dataset ({DENSE_FORMS[kind]}); "
                           f"{recipe.data.dataset} holds {holds} labels")

@@ -162,7 +162,7 @@ def read_cityscapes(root: Path, split: str) -> DenseDataset:
                            f"reads it (DIR/leftImg8bit/{split}/CITY/*{CITYSCAPES_IMAGE})")
     pairs = [(f"leftImg8bit/{split}/{city}/{name}",
               f"gtFine/{split}/{city}/{name.removesuffix(CITYSCAPES_IMAGE)}{CITYSCAPES_MASK}")
-             for city in entry_names(images, folders=True) for name in entry_names(images / city)
+             for city in entry_names(images, root, folders=True) for name in entry_names(images / city, root)
              if name.endswith(CITYSCAPES_IMAGE)]
     return DenseDataset(checked_pairs(root, pairs, images, "mask"), SEGMENTATION, list(CITYSCAPES_IDS),
                         f"{root}[{split}]", lookup=cityscapes_lookup())
