@@ -45,10 +45,14 @@ TINY_MODEL = {"patch_size": 4, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim":
 
 
 def run_tests(dry_run: bool) -> tuple[int, str]:
-    """`pytest -m cuda` in a child process (``dry_run``: only collected); its exit code and summary line."""
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    """`pytest -m cuda` in a child process (``dry_run``: only collected); its exit code and summary line (its whole
+    report on stderr)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "--durations=8",
+               "tests/test_cuda.py"]
     result = subprocess.run([*command, *(["--collect-only"] if dry_run else [])], cwd=ROOT, capture_output=True,
                             text=True)
+    # pytest's own report (tracebacks, the slowest tests) goes to stderr: one run on a lent machine says what to mend
+    print(result.stdout[-20000:], result.stderr[-5000:], sep="\n", file=sys.stderr, flush=True)
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     return result.returncode, "\n".join([*failures, lines[-1] if lines else result.stderr.strip()[-500:]])

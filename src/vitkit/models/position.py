@@ -21,7 +21,8 @@ def resample_grid(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tupl
     if table.ndim != 3 or table.shape[1] != old_grid[0] * old_grid[1]:
         raise ValueError(f"position table of shape {tuple(table.shape)} does not hold a {old_grid} grid")
     if torch.jit.is_tracing():  # an ONNX graph for any image size: the resize as weights computed in it, per axis
-        down, across = (resample_weights(torch.arange(new), new, old, mode, antialias, align_corners)
+        down, across = (resample_weights(torch.arange(new, device=table.device), new, old, mode, antialias,
+                                         align_corners)
                         for new, old in zip(new_grid, old_grid))
         image = torch.einsum("rh,hwd->rwd", down, table.reshape(*old_grid, table.shape[-1]).float())
         return torch.einsum("cw,rwd->rcd", across, image).reshape(1, -1, table.shape[-1]).to(table.dtype)
@@ -197,7 +198,7 @@ class Learned2dPositionEmbedding(_CachedByGrid):
     @staticmethod
     def _resample_axis(table: torch.Tensor, length: int) -> torch.Tensor:
         if torch.jit.is_tracing():  # an ONNX graph for any image size
-            return Learned2dPositionEmbedding._axis_at(table, torch.arange(length), length)
+            return Learned2dPositionEmbedding._axis_at(table, torch.arange(length, device=table.device), length)
         if table.shape[0] == length:
             return table
         line = table.t().unsqueeze(0).float()

@@ -86,7 +86,10 @@ class Trainer:
         self.saved_at = time.monotonic()  # when the last checkpoint was written (or training began)
         self.network = wrap(model, self.env)
         if config.run.compile:
-            self.network = torch.compile(self.network)
+            # static shapes: one graph per batch shape (the training steps share one, evaluation adds its last
+            # partial batch), never a dynamic-shape graph, which torch 2.11's inductor fails to build for this model
+            # once evaluation has seen two batch sizes (pytorch/pytorch#197077)
+            self.network = torch.compile(self.network, dynamic=False)
         self.dtype = autocast_dtype(config.run.precision, self.env.device)
         self._log = MetricsLog(self.run_dir, self.env.is_main)
 
