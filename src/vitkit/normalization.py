@@ -15,6 +15,8 @@ NORMALIZATION = {
     "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+    # [0, 1] pixels as they are: models that scale them themselves (Gemma 4's vision encoder).
+    "raw": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
 }
 
 

@@ -13,6 +13,7 @@ from ..errors import CheckpointError, ConfigError, FormatError
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .adapters import merged, refuse_adapted
+from .gemma4 import is_gemma4, refuse_hf_gemma4
 from .google import write_npz
 from .hf import write_hf
 from .hf_families import hf_family_of, write_hf_family
@@ -53,6 +54,8 @@ def output_format(destination: str | Path, asked: str | None) -> str:
 
 def hf_writer(config: ViTConfig) -> Callable[[VisionTransformer, Path], Path]:
     """The HF writer of ``config``'s family: DINOv3 or AIMv2, a family on the ViT layout, or HF's ViT."""
+    if is_gemma4(config):
+        return refuse_hf_gemma4
     if hf_recent_family_of(config):
         return write_hf_recent
     return write_hf_family if hf_family_of(config) else write_hf

@@ -15,6 +15,7 @@ from ..paths import read_text, reason
 from . import hub
 from .adapters import base_named, is_adapter_folder, load_adapter
 from .files import read_json_object, read_safetensors, read_weights
+from .gemma4 import is_gemma4_state, read_bare_gemma4, read_hf_gemma4
 from .google import read_npz
 from .hf import is_hf_config, read_hf
 from .hf_families import MODEL_TYPES as HF_FAMILY_TYPES
@@ -99,6 +100,8 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
     if path.suffix == ".npz":
         return *read_npz(path, overrides), source
     state = read_weights(path)
+    if is_gemma4_state(state):  # read by timm's definitions, or refused naming the patch layout it cannot tell
+        return *read_bare_gemma4(state, overrides, source), source
     refuse_unsupported(state, source)
     timm_like = {"patch_embed.proj.weight", "embeds.proj.weight"} & state.keys()
     family = family_of_keys(state, source, overrides) if timm_like else None
@@ -116,7 +119,8 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
 
 # HF's model_type -> the reader of its directories.
 HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
-              **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent)}
+              **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent),
+              **dict.fromkeys(("gemma4_vision", "gemma4"), read_hf_gemma4)}
 
 
 def read_hf_directory(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]

@@ -85,13 +85,15 @@ def _metadata(config: ViTConfig) -> dict[str, str]:
 
 def _rms_norm(g, x, normalized_shape, weight, eps):
     """aten::rms_norm as opset 17's ops (RMSNormalization is an op from opset 23, which torch's TorchScript
-    exporter does not write): x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape) axes."""
+    exporter does not write): x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape) axes (no
+    weight: Gemma 4's norm of the values)."""
     from torch.onnx import symbolic_helper
 
     axes = list(range(-len(symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")), 0))
     eps = g.op("CastLike", g.op("Constant", value_t=torch.tensor(symbolic_helper._get_const(eps, "f", "eps"))), x)
     mean_square = g.op("ReduceMean", g.op("Mul", x, x), axes_i=axes, keepdims_i=1)
-    return g.op("Mul", g.op("Div", x, g.op("Sqrt", g.op("Add", mean_square, eps))), weight)
+    normalised = g.op("Div", x, g.op("Sqrt", g.op("Add", mean_square, eps)))
+    return normalised if symbolic_helper._is_none(weight) else g.op("Mul", normalised, weight)
 
 
 class _NaFlexInputs(nn.Module):
@@ -122,6 +124,8 @@ def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: 
         axes = {INPUT: {0: "batch", 2: "height", 3: "width"}}
     # a dense head's outputs are maps whose size follows the image's
     outputs = {0: "batch"} if model.config.dense_head == "none" else {0: "batch", 2: "rows", 3: "cols"}
+    if model.config.pool == "soft":  # Gemma 4's soft tokens: as many as the image has pooling cells
+        outputs = {0: "batch", 1: "tokens"}
     traced = io.BytesIO()
     with warnings.catch_warnings():  # the tracer's notes on shape checks, which hold at every size the graph takes
         warnings.simplefilter("ignore")
@@ -173,7 +177,7 @@ def probe_inputs(config: ViTConfig, naflex: bool = False, batch: int = _PROBE_BA
     generator = torch.Generator().manual_seed(0)
     height, width = config.image_size
     if not naflex:
-        step = config.effective_patch_size
+        step = config.effective_patch_size * (config.soft_pool if config.pool == "soft" else 1)  # whole cells
         return [torch.randn(batch, config.in_chans, *size, generator=generator)
                 for size in ((height, width), (height + step, width + 2 * step))]
     budget = config.grid_size[0] * config.grid_size[1]
@@ -303,10 +307,13 @@ class ExportedModel(nn.Module):
 
 def output_shape(config: ViTConfig) -> tuple[str, list[int | None]]:
     """What an exported graph of ``config`` gives, in words and as sizes (None where any size goes): logits
-    (batch, classes), features (batch, D) without a head, or a dense head's (batch, classes or 1, rows, cols)."""
+    (batch, classes), features (batch, D) without a head, Gemma 4's soft tokens (batch, tokens, D), or a dense
+    head's (batch, classes or 1, rows, cols)."""
     if config.dense_head != "none":
         return "(batch, classes or 1, rows, cols)", [None, 1 if config.dense_output == "depth" else config.num_classes,
                                                      None, None]
+    if config.pool == "soft":
+        return "(batch, soft tokens, D)", [None, None, config.dim]
     return "(batch, classes)", [None, config.num_classes or None]
 
 

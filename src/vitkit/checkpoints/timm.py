@@ -32,6 +32,7 @@ from ..errors import CheckpointError, FormatError, abridged
 from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct
 from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
+from .gemma4 import is_gemma4, is_gemma4_architecture, read_timm_gemma4_directory, write_timm_gemma4
 from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
 from .timm_families import family_of_architecture, is_timm_family, read_timm_hub_family, write_timm_family
@@ -95,6 +96,9 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
             raise CheckpointError(f"{directory / HUB_CONFIG}: {key}={abridged(hub[key])}; expected a JSON object")
     check_fields(hub.get("model_args", {}), {"num_heads": "count"}, directory / HUB_CONFIG, within="model_args.")
     weights = hub_weights_file(directory, "a timm")
+    if is_gemma4_architecture(str(hub["architecture"])):  # its own pooling (soft tokens) and layout
+        config, state = read_timm_gemma4_directory(read_weights(weights), hub, overrides, weights)
+        return config.replace(provenance=config.provenance.replace(source=str(directory))), state
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg", "map"):
         raise CheckpointError(f"{directory / HUB_CONFIG}: global_pool={pool!r}; vitkit pools the [class] token "
@@ -149,6 +153,8 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
     ``gelu='quick'`` are passed again when it is read (and to timm's constructor). The families on timm's Eva
     (rotary embeddings...) and AIMv2 are written in their layout, or as a hub directory naming the architecture."""
     config, path = model.config, Path(path)
+    if is_gemma4(config):  # timm's Gemma 4 encoder or classifier
+        return write_timm_gemma4(model, path)
     if is_timm_family(config):  # rotary embeddings, q/v-only biases, sub-LN, RMSNorm: timm's Eva or AIMv2
         return write_timm_family(model, path)
     unsupported = [reason for reason, bad in [

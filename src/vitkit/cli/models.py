@@ -70,7 +70,7 @@ def run_info(args: argparse.Namespace) -> int:
     options = config.family_options()
     if options:
         print("options      " + ", ".join(f"{name}={value!r}" for name, value in options.items()))
-    print(f"numerics     GELU {config.gelu}, LayerNorm eps {config.ln_eps:g}"
+    print(f"numerics     GELU {config.gelu}, {'RMSNorm' if config.norm == 'rms' else 'LayerNorm'} eps {config.ln_eps:g}"
           + (f", StdConv {config.std_conv} eps {config.std_conv_eps:g}, GroupNorm eps {config.gn_eps:g}"
              if config.backbone is not None else ""))
     mean, std = config.input_statistics

@@ -19,12 +19,15 @@ from ..errors import ConfigError, abridged, parse_json
 from ..normalization import NORMALIZATION, normalization
 
 # "map": multi-head attention pooling with a learned probe (SigLIP's head).
-POOLINGS = ("token", "gap", "map")
-POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none")
+# "soft" (Gemma 4): the patches averaged over k x k cells of their grid, times sqrt(D): several tokens per image.
+POOLINGS = ("token", "gap", "map", "soft")
+# "learned-axes" (Gemma 4): a learned table per axis, looked up by the patch's column and row and summed.
+POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none", "learned-axes")
 # "quick": x * sigmoid(1.702 x), the approximation OpenAI's CLIP was trained with.
 GELUS = ("exact", "tanh", "quick")
 # "swiglu": fc1 yields a gate and a value of mlp_dim each, SiLU(gate) * value goes into fc2 (DINOv2-g).
-MLPS = ("gelu", "swiglu")
+# "geglu": the same gate and value, GELU(gate) * value (Gemma 4, with the tanh GELU).
+MLPS = ("gelu", "swiglu", "geglu")
 # "rms": RMSNorm, x / sqrt(mean(x^2) + eps) * weight, in place of every LayerNorm (AIMv2).
 NORMS = ("layer", "rms")
 # Rotary position embeddings on the queries and keys of the patch tokens: "axial", fixed frequencies per axis
@@ -45,7 +48,10 @@ FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_
                                        patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu", norm="layer",
                                        patch_norm=False, k_bias=True, proj_bias=True, mlp_norm=False,
                                        attn_norm=False, rope="none", pool_heads=None, pool_mlp_dim=None,
-                                       pool_prefix=False, final_norm=True)
+                                       pool_prefix=False, final_norm=True,
+                                       # Gemma 4's
+                                       scale_pixels=False, sandwich_norm=False, v_norm=False, attn_scale=None,
+                                       clamp_linears=False, rope_split=False, fc_norm_scale=True)
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -192,6 +198,25 @@ class ViTConfig:
                                        "(PE-G: 4 D); 0: none (AIMv2)")
     pool_prefix: bool = setting(False, Bool(), "pooling (gap, map) takes the prefix tokens too, not the patches "
                                 "alone (PE)")
+    # Options of Gemma 4's vision encoder, off by default.
+    scale_pixels: bool = setting(False, Bool(), "the model takes [0, 1] pixels and maps them to [-1, 1] itself, "
+                                 "2 (x - 0.5), before the patch projection (Gemma 4)")
+    sandwich_norm: bool = setting(False, Bool(), "a norm on each branch's output too, before its residual add "
+                                  "(Gemma 4's four norms per block)")
+    v_norm: bool = setting(False, Bool(), "a norm without a learned scale on each head's values (Gemma 4)")
+    attn_scale: float | None = setting(None, Maybe(Float(0, low_open=True)), "the scale of the attention logits; "
+                                       "null: 1 / sqrt(head width) (Gemma 4: 1)")
+    clamp_linears: bool = setting(False, Bool(), "the blocks' dense layers clamp their inputs and outputs to bounds "
+                                  "held with the weights (Gemma 4's E2B/E4B tower)")
+    rope_split: bool = setting(False, Bool(), "with rope_half: each axis turns a half of the head of its own, "
+                               "rotate-half within it (Gemma 4)")
+    pos_axis_cells: int = setting(10240, Int(1), "cells of each axis's table with pos_embed='learned-axes' "
+                                  "(Gemma 4: 10240): the largest grid side")
+    soft_pool: int = setting(3, Int(1), "the side k of the k x k cells that pool='soft' averages")
+    soft_standardize: bool = setting(False, Bool(), "pool='soft': (tokens - bias) * scale after the pool, both "
+                                     "held with the weights (Gemma 4's 26B/31B tower)")
+    fc_norm_scale: bool = setting(True, Bool(), "a learned scale in the norm after pooling (timm's Gemma 4 "
+                                  "classifier: none)")
     # Options of parameter-efficient fine-tuning, off by default: what they add is trained, the rest stays frozen.
     prompt_tokens: int = setting(0, Int(0, MOST_MODULES["prompt_tokens"]), "VPT: learned prompt tokens after the "
                                  "prefix tokens, dropped at the output (no position embedding)")
@@ -251,6 +276,11 @@ class ViTConfig:
         require(self.dim % self.num_heads == 0, SOURCE, "dim", f"a multiple of num_heads={self.num_heads}", self.dim)
         require(self.pool != "token" or self.class_token, SOURCE, "pool", "'gap' or 'map' with class_token=False",
                 self.pool)
+        require(self.pool != "soft" or not (self.learned_prefix_tokens or self.num_classes or self.representation_size
+                                            or self.fc_norm), SOURCE, "pool",
+                "'soft' only without prefix tokens, a head, representation_size or fc_norm (its output is a grid of "
+                "tokens)", self.pool)
+        require(not self.rope_split or self.rope_half, SOURCE, "rope_split", "false unless rope_half=True", True)
         require(self.rope == "none" or self.head_dim % 4 == 0, SOURCE, "num_heads", f"a count that leaves a head "
                 f"width (dim={self.dim} / num_heads) divisible by 4 for rope={self.rope!r}", self.num_heads)
         require(self.pool_heads is None or self.dim % self.pool_heads == 0, SOURCE, "pool_heads",

@@ -1,8 +1,11 @@
 """Building blocks of the encoder: patch projection, multi-head self-attention, MLP, pre-LN block, and the
 attention-pool head; the options of later families (QK-norm, QuickGELU, SwiGLU, LayerScale, rotary embeddings,
-RMSNorm, sub-LN, bias switches) are marked."""
+RMSNorm, sub-LN, bias switches; Gemma 4's pixel scaling, value norm, attention scale, GeGLU, clamped dense layers
+and sandwich norms) are marked."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +13,8 @@ from torch import nn
 
 from ..errors import InputError
 from .config import ViTConfig
-from .position import RelativePositionLogits
+from .naflex import PatchBatch
+from .position import RelativePositionLogits, grid_cells
 from .rotary import apply_rope
 
 
@@ -21,8 +25,9 @@ class PatchEmbed(nn.Module):
     feature map instead of the pixels, usually into 1x1 patches (section 3.2)."""
 
     def __init__(self, in_chans: int, dim: int, patch_size: int, backbone: nn.Module | None = None,
-                 bias: bool = True, norm: nn.Module | None = None):
+                 bias: bool = True, norm: nn.Module | None = None, scale_pixels: bool = False):
         super().__init__()
+        self.scale_pixels = scale_pixels  # Option scale_pixels (Gemma 4): [0, 1] pixels to [-1, 1], 2 (x - 0.5)
         self.in_chans = in_chans
         self.patch_size = patch_size
         self.backbone = backbone
@@ -35,12 +40,15 @@ class PatchEmbed(nn.Module):
         """(B, N, P*P*C) pixel patches, each flattened row by row with the channels last (NaFlex), -> (B, N, D):
         the same kernel as the convolution, applied as one linear map."""
         weight = self.proj.weight.permute(0, 2, 3, 1).reshape(self.proj.out_channels, -1)
-        return self.norm(F.linear(patches.to(weight.dtype), weight, self.proj.bias))
+        return self.norm(F.linear(self._scaled(patches.to(weight.dtype)), weight, self.proj.bias))
+
+    def _scaled(self, pixels: torch.Tensor) -> torch.Tensor:
+        return 2 * (pixels - 0.5) if self.scale_pixels else pixels
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """(B, C, H, W) images -> (B, N, D) patch embeddings and the (H/P, W/P) grid."""
         check_images(images, self.in_chans, self.stride)
-        x = self.proj(images if self.backbone is None else self.backbone(images))
+        x = self.proj(self._scaled(images) if self.backbone is None else self.backbone(images))
         grid = (x.shape[-2], x.shape[-1])
         return self.norm(x.flatten(2).transpose(1, 2)), grid
 
@@ -63,34 +71,65 @@ def check_images(images: torch.Tensor, in_chans: int, multiple: int) -> None:
         )
 
 
-def make_norm(config: ViTConfig, width: int) -> nn.Module:
-    """The family's norm over ``width`` channels: LayerNorm, or (Option norm='rms') RMSNorm, with its eps."""
+def make_norm(config: ViTConfig, width: int, scale: bool = True) -> nn.Module:
+    """The family's norm over ``width`` channels: LayerNorm, or (Option norm='rms') RMSNorm, with its eps; without
+    ``scale``, no learned weight (nor bias)."""
     if config.norm == "rms":
-        return nn.RMSNorm(width, eps=config.ln_eps)
-    return nn.LayerNorm(width, eps=config.ln_eps)
+        return nn.RMSNorm(width, eps=config.ln_eps, elementwise_affine=scale)
+    return nn.LayerNorm(width, eps=config.ln_eps, elementwise_affine=scale)
+
+
+class ClampedLinear(nn.Linear):
+    """Option clamp_linears (Gemma 4): a dense layer whose output is cut into ``parts`` equal pieces (q, k and v of a
+    packed qkv; gate and value of a gated MLP), each computed from the input clamped to its own bounds and clamped
+    to its own bounds in turn. ``bounds`` holds (input min, input max, output min, output max) of each piece, read
+    with the weights; unbounded (infinite) until then."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, parts: int = 1):
+        super().__init__(in_features, out_features, bias=bias)
+        self.parts = parts
+        self.register_buffer("bounds", torch.tensor([[-math.inf], [math.inf]] * 2).repeat(1, parts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = self.weight.chunk(self.parts)
+        biases = self.bias.chunk(self.parts) if self.bias is not None else [None] * self.parts
+        low_in, high_in, low_out, high_out = self.bounds.to(x.dtype)
+        pieces = [F.linear(x.clamp(low_in[i], high_in[i]), weights[i], biases[i]).clamp(low_out[i], high_out[i])
+                  for i in range(self.parts)]
+        return pieces[0] if self.parts == 1 else torch.cat(pieces, dim=-1)
+
+
+def make_linear(clamped: bool, in_features: int, out_features: int, bias: bool = True, parts: int = 1
+                ) -> nn.Linear:
+    """A dense layer of the blocks: clamped in ``parts`` pieces (Option clamp_linears) or plain."""
+    if clamped:
+        return ClampedLinear(in_features, out_features, bias, parts)
+    return nn.Linear(in_features, out_features, bias=bias)
 
 
 class Attention(nn.Module):
     """MSA: h heads of width D/h, softmax(q k^T / sqrt(D/h)) v, concatenated and projected by D x D.
 
     Options: QK-norm, queries and keys turned by rotary position embeddings (``rope``, a table from
-    :class:`RotaryEmbedding`), keys without bias (``k_bias``), a norm before the projection (``attn_norm``)."""
+    :class:`RotaryEmbedding`), keys without bias (``k_bias``), a norm before the projection (``attn_norm``); Gemma
+    4's norm without scale on the values (``v_norm``), its logit scale (``attn_scale``: 1) and clamped layers."""
 
     def __init__(self, c: ViTConfig, relative_tokens: int = 0):
         super().__init__()
         self.num_heads, self.head_dim = c.num_heads, c.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim ** -0.5 if c.attn_scale is None else c.attn_scale
         separate_bias = c.qkv_bias and not c.k_bias  # Option k_bias=False: only q and v have a bias
-        self.qkv = nn.Linear(c.dim, 3 * c.dim, bias=c.qkv_bias and not separate_bias)
+        self.qkv = make_linear(c.clamp_linears, c.dim, 3 * c.dim, c.qkv_bias and not separate_bias, parts=3)
         self.q_bias = nn.Parameter(torch.zeros(c.dim)) if separate_bias else None
         self.v_bias = nn.Parameter(torch.zeros(c.dim)) if separate_bias else None
         # Option qk_norm: a norm on every head's queries and keys before their product.
         self.q_norm = make_norm(c, self.head_dim) if c.qk_norm else nn.Identity()
         self.k_norm = make_norm(c, self.head_dim) if c.qk_norm else nn.Identity()
-        self.rope_half = c.rope_half
+        self.v_norm = make_norm(c, self.head_dim, scale=False) if c.v_norm else nn.Identity()
+        self.rope_half, self.rope_split = c.rope_half, c.rope_split
         self.attn_dropout = c.attn_dropout
         self.norm = make_norm(c, c.dim) if c.attn_norm else nn.Identity()
-        self.proj = nn.Linear(c.dim, c.dim, bias=c.proj_bias)
+        self.proj = make_linear(c.clamp_linears, c.dim, c.dim, c.proj_bias)
         self.proj_drop = nn.Dropout(c.dropout)
         self.relative = RelativePositionLogits(relative_tokens, c.num_heads, self.head_dim) if relative_tokens else None
 
@@ -100,9 +139,9 @@ class Attention(nn.Module):
         if self.q_bias is not None:
             qkv = qkv + torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
         q, k, v = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)  # each (B, h, T, D/h)
+        q, k, v = self.q_norm(q), self.k_norm(k), self.v_norm(v)  # each (B, h, T, D/h)
         if rope is not None:
-            q, k = apply_rope(q, rope, self.rope_half), apply_rope(k, rope, self.rope_half)
+            q, k = (apply_rope(x, rope, self.rope_half, self.rope_split) for x in (q, k))
         return q, k, v
 
     def _merge(self, out: torch.Tensor) -> torch.Tensor:
@@ -119,7 +158,7 @@ class Attention(nn.Module):
         dropout = self.attn_dropout if self.training else 0.0
         bias = self._relative_logits(q)
         return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=bias if mask is None else mask,
-                                                          dropout_p=dropout))
+                                                          dropout_p=dropout, scale=self.scale))
 
     def forward_with_probs(self, x: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,22 +189,23 @@ def make_gelu(gelu: str) -> nn.Module:
 class Mlp(nn.Module):
     """Linear(D, mlp) -> GELU -> Linear(mlp, D), with dropout after each dense layer as in Google's code.
 
-    Options: ``swiglu``, fc1 yields a gate and a value of width mlp each, and SiLU(gate) * value enters fc2;
-    ``norm``, a norm on the hidden activations before fc2 (sub-LN); ``bias=False``, no biases."""
+    Options: ``kind='swiglu'``, fc1 yields a gate and a value of width mlp each, and SiLU(gate) * value enters fc2;
+    ``kind='geglu'``, the same with GELU(gate) (Gemma 4); ``norm``, a norm on the hidden activations before fc2
+    (sub-LN); ``bias=False``, no biases; ``clamped``, clamped dense layers (Gemma 4)."""
 
-    def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0, swiglu: bool = False,
-                 norm: nn.Module | None = None, bias: bool = True):
+    def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0, kind: str = "gelu",
+                 norm: nn.Module | None = None, bias: bool = True, clamped: bool = False):
         super().__init__()
-        self.swiglu = swiglu
-        self.fc1 = nn.Linear(dim, 2 * hidden if swiglu else hidden, bias=bias)
-        self.act = nn.SiLU() if swiglu else make_gelu(gelu)
+        self.gated = kind != "gelu"
+        self.fc1 = make_linear(clamped, dim, 2 * hidden if self.gated else hidden, bias, 2 if self.gated else 1)
+        self.act = nn.SiLU() if kind == "swiglu" else make_gelu(gelu)
         self.norm = norm if norm is not None else nn.Identity()
-        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+        self.fc2 = make_linear(clamped, hidden, dim, bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.fc1(x)
-        if self.swiglu:
+        if self.gated:
             gate, value = x.chunk(2, dim=-1)
             x = self.act(gate) * value
         else:
@@ -229,7 +269,9 @@ class Adapter(nn.Module):
 class Block(nn.Module):
     """Pre-LN encoder block: z' = MSA(LN(z)) + z (eq. 2); z = MLP(LN(z')) + z' (eq. 3); with LayerScale the
     branches are ls1(MSA(...)) and ls2(MLP(...)); ``rope`` is the rotary table of the tokens, if any. Option
-    adapter_dim (AdaptFormer): z = MLP(LN(z')) + z' + Adapter(z'), the adapter reading the stream before LN."""
+    adapter_dim (AdaptFormer): z = MLP(LN(z')) + z' + Adapter(z'), the adapter reading the stream before LN.
+    Option sandwich_norm (Gemma 4): each branch normalised at its output too, z' = post_norm1(MSA(LN(z))) + z and
+    z = post_norm2(MLP(LN(z'))) + z'."""
 
     def __init__(self, c: ViTConfig, drop_path: float = 0.0, relative_tokens: int = 0):
         super().__init__()
@@ -237,24 +279,27 @@ class Block(nn.Module):
         self.attn = Attention(c, relative_tokens)
         self.ls1 = LayerScale(c.dim, c.layer_scale) if c.layer_scale is not None else nn.Identity()
         self.norm2 = make_norm(c, c.dim)
-        self.mlp = Mlp(c.dim, c.mlp_dim, c.gelu, c.dropout, c.mlp == "swiglu",
-                       make_norm(c, c.mlp_dim) if c.mlp_norm else None, c.proj_bias)
+        self.mlp = Mlp(c.dim, c.mlp_dim, c.gelu, c.dropout, c.mlp, make_norm(c, c.mlp_dim) if c.mlp_norm else None,
+                       c.proj_bias, c.clamp_linears)
         self.ls2 = LayerScale(c.dim, c.layer_scale) if c.layer_scale is not None else nn.Identity()
+        self.post_norm1 = make_norm(c, c.dim) if c.sandwich_norm else nn.Identity()
+        self.post_norm2 = make_norm(c, c.dim) if c.sandwich_norm else nn.Identity()
         self.drop_path = DropPath(drop_path)
         self.adapter = Adapter(c.dim, c.adapter_dim, c.adapter_scale) if c.adapter_dim else None
 
     def forward(self, z: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        return self._feed_forward(z + self.drop_path(self.ls1(self.attn(self.norm1(z), rope, mask))))
+        attended = self.attn(self.norm1(z), rope, mask)
+        return self._feed_forward(z + self.drop_path(self.ls1(self.post_norm1(attended))))
 
     def forward_with_probs(self, z: torch.Tensor, rope: torch.Tensor | None = None, mask: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
         attended, probs = self.attn.forward_with_probs(self.norm1(z), rope, mask)
-        return self._feed_forward(z + self.drop_path(self.ls1(attended))), probs
+        return self._feed_forward(z + self.drop_path(self.ls1(self.post_norm1(attended)))), probs
 
     def _feed_forward(self, z: torch.Tensor) -> torch.Tensor:
         """Eq. (3), with the adapter beside the MLP where there is one."""
-        out = z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
+        out = z + self.drop_path(self.ls2(self.post_norm2(self.mlp(self.norm2(z)))))
         return out if self.adapter is None else out + self.adapter(z)
 
 
@@ -283,3 +328,50 @@ class AttentionPool(nn.Module):
         keys = None if mask is None else mask[:, None, None, :]
         pooled = self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=keys).transpose(1, 2).reshape(batch, dim))
         return pooled if self.mlp is None else pooled + self.mlp(self.norm(pooled))
+
+
+class SoftPool(nn.Module):
+    """Option pool='soft' (Gemma 4's soft tokens): the patch tokens averaged over k x k cells of their grid
+    (k = ``soft_pool``), times sqrt(D); with ``soft_standardize``, then (tokens - std_bias) * std_scale. An image of
+    rows x cols patches (both multiples of k) gives (rows / k) * (cols / k) tokens, the pooled grid in row-major
+    order; a NaFlex batch of N patches per image gives N / k^2 per image, each image's own first, then cells that
+    no patch of it falls in (padding)."""
+
+    def __init__(self, c: ViTConfig):
+        super().__init__()
+        self.kernel, self.scale = c.soft_pool, math.sqrt(c.dim)
+        if c.soft_standardize:
+            self.register_buffer("std_bias", torch.zeros(c.dim))
+            self.register_buffer("std_scale", torch.ones(c.dim))
+        else:
+            self.std_bias = self.std_scale = None
+
+    def forward(self, tokens: torch.Tensor, grid: tuple[int, int] | PatchBatch, mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """(B, N, D) patch tokens of images of ``grid`` (rows, cols) or of the NaFlex batch ``grid`` -> (B, N / k^2,
+        D) soft tokens; ``mask`` (B, N) marks real patches (a batch's own by default)."""
+        k, count = self.kernel, tokens.shape[1]
+        if isinstance(grid, PatchBatch):
+            rows, cols = grid.coords.unbind(-1)
+            sides, mask = grid.grids, grid.mask if mask is None else mask
+            grid_cols = sides[:, 1:]
+        else:
+            sides = grid = tuple(grid)
+            if grid[0] * grid[1] != count:
+                raise InputError(f"pool='soft' of {count} patch tokens with grid={grid}; pass the grid of the "
+                                 f"image they came from: forward_head(features, grid=(rows, cols))")
+            rows, cols = (cells.to(tokens.device) for cells in grid_cells(grid))
+            grid_cols = grid[1]
+        if not torch.jit.is_tracing() and (count % (k * k) or bool((torch.as_tensor(sides) % k).any())):
+            raise InputError(f"pool='soft' averages {k}x{k} cells of patches: expected grids whose sides are "
+                             f"multiples of {k} (images whose sides are multiples of {k} patches), got "
+                             f"{torch.as_tensor(sides).tolist()} of {count} patches")
+        cell = (torch.div(cols, k, rounding_mode="floor")
+                + torch.div(grid_cols, k, rounding_mode="floor") * torch.div(rows, k, rounding_mode="floor"))
+        weights = (cell.unsqueeze(-1) == torch.arange(count // (k * k), device=tokens.device)).float() / (k * k)
+        if mask is not None:
+            weights = weights * mask.unsqueeze(-1)
+        pooled = (weights.transpose(-2, -1) @ tokens.float()) * self.scale
+        if self.std_bias is not None:
+            pooled = (pooled - self.std_bias.float()) * self.std_scale.float()
+        return pooled.to(tokens.dtype)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
 from .config import ViTConfig
 
 
@@ -270,6 +271,41 @@ class SinCos2dPositionEmbedding(_CachedByGrid):
         self.grid = tuple(grid)
 
 
+class AxesPositionEmbedding(_CachedByGrid):
+    """Option pos_embed='learned-axes' (Gemma 4): a learned table per axis, (2, cells, D), the first looked up by
+    the patch's column, the second by its row; a patch's embedding is the sum of the two. Nothing is resampled:
+    any grid whose sides are at most ``cells`` is looked up as it is. Prefix tokens, if any, get zeros."""
+
+    def __init__(self, cells: int, dim: int, prefix: int):
+        super().__init__()
+        self.prefix = prefix
+        self.weight = nn.Parameter(torch.empty(2, cells, dim))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def _check(self, sides: list[int]) -> None:
+        if max(sides) > self.weight.shape[1]:
+            raise InputError(f"a grid of {sides[0]}x{sides[1]} patches; this position table has "
+                             f"{self.weight.shape[1]} cells per axis, so at most that many patches a side")
+
+    def _rows(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        patches = self.weight[0][cols.to(self.weight.device)] + self.weight[1][rows.to(self.weight.device)]
+        return F.pad(patches, (0, 0, self.prefix, 0))
+
+    def _compute(self, grid: tuple[int, int]) -> torch.Tensor:
+        if not torch.jit.is_tracing():
+            self._check(list(grid))
+        return self._rows(*grid_cells(grid)).unsqueeze(0)
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_tracing():
+            self._check(grids.max(dim=0).values.tolist())
+        return self._rows(rows, cols)
+
+    def resize(self, grid: tuple[int, int]) -> None:
+        """Nothing to resample: every grid that fits is looked up."""
+        self._check(list(grid))
+
+
 class RelativePositionLogits(nn.Module):
     """1-D relative attention (appendix D.4): every offset q - k between two tokens of the sequence has
     a learned embedding; the query attends to these embeddings as keys, and the resulting logits are
@@ -301,4 +337,6 @@ def make_position_embedding(config: ViTConfig) -> nn.Module | None:
         return Learned2dPositionEmbedding(grid, dim, prefix)
     if config.pos_embed == "sincos-2d":
         return SinCos2dPositionEmbedding(grid, dim, prefix)
+    if config.pos_embed == "learned-axes":
+        return AxesPositionEmbedding(config.pos_axis_cells, dim, prefix)
     return None  # "none", and "relative", which lives in the attention layers

@@ -49,6 +49,7 @@ class RotaryEmbedding(_CachedByGrid):
         c = config
         self.kind, self.grid_kind, self.theta = c.rope, c.rope_grid, c.rope_theta
         self.offset, self.ref_grid, self.xy, self.half = c.rope_offset, c.rope_ref_grid, c.rope_xy, c.rope_half
+        self.split = c.rope_split
         self.prefix, self.head_dim = c.num_prefix_tokens, c.head_dim
         quarter = self.head_dim // 4
         if self.kind == "mixed":  # RoPE-ViT's init: axial magnitudes, turned by a random angle per block and head
@@ -80,8 +81,16 @@ class RotaryEmbedding(_CachedByGrid):
         angles = self._angles(coords)
         # Each angle over its pair, stacked: torch's ONNX exporter mis-exports repeat_interleave (it corrupts
         # constants that other nodes of the graph share).
-        angles = torch.cat([angles] * 2, dim=-1) if self.half else torch.stack([angles] * 2, dim=-1).flatten(-2)
+        if self.split:  # Option rope_split (Gemma 4): each axis's angles over its own half, [a0, a0, a1, a1]
+            axes = angles.unflatten(-1, (2, -1))
+            angles = torch.cat([axes, axes], dim=-1).flatten(-2)
+        elif self.half:
+            angles = torch.cat([angles] * 2, dim=-1)
+        else:
+            angles = torch.stack([angles] * 2, dim=-1).flatten(-2)
         table = torch.stack([angles.cos(), angles.sin()])
+        if not self.prefix:  # no empty concatenation: an exported graph would reshape an empty tensor (Gemma 4)
+            return table
         identity = torch.zeros_like(table[..., :1, :]).expand(*table.shape[:-2], self.prefix, -1).clone()
         identity[0] = 1.0
         return torch.cat([identity, table], dim=-2)
@@ -105,11 +114,13 @@ class RotaryEmbedding(_CachedByGrid):
         self._cache.clear()
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool) -> torch.Tensor:
-    """Rotate (B, h, T, d) queries or keys by a (2, T, d) or (2, h, T, d) table of cosines and sines."""
+def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool, split: bool = False) -> torch.Tensor:
+    """Rotate (B, h, T, d) queries or keys by a (2, T, d) or (2, h, T, d) table of cosines and sines: ``half``, the
+    two halves of each head against each other, or (``split``) the two halves of each axis's half (Gemma 4);
+    else neighbouring pairs."""
     if half:
-        first, second = x.chunk(2, dim=-1)
-        turned = torch.cat([-second, first], dim=-1)
+        parts = x.chunk(4 if split else 2, dim=-1)  # (a, b) -> (-b, a), per half with split
+        turned = torch.cat([t for i in range(0, len(parts), 2) for t in (-parts[i + 1], parts[i])], dim=-1)
     else:
         turned = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
     return (x * table[0] + turned * table[1]).to(x.dtype)

@@ -8,7 +8,8 @@
 Options of later families (config fields, all off by default) are marked "Option" where they act:
 distillation and register tokens beside [class], position table without prefix rows, a LayerNorm before
 the blocks, a norm on the patch embeddings, rotary position embeddings (a table per grid that the blocks turn
-their queries and keys by), and an attention-pool head; QK-norm, QuickGELU, SwiGLU, LayerScale, RMSNorm, sub-LN
+their queries and keys by), an attention-pool head, and Gemma 4's [0, 1] pixels scaled inside and soft-token
+pool (``SoftPool``); QK-norm, QuickGELU, SwiGLU, LayerScale, RMSNorm, sub-LN
 and the bias switches live in the blocks. Parameter-efficient fine-tuning adds VPT's prompt tokens (here) and
 AdaptFormer's adapters (in the blocks); LoRA wraps the dense layers from outside (``vitkit.checkpoints.adapters``).
 """
@@ -29,7 +30,7 @@ from ..atomic import atomic_directory, os_errors
 from ..errors import ConfigError, InputError
 from .config import POS_INTERPS, ViTConfig, pair
 from .dense import DenseHead, Features, dense_layers
-from .layers import Adapter, AttentionPool, Block, PatchEmbed, make_norm
+from .layers import Adapter, AttentionPool, Block, PatchEmbed, SoftPool, make_norm
 from .naflex import PatchBatch, check_patch_batch
 from .patch_resize import resample_patch_kernel
 from .position import LearnedPositionEmbedding, make_position_embedding
@@ -71,7 +72,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.patch_embed = PatchEmbed(c.in_chans, c.dim, c.patch_size, make_backbone(c), bias=c.patch_bias,
-                                      norm=make_norm(c, c.dim) if c.patch_norm else None)
+                                      norm=make_norm(c, c.dim) if c.patch_norm else None, scale_pixels=c.scale_pixels)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_token else None
         # Option dist_token (DeiT) and reg_tokens (DINOv2-reg): more learned prefix tokens after [class].
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.dist_token else None
@@ -87,9 +88,11 @@ class VisionTransformer(nn.Module):
         # Options: the norm on the pooled output (fc_norm) instead of every token, or none at all (final_norm).
         self.norm = make_norm(c, c.dim) if c.final_norm and not c.fc_norm else nn.Identity()
         dense = c.dense_head != "none"  # Option dense_head: per-pixel outputs; nothing pooled, no classifier
-        self.fc_norm = make_norm(c, c.dim) if c.final_norm and c.fc_norm and not dense else nn.Identity()
-        # Option pool='map' (SigLIP, PE): attention pooling with a learned probe.
+        self.fc_norm = (make_norm(c, c.dim, c.fc_norm_scale) if c.final_norm and c.fc_norm and not dense
+                        else nn.Identity())
+        # Option pool='map' (SigLIP, PE): attention pooling with a learned probe; 'soft' (Gemma 4): soft tokens.
         self.attn_pool = AttentionPool(c) if c.pool == "map" and not dense else None
+        self.soft_pool = SoftPool(c) if c.pool == "soft" and not dense else None
         if c.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(c.dim, c.representation_size), nn.Tanh())
         else:
@@ -133,7 +136,7 @@ class VisionTransformer(nn.Module):
                         nn.init.normal_(module.bias, std=1e-6)
                     else:
                         nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
+            elif isinstance(module, nn.LayerNorm | nn.RMSNorm) and module.weight is not None:
                 nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:  # RMSNorm has none
                     nn.init.zeros_(module.bias)
@@ -291,15 +294,19 @@ class VisionTransformer(nn.Module):
 
         return [maps(kept[layer]) for layer in wanted]
 
-    def pool(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def pool(self, features: torch.Tensor, mask: torch.Tensor | None = None,
+             grid: tuple[int, int] | PatchBatch | None = None) -> torch.Tensor:
         """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
         'map') the attention pool over them (Option pool_prefix: over the prefix tokens too); with a distillation
         token, the mean of it and [class] (but [class] alone under a pre-logits layer, as HF's DeiTModel pools).
         ``mask`` (B, N) marks a NaFlex batch's real patches: padding is left out of the mean and the pool's keys.
-        VPT's prompts are dropped first."""
+        VPT's prompts are dropped first. Option 'soft' (Gemma 4): (B, N / k^2, D) soft tokens of the patches
+        (``SoftPool``) on ``grid``, the (rows, cols) of the images (native by default) or the NaFlex batch."""
         c = self.config
         if c.prompt_tokens:
             features = torch.cat([features[:, :c.learned_prefix_tokens], features[:, c.num_prefix_tokens:]], dim=1)
+        if self.soft_pool is not None:
+            return self.soft_pool(features[:, c.learned_prefix_tokens:], c.grid_size if grid is None else grid, mask)
         if self.config.pool == "token":
             distilled = self.head_dist is not None and not self.config.representation_size
             return self.fc_norm(features[:, :2].mean(dim=1) if distilled else features[:, 0])
@@ -316,17 +323,21 @@ class VisionTransformer(nn.Module):
         return self.fc_norm(pooled)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None,
-                     apart: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                     apart: bool = False, grid: tuple[int, int] | PatchBatch | None = None
+                     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, num_classes) logits of (B, T, D) final features (``forward_features``): pooled as ``config.pool``
         says (``pool``), through the pre-logits layer if any, then the head (with a distillation token, the mean
         of the [class] head and the distillation head); with ``pre_logits``, the
         (B, representation_size or D) representation before the head, what a linear probe or k-NN reads. A model
         without a head (num_classes=0) returns the representation either way. ``mask`` as for ``pool``. With
-        ``apart``, the (class head, distillation head) logits of a distilled model, as DeiT trains them."""
+        ``apart``, the (class head, distillation head) logits of a distilled model, as DeiT trains them. A model
+        without a classifier answers with its pooled output: Gemma 4's soft tokens (pool='soft', (B, N / k^2, D)),
+        for which ``grid`` is the (rows, cols) of the features' image when it is not the native size, or the NaFlex
+        :class:`PatchBatch` they came from."""
         if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
             logits = self.head(features[:, 0]), self.head_dist(features[:, 1])
             return logits if apart else (logits[0] + logits[1]) / 2
-        representation = self.pre_logits(self.pool(features, mask))
+        representation = self.pre_logits(self.pool(features, mask, grid))
         return representation if pre_logits else self.head(representation)
 
     def forward(self, images: torch.Tensor | PatchBatch, apart: bool = False
@@ -338,8 +349,11 @@ class VisionTransformer(nn.Module):
         ``apart`` (a model with a distillation token), its two heads' logits, not their mean."""
         if self.dense_head is not None:  # Option dense_head: (B, num_classes or 1, h, w) per-pixel outputs
             return self.dense_head(self.dense_features(images))
-        mask = images.mask if isinstance(images, PatchBatch) else None
-        return self.forward_head(self.forward_features(images), mask=mask, apart=apart)
+        if isinstance(images, PatchBatch):
+            mask, grid = images.mask, images
+        else:
+            mask, grid = None, tuple(side // self.patch_embed.stride for side in images.shape[-2:])
+        return self.forward_head(self.forward_features(images), mask=mask, apart=apart, grid=grid)
 
     # ----------------------------------------------------------------------- surgery for fine-tuning
     def reset_head(self, num_classes: int, keep_pre_logits: bool = False) -> None:
