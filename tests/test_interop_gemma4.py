@@ -4,6 +4,7 @@ transformers' last block) within 1e-4, the soft tokens, pooled outputs and logit
 non-square one and as NaFlex batches; timm's parameter counts of each named definition; timm written back; what is
 not read refused in one line."""
 
+import importlib.util
 import json
 
 import pytest
@@ -162,6 +163,7 @@ def test_transformers_tower_gives_its_patch_and_soft_tokens(tmp_path, options):
 
 
 def test_the_vision_tower_of_a_whole_gemma4_model_is_read(tmp_path):
+    """A whole Gemma 4 model saved in shards: the tower's tensors are read from the shards that hold them."""
     text = transformers.Gemma4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                          global_head_dim=16, hidden_size_per_layer_input=8,
@@ -169,7 +171,8 @@ def test_the_vision_tower_of_a_whole_gemma4_model_is_read(tmp_path):
     whole = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
         text_config=text, vision_config=hf_config(use_clipped_linears=True), audio_config=None))
     tower = randomise_buffers(randomised(whole.model.vision_tower, std=0.3))
-    whole.save_pretrained(tmp_path / "whole")
+    whole.save_pretrained(tmp_path / "whole", max_shard_size="20KB")  # shards and an index, as the hub holds it
+    assert (tmp_path / "whole" / "model.safetensors.index.json").exists()
     with pytest.warns(UserWarning, match="a whole Gemma 4 model; its vision tower"):
         model = vitkit.load(tmp_path / "whole")
     images, batch = image_batch((16, 48))
@@ -272,7 +275,7 @@ def test_a_naflex_batch_for_a_family_without_naflex_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("architecture", ["gemma4_vit_167m_enc", "gemma4_vit_167m"])
-def test_onnx_runtime_gives_pytorchs_soft_tokens_and_logits_at_any_size(tmp_path, architecture):
+def test_onnx_and_openvino_give_pytorchs_soft_tokens_and_logits_at_any_size(tmp_path, architecture):
     pytest.importorskip("onnxruntime")
     from timm.models._hub import save_for_hf
 
@@ -282,13 +285,19 @@ def test_onnx_runtime_gives_pytorchs_soft_tokens_and_logits_at_any_size(tmp_path
     save_for_hf(timm_peer(architecture, num_classes=5), str(tmp_path / "hub"), safe_serialization=True)
     model = vitkit.load(tmp_path / "hub")
     assert export(model, tmp_path / "m.onnx", "onnx").max_difference <= 1e-4
-    run = OnnxModel(tmp_path / "m.onnx")
-    for batch, size in ((1, (32, 32)), (3, (16, 48)), (2, (48, 16))):
-        images = torch.rand(batch, 3, *size)
-        with torch.no_grad():
-            expected = model(images)
-        assert expected.abs().max() > 0.5
-        torch.testing.assert_close(run(images), expected, **TOL)
+    runs = [OnnxModel(tmp_path / "m.onnx")]
+    if importlib.util.find_spec("openvino"):
+        from vitkit.checkpoints.openvino import OpenVinoModel
+
+        assert export(model, tmp_path / "m.xml", "openvino").max_difference <= 1e-4
+        runs.append(OpenVinoModel(tmp_path / "m.xml"))
+    for run in runs:
+        for batch, size in ((1, (32, 32)), (3, (16, 48)), (2, (48, 16))):
+            images = torch.rand(batch, 3, *size)
+            with torch.no_grad():
+                expected = model(images)
+            assert expected.abs().max() > 0.5
+            torch.testing.assert_close(run(images), expected, **TOL)
 
 
 def test_attention_maps_are_timms_softmax_and_rollout_reads_the_patches(tmp_path):
@@ -313,3 +322,134 @@ def test_attention_maps_are_timms_softmax_and_rollout_reads_the_patches(tmp_path
     assert output_readout(model) == "mean"
     rollout = attention_rollout(maps, (2, 6), readout=output_readout(model))
     assert rollout.shape == (1, 2, 6) and rollout.max() == 1
+
+
+def test_bench_twin_is_timms_gemma4_with_the_same_outputs(tmp_path):
+    """`vitkit bench` times timm's own Gemma 4 beside vitkit's: the twin timm builds from vitkit's writer."""
+    from vitkit.benchmark import timm_twin
+
+    model = vitkit.load(_saved_enc(tmp_path))
+    twin = timm_twin(model)
+    assert type(twin).__name__ == "Gemma4VitEncoder"
+    images = torch.rand(2, 3, 16, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(images), model(images), **TOL)
+
+
+def saved_per_token_and_block(config):
+    """What autograd saves per token and block in training, counted with saved-tensor hooks (two depths apart)."""
+    from vitkit.models import create_model
+
+    counts = []
+    for depth in (2, 4):
+        seen, total = set(), [0]
+
+        def pack(tensor):
+            if (tensor.data_ptr(), tensor.numel()) not in seen:
+                seen.add((tensor.data_ptr(), tensor.numel()))
+                total[0] += tensor.numel()
+            return tensor
+
+        torch.manual_seed(0)
+        model = create_model(config.replace(depth=depth)).train()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(torch.randn(2, 3, 32, 32)).sum()
+        counts.append(total[0])
+    return (counts[1] - counts[0]) / 2 / (2 * 16)
+
+
+def test_memory_estimate_counts_gemma4s_options():
+    """What each of Gemma 4's options adds to the training estimate is within 10% of what autograd saves for it
+    (the branch norms, the value norm, the clamped layers' inputs and outputs); its GeGLU counts as SwiGLU does."""
+    from vitkit.memory import saved_per_token
+    from vitkit.models import ViTConfig
+
+    base = ViTConfig(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=0,
+                     class_token=False, pool="gap", norm="rms")
+    measured, estimated = saved_per_token_and_block(base), saved_per_token(base, 16)
+    for option in (dict(sandwich_norm=True), dict(v_norm=True), dict(clamp_linears=True)):
+        config = base.replace(**option)
+        added = saved_per_token_and_block(config) - measured
+        assert abs(saved_per_token(config, 16) - estimated - added) <= 0.1 * added, option
+    assert saved_per_token(base.replace(mlp="geglu"), 16) == saved_per_token(base.replace(mlp="swiglu"), 16)
+
+
+@pytest.mark.parametrize("architecture", ["gemma4_vit_570m_enc", "gemma4_vit_167m"])
+def test_onnx_naflex_graphs_give_pytorchs_outputs_at_any_patch_count(tmp_path, architecture):
+    pytest.importorskip("onnxruntime")
+    from timm.models._hub import save_for_hf
+
+    from vitkit.checkpoints import export
+    from vitkit.checkpoints.onnx import OnnxModel
+
+    save_for_hf(timm_peer(architecture, num_classes=5), str(tmp_path / "hub"), safe_serialization=True)
+    model = vitkit.load(tmp_path / "hub")
+    assert export(model, tmp_path / "m.onnx", "onnx", naflex=True).max_difference <= 1e-4
+    run = OnnxModel(tmp_path / "m.onnx")
+    for batch in (naflex(), patch_batch([torch.rand(3, 48, 16)], 8, 20)):
+        with torch.no_grad():
+            expected = model(batch)
+        assert expected.abs().max() > 0.5
+        torch.testing.assert_close(run(batch), expected, **TOL)
+
+
+def test_transformers_tower_written_for_timm_gives_transformers_soft_tokens(tmp_path):
+    """The layout trap end to end: HF's (ph, pw, C) kernel read, written in timm's (C, ph, pw), and timm's own
+    encoder built from it gives transformers' soft tokens of the same images."""
+    from vitkit.checkpoints import export
+
+    peer = hf_peer(standardize=True)
+    peer.save_pretrained(tmp_path / "hf")
+    export(vitkit.load(tmp_path / "hf"), tmp_path / "timm", "timm")
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    images, batch = image_batch((16, 48))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(images).flatten(0, 1), hf_run(peer, batch)[1], **TOL)
+
+
+def test_info_names_the_options_and_the_soft_pool(tmp_path, capsys):
+    from vitkit.cli import main
+
+    assert main(["info", str(_saved_enc(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    for part in ("gemma4_vit_167m_enc", "sandwich_norm=True", "clamp_linears=True", "RMSNorm eps 1e-06",
+                 "normalised 'raw'", "pooling 'soft'"):
+        assert part in out, part
+
+
+def test_lora_merges_exactly_and_clamped_layers_refuse_it(tmp_path):
+    """LoRA on the unclamped tower (570M) merges into the weights with the adapted outputs; on the clamped one
+    (167M) it is refused: the update would act outside the clamps before merging and inside them after."""
+    pytest.importorskip("peft")
+    from timm.models._hub import save_for_hf
+
+    from vitkit.checkpoints.adapters import AdapterSpec, adapt, merged
+    from vitkit.errors import ConfigError
+
+    save_for_hf(timm_peer("gemma4_vit_570m_enc"), str(tmp_path / "hub"), safe_serialization=True)
+    model = vitkit.load(tmp_path / "hub")
+    adapt(model, AdapterSpec("lora", lora_rank=2))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.3)  # a trained update, not LoRA's zero start
+        images = torch.rand(2, 3, 16, 48)
+        adapted = model.eval()(images)
+        torch.testing.assert_close(merged(model)(images), adapted, **TOL)
+    with pytest.raises(ConfigError, match="clamped dense layers"):
+        adapt(vitkit.load(_saved_enc(tmp_path / "clamped")), AdapterSpec("lora"))
+
+
+def test_an_encoder_pooling_the_mean_is_read_and_one_without_pooling_refused(tmp_path):
+    from timm.models._hub import save_for_hf
+
+    theirs = timm_peer("gemma4_vit_167m_enc", global_pool="avg")
+    save_for_hf(theirs, str(tmp_path / "avg"), safe_serialization=True)
+    model = vitkit.load(tmp_path / "avg")
+    assert (model.config.pool, model.config.final_norm) == ("gap", False)
+    images = torch.rand(2, 3, 16, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images), theirs(images), **TOL)
+    save_for_hf(timm_peer("gemma4_vit_167m_enc", global_pool=""), str(tmp_path / "none"), safe_serialization=True)
+    with pytest.raises(CheckpointError, match=r"global_pool='' \(no pooling; the patch tokens are forward_features\)"):
+        vitkit.load(tmp_path / "none")

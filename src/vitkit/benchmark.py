@@ -34,6 +34,7 @@ from torch import nn
 from .atomic import atomic_file
 from .checkpoints.adapters import merged
 from .checkpoints.runnable import load_model, refuse_dense, source_config
+from .checkpoints.gemma4 import is_gemma4, write_timm_gemma4
 from .checkpoints.timm_families import is_timm_family, write_timm_family
 from .errors import CheckpointError
 from .memory import Plan, check, estimate
@@ -138,18 +139,19 @@ def _torch_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, d
 
 def timm_twin(model: VisionTransformer) -> nn.Module:
     """timm's ``VisionTransformer`` holding ``model``'s weights (plain ViTs with timm's numerics), or for the
-    rotary and RMSNorm families the ``Eva`` (or AIMv2) that vitkit's timm writer describes, built by timm from
-    that hub directory; raises ValueError for a model timm cannot mirror."""
+    rotary and RMSNorm families the ``Eva`` (or AIMv2, or Gemma 4's encoder) that vitkit's timm writer describes,
+    built by timm from that hub directory; raises ValueError for a model timm cannot mirror."""
     import timm
     import timm.models.vision_transformer as timm_vit
 
     config = model.config
     if config.prompt_tokens or config.adapter_dim:
         raise ValueError("timm's models hold no VPT prompts or AdaptFormer adapters")
-    if is_timm_family(config):
+    if is_timm_family(config) or is_gemma4(config):
+        write = write_timm_gemma4 if is_gemma4(config) else write_timm_family
         with tempfile.TemporaryDirectory() as folder:
             try:
-                write_timm_family(model, Path(folder) / "twin")
+                write(model, Path(folder) / "twin")
             except CheckpointError as error:
                 raise ValueError(str(error)) from None
             twin = timm.create_model(f"local-dir:{Path(folder) / 'twin'}", pretrained=True)

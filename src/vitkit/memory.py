@@ -106,7 +106,12 @@ def saved_per_token(config: ViTConfig, tokens: int) -> int:
     its activation (2 MLP), the fused attention's log-sum-exp and the norms' statistics; each option adds its own."""
     dim, hidden, heads = config.dim, config.mlp_dim, config.num_heads
     width = 9 * dim + 2 * hidden + heads + 4
-    width += 2 * hidden if config.mlp == "swiglu" else 0  # the gate's SiLU and the product
+    width += 2 * hidden if config.mlp != "gelu" else 0  # the gate's activation and the product
+    # Gemma 4's options (measured with saved-tensor hooks): the branch outputs' norms, the values' norm, and the
+    # clamped inputs and outputs of every dense layer.
+    width += 4 * dim if config.sandwich_norm else 0
+    width += dim if config.v_norm else 0
+    width += 8 * dim + 3 * hidden if config.clamp_linears else 0
     width += 2 * dim if config.layer_scale is not None else 0
     width += 3 * dim if config.qk_norm else 0
     width += 2 * dim if config.rope != "none" else 0
@@ -118,7 +123,7 @@ def saved_per_token(config: ViTConfig, tokens: int) -> int:
 def inference_per_token(config: ViTConfig, tokens: int) -> int:
     """Values per token alive at once inside one block without autograd, with the allocator's slack (measured peaks
     run to about twice the live tensors): the residual stream, q/k/v and the MLP's hidden layer and activation."""
-    hidden = config.mlp_dim * (2 if config.mlp == "swiglu" else 1)
+    hidden = config.mlp_dim * (2 if config.mlp != "gelu" else 1)
     width = 2 * (3 * config.dim + 2 * hidden)
     return width + (2 * config.num_heads * tokens if explicit_attention(config, training=False) else 0)
 

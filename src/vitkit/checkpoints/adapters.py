@@ -93,6 +93,10 @@ def adapt(model: VisionTransformer, spec: AdapterSpec) -> tuple[int, int]:
     """``model`` made ready to train with ``spec``'s method: its modules added (LoRA layers, prompts, adapters;
     LoRA's B and AdaptFormer's up-projection start at zero, so those start as the model), then what the method
     trains and the head trainable, the rest frozen. Returns (trainable, all) parameter counts."""
+    if spec.method in LORA_METHODS and model.config.clamp_linears:
+        raise ConfigError(f"--peft {spec.method} on clamped dense layers (clamp_linears, Gemma 4's E2B/E4B tower): "
+                          f"its update would add outside the clamps and merge inside them; train with another "
+                          f"method, or unclamped")
     if spec.method in LORA_METHODS:
         _inject(model, _lora_layers(model, spec), dora=spec.method == "dora", dropout=spec.lora_dropout)
     elif spec.method.startswith("vpt"):

@@ -34,7 +34,7 @@ from ..atomic import atomic_directory, atomic_file
 from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
 from ..paths import reason, regular_file
-from .files import check_fields, hub_weights_file
+from .files import check_fields, hub_weights_file, read_side_file
 from .inference import kept_overrides
 from .names import Names, rename
 
@@ -149,7 +149,7 @@ def gemma4_fields(args: dict[str, Any], pool: str, source: Any) -> dict[str, Any
 def _kernel(weight: torch.Tensor, channels: int, layout: str, source: Any) -> torch.Tensor:
     """The (D, C * P * P) linear patch projection as vitkit's (D, C, P, P) kernel, from patches flattened as
     ``layout`` says: 'chw' (timm) or 'hwc' (HF)."""
-    patch = round((weight.shape[1] // channels) ** 0.5)
+    patch = round((weight.shape[-1] // channels) ** 0.5)
     if weight.ndim != 2 or patch * patch * channels != weight.shape[1]:
         raise CheckpointError(f"{source}: patch projection of shape {tuple(weight.shape)} is no kernel of square "
                               f"patches of {channels} channels")
@@ -193,7 +193,8 @@ def read_timm_gemma4(state: dict[str, torch.Tensor], architecture: str, model_ar
     """A timm state dict of ``architecture`` (one of Gemma 4's) built with ``model_args``."""
     size, encoder = ARCHITECTURE.fullmatch(architecture.split(".")[0]).groups()
     args = {**TIMM_ARCHITECTURES[size], **model_args}
-    pool = (global_pool or "soft") if encoder else "classifier" if (global_pool or "avg") == "avg" else global_pool
+    told = global_pool if global_pool is not None else "soft" if encoder else "avg"  # timm's default of each
+    pool = "classifier" if told == "avg" and not encoder else told
     fields = gemma4_fields(args, pool, source)
     state = {key.removeprefix("encoder."): value for key, value in state.items()} if not encoder else state
     provenance = Provenance(format="timm", source=source, name=architecture, normalization="raw", crop_pct=1.0)
@@ -212,12 +213,12 @@ def read_bare_gemma4(state: dict[str, torch.Tensor], overrides: dict[str, Any], 
                               f"'gemma4') or a timm hub directory")
     classifier = any(key.startswith("encoder.") for key in state)
     tower = {key.removeprefix("encoder."): value for key, value in state.items()}
-    heads = tower["blocks.0.attn.q_norm.weight"].shape[0] if "blocks.0.attn.q_norm.weight" in tower else None
+    head_dim = tower["blocks.0.attn.q_norm.weight"].shape[0] if "blocks.0.attn.q_norm.weight" in tower else 1
     dim = tower["patch_embed.input_proj.weight"].shape[0]
     channels = overrides.get("in_chans", 3)
     patch = round((tower["patch_embed.input_proj.weight"].shape[1] // channels) ** 0.5)
     blocks = {int(key.split(".")[1]) for key in tower if key.startswith("blocks.")}
-    args = dict(embed_dim=dim, depth=len(blocks), head_dim=heads or 1, num_heads=dim // (heads or 1),
+    args = dict(embed_dim=dim, depth=len(blocks), head_dim=head_dim, num_heads=dim // head_dim,
                 intermediate_size=tower["blocks.0.mlp.gate_proj.linear.weight"].shape[0] if blocks else 1,
                 patch_size=patch, in_chans=channels, position_embedding_size=tower[
                     "patch_embed.position_embedding_table"].shape[1],
@@ -250,7 +251,7 @@ def _hf_tower_weights(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
     names), read one by one: a whole Gemma 4 model's language model is never loaded."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        mapping = json.loads(index.read_text()).get("weight_map", {})
+        mapping = read_side_file(index).get("weight_map", {})
         files = sorted({name for key, name in mapping.items() if key.startswith(prefix)})
         paths = [directory / Path(name).name for name in files]
     else:

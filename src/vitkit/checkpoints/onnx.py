@@ -32,7 +32,7 @@ from torch import nn
 from ..atomic import move_into_place, staging_beside
 from ..errors import CheckpointError, InputError
 from ..models.config import ViTConfig
-from ..models.naflex import PatchBatch, naflex_batch
+from ..models.naflex import PatchBatch, naflex_batch, patch_batch
 from ..models.vit import VisionTransformer
 from ..paths import regular_file, resolved, within
 from .quantize import check_quantize, onnx_precision, quantize_onnx_static
@@ -183,6 +183,9 @@ def probe_inputs(config: ViTConfig, naflex: bool = False, batch: int = _PROBE_BA
     budget = config.grid_size[0] * config.grid_size[1]
     shapes = [(height, width), (height, 2 * width), (2 * height, width)][:batch]
     images = [torch.randn(config.in_chans, *shape, generator=generator) for shape in shapes]
+    if config.pool == "soft":  # Gemma 4's soft tokens: images in whole pooling cells, padded in whole cells
+        cell = config.soft_pool ** 2
+        return [patch_batch(images, config.patch_size, patches) for patches in (2 * budget, 2 * budget + cell)]
     return [naflex_batch(images, config.patch_size, patches) for patches in (budget, budget + 5)]
 
 

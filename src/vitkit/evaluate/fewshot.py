@@ -189,6 +189,7 @@ def extract_features(model: torch.nn.Module, batches: Iterable, device: str | to
     features, labels = [], []
     for images, targets in track(batches, "features"):
         tokens = model.forward_features(images.to(device))
-        features.append(model.forward_head(tokens, pre_logits=True).float().cpu().numpy())
+        # a model of several pooled tokens (Gemma 4's soft tokens) is represented by all of them side by side
+        features.append(model.forward_head(tokens, pre_logits=True).flatten(1).float().cpu().numpy())
         labels.append(np.asarray(targets))
     return np.concatenate(features), np.concatenate(labels)

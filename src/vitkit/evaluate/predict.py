@@ -88,7 +88,7 @@ def predict(model: VisionTransformer, paths: list[str | Path], top_k: int = 5, d
             if features:
                 tokens, grid = encode(model, image)
                 dense = grid_features(tokens, grid, model.config.num_prefix_tokens)[0].float().cpu()
-                embedding = model.forward_head(tokens, pre_logits=True)[0].float().cpu()
+                embedding = model.forward_head(tokens, pre_logits=True, grid=grid)[0].float().cpu()
                 logits = model.forward_head(tokens) if names else None
             elif max_patches:  # one image as a NaFlex batch: what an exported NaFlex graph takes
                 logits = model(patch_batch([image[0]], model.config.patch_size, max_patches))

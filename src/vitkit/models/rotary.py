@@ -1,5 +1,5 @@
-"""Rotary position embeddings (Su et al. 2021) over the 2-D patch grid, as the ViTs of 2024-25 use them (DINOv3,
-EVA-02, Perception Encoder, RoPE-ViT): each block's queries and keys turned by angles that depend on where the
+"""Rotary position embeddings (Su et al. 2021) over the 2-D patch grid, as the ViTs of 2024-26 use them (DINOv3,
+EVA-02, Perception Encoder, RoPE-ViT, Gemma 4): each block's queries and keys turned by angles that depend on where the
 token's patch lies, instead of a table added to the tokens (``position``)."""
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ class RotaryEmbedding(_CachedByGrid):
     the T tokens of a grid, each repeated over its pair; the prefix tokens' rows are cos 1, sin 0 (not rotated).
 
     ``axial``: frequencies theta^(-j / (d/4)) for j < d/4 on each axis (index coordinates), or, on centred
-    coordinates, 2 pi theta^(-j / (d/4)) (DINOv3's periods in turns). ``mixed`` (RoPE-ViT): learned
-    (2, depth, heads, d/2) frequencies, each pair turning with a learned mix of both coordinates, one table per
-    block and head."""
+    coordinates, 2 pi theta^(-j / (d/4)) (DINOv3's periods in turns); a pair is two neighbouring channels, or
+    (``rope_half``) channels d/2 apart, or (``rope_split``, Gemma 4) d/4 apart within each axis's half of the head.
+    ``mixed`` (RoPE-ViT): learned (2, depth, heads, d/2) frequencies, each pair turning with a learned mix of both
+    coordinates, one table per block and head."""
 
     def __init__(self, config: ViTConfig):
         super().__init__()

@@ -331,9 +331,11 @@ class VisionTransformer(nn.Module):
         (B, representation_size or D) representation before the head, what a linear probe or k-NN reads. A model
         without a head (num_classes=0) returns the representation either way. ``mask`` as for ``pool``. With
         ``apart``, the (class head, distillation head) logits of a distilled model, as DeiT trains them. A model
-        without a classifier answers with its pooled output: Gemma 4's soft tokens (pool='soft', (B, N / k^2, D)),
-        for which ``grid`` is the (rows, cols) of the features' image when it is not the native size, or the NaFlex
-        :class:`PatchBatch` they came from."""
+        without a classifier answers with its pooled output: Gemma 4's soft tokens (pool='soft', (B, N / k^2, D):
+        what timm's ``gemma4_vit_*_enc`` models return from ``forward`` and transformers' ``Gemma4VisionModel`` as
+        its last hidden state, padding aside; timm's ``forward_head`` of them raises), for which ``grid`` is the
+        (rows, cols) of the features' image when it is not the native size, or the NaFlex :class:`PatchBatch` they
+        came from."""
         if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
             logits = self.head(features[:, 0]), self.head_dist(features[:, 1])
             return logits if apart else (logits[0] + logits[1]) / 2
