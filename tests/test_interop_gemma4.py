@@ -209,18 +209,37 @@ def test_the_patch_layout_follows_the_source():
 @pytest.mark.parametrize("architecture", ["gemma4_vit_167m", "gemma4_vit_167m_enc", "gemma4_vit_570m",
                                           "gemma4_vit_570m_enc"])
 def test_parameter_counts_of_timms_definitions(architecture):
-    """Each named definition at its full size, built on the meta device by timm and by vitkit from timm's name."""
-    from vitkit.checkpoints.gemma4 import gemma4_fields
+    """Each of timm's definitions at its full size, built on the meta device by timm and by vitkit from the config
+    its reader makes of timm's name; the encoders are also vitkit's named variants."""
+    from vitkit.checkpoints.gemma4 import TIMM_ARCHITECTURES, gemma4_fields
     from vitkit.models import ViTConfig, create_model
 
+    size = architecture.split("_")[2]
+    pool = "soft" if architecture.endswith("_enc") else "classifier"
     with torch.device("meta"):
         theirs = timm.create_model(architecture)
-        from vitkit.checkpoints.gemma4 import TIMM_ARCHITECTURES
-        size = architecture.split("_")[2]
-        pool = "soft" if architecture.endswith("_enc") else "classifier"
-        model = create_model(ViTConfig(**gemma4_fields(dict(TIMM_ARCHITECTURES[size], img_size=768), pool, "t")))
+        models = [create_model(ViTConfig(**gemma4_fields(dict(TIMM_ARCHITECTURES[size], img_size=768), pool, "t")))]
+        if pool == "soft":
+            models.append(vitkit.create_model(f"Gemma4-{size.upper()}/16"))
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    assert count(model) == count(theirs) and count(theirs) > 1.6e8
+    assert count(theirs) > 1.6e8 and all(count(model) == count(theirs) for model in models)
+    assert all(model.config == models[0].config.replace(provenance=model.config.provenance) for model in models)
+
+
+@pytest.mark.parametrize("name", ["Gemma4-167M/16", "Gemma4-570M/16"])
+def test_a_small_model_of_each_name_computes_timms_soft_tokens(tmp_path, name):
+    """What a count cannot show (rotary layout, norms, clamps, standardisation) is timm's too: a small model of the
+    name given a small timm encoder's weights gives its outputs."""
+    from timm.models._hub import save_for_hf
+
+    theirs = timm_peer(f"gemma4_vit_{name[7:11].lower()}_enc")
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    model = vitkit.create_model(name, image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=48,
+                                pos_axis_cells=16, soft_pool=2).eval()
+    model.load_state_dict(vitkit.load(tmp_path / "hub").state_dict())
+    images = torch.rand(2, 3, 16, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images), theirs(images), **TOL)
 
 
 def test_timm_written_back_loads_in_timm(tmp_path):

@@ -33,6 +33,7 @@ from safetensors.torch import save
 from ..atomic import atomic_directory, atomic_file
 from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
+from ..models.registry import GEMMA4
 from ..paths import reason, regular_file
 from .files import check_fields, hub_weights_file, read_side_file
 from .inference import kept_overrides
@@ -131,18 +132,16 @@ def gemma4_fields(args: dict[str, Any], pool: str, source: Any) -> dict[str, Any
         raise CheckpointError(f"{source}: a Gemma 4 vision encoder with {', '.join(refused)}, which vitkit does not "
                               f"compute")
     size = a["img_size"]
-    fields = dict(image_size=tuple(size) if isinstance(size, list) else size, patch_size=a["patch_size"],
+    fields = dict(GEMMA4, image_size=tuple(size) if isinstance(size, list) else size, patch_size=a["patch_size"],
                   in_chans=a["in_chans"], dim=dim, depth=a["depth"], num_heads=heads, mlp_dim=a["intermediate_size"],
-                  norm="rms", ln_eps=float(a["norm_eps"]), scale_pixels=True, patch_bias=False, class_token=False,
-                  pos_embed="learned-axes", pos_axis_cells=a["position_embedding_size"], qkv_bias=False,
-                  proj_bias=False, qk_norm=True, v_norm=True, attn_scale=1.0, rope="axial",
-                  rope_theta=float(a["rope_theta"]), rope_xy=True, rope_half=True, rope_split=True,
-                  sandwich_norm=True, mlp="geglu", gelu="tanh", clamp_linears=a["use_clipped_linears"],
-                  soft_pool=a["pooling_kernel_size"], num_classes=0, final_norm=False, pool="gap")
-    if pool == "soft":
-        fields.update(pool="soft", soft_standardize=a["standardize"])
+                  ln_eps=float(a["norm_eps"]), pos_axis_cells=a["position_embedding_size"],
+                  rope_theta=float(a["rope_theta"]), clamp_linears=a["use_clipped_linears"],
+                  soft_pool=a["pooling_kernel_size"], soft_standardize=a["standardize"] and pool == "soft")
+    if pool == "avg":
+        fields.update(pool="gap")
     elif pool == "classifier":
-        fields.update(num_classes=a["num_classes"], fc_norm=True, fc_norm_scale=False, final_norm=a["final_norm"])
+        fields.update(pool="gap", num_classes=a["num_classes"], fc_norm=True, fc_norm_scale=False,
+                      final_norm=a["final_norm"])
     return fields
 
 
@@ -309,7 +308,7 @@ def is_gemma4(config: ViTConfig) -> bool:
     return config.pos_embed == "learned-axes" or config.sandwich_norm
 
 
-# What timm's model_args and pooling hold; every other field of gemma4_fields is fixed by the architecture.
+# What timm's model_args and pooling hold; every other option of GEMMA4 is fixed by the architecture.
 WRITTEN_AS_ARGS = ("image_size", "patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "ln_eps",
                    "pos_axis_cells", "rope_theta", "clamp_linears", "soft_pool", "soft_standardize", "num_classes",
                    "final_norm", "pool", "fc_norm", "fc_norm_scale")
@@ -318,8 +317,7 @@ WRITTEN_AS_ARGS = ("image_size", "patch_size", "in_chans", "dim", "depth", "num_
 def timm_gemma4_architecture(config: ViTConfig, path: Any) -> tuple[str, dict[str, Any]]:
     """timm's definition (with ``model_args``) that builds ``config``'s model; what it cannot hold is refused."""
     c = config
-    expected = gemma4_fields(dict(embed_dim=c.dim, num_heads=c.num_heads, head_dim=c.head_dim), "soft", path)
-    differ = [f"{name}={getattr(c, name)!r}" for name, value in expected.items()
+    differ = [f"{name}={getattr(c, name)!r}" for name, value in GEMMA4.items()
               if name not in WRITTEN_AS_ARGS and getattr(c, name) != value]
     classifier = c.pool == "gap" and c.num_classes > 0
     differ += [reason for reason, bad in [

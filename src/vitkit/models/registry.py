@@ -48,6 +48,8 @@ OWN_SIZES: dict[str, tuple[int, int, int, int]] = {
     "S+": (12, 384, 1536, 6),
     "H+": (32, 1280, 5120, 20),
     "T": (12, 192, 768, 3),
+    "167M": (16, 768, 3072, 12),  # Gemma 4's towers, named by timm's parameter counts
+    "570M": (27, 1152, 4304, 16),
 }
 # Sizes whose MLP is a SwiGLU with a gate and a value of the MLP width each. DINOv3 rounds that width up to a
 # multiple of 8 (timm's align_to), which 4 D already is for S+ and H+.
@@ -100,6 +102,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "FlexiViT": dict(no_embed_class=True, image_size=240, pos_interp="bilinear", normalization="google",
                      crop_pct=0.95, sizes={"S": {}, "B": {}, "L": {}}),
 }
+# Gemma 4's vision encoder (timm's gemma4_vit_*_enc, transformers' Gemma4VisionModel; ``checkpoints.gemma4`` reads
+# them with these options): [0, 1] pixels scaled inside, a learned table per axis, RMSNorm on q, k and (unscaled) v,
+# logits unscaled, 2-D RoPE (theta 100, each axis on its own half of the head), four norms per block, GeGLU-tanh, no
+# biases, soft tokens (3 x 3 cells, times sqrt(D)); the E2B/E4B tower clamps its dense layers, the 26B/31B one
+# standardises its soft tokens.
+GEMMA4: dict[str, Any] = dict(
+    norm="rms", ln_eps=1e-6, scale_pixels=True, patch_bias=False, class_token=False, pos_embed="learned-axes",
+    pos_axis_cells=10240, qkv_bias=False, proj_bias=False, qk_norm=True, v_norm=True, attn_scale=1.0, rope="axial",
+    rope_theta=100.0, rope_xy=True, rope_half=True, rope_split=True, sandwich_norm=True, mlp="geglu", gelu="tanh",
+    pool="soft", soft_pool=3, final_norm=False, num_classes=0)
+FAMILIES["Gemma4"] = dict(GEMMA4, image_size=768, normalization="raw", crop_pct=1.0,
+                          sizes={"167M": dict(clamp_linears=True), "570M": dict(soft_standardize=True)})
 SUFFIXES: dict[str, dict[str, Any]] = {
     "distilled": dict(dist_token=True),  # DeiT's distillation token and head
     "reg4": dict(reg_tokens=4, no_embed_class=True),  # DINOv2 with registers
@@ -117,6 +131,7 @@ RECENT_VARIANTS = (
     "PE-core-T/16", "PE-core-S/16", "PE-core-B/16", "PE-core-L/14",
     "SigLIP2-B/16", "AIMv2-L/14", "FlexiViT-S/16", "FlexiViT-B/16", "FlexiViT-L/16",
 )
+GEMMA4_VARIANTS = ("Gemma4-167M/16", "Gemma4-570M/16")
 
 _NAME = re.compile(r"^(?:(r\d*)\+)?vit-(ti|s|b|l|h)/(\d+)$", re.IGNORECASE)
 _SIZE_BY_LOWER = {size.lower(): size for size in SIZES}
@@ -127,10 +142,10 @@ _CANONICAL = {key.lower(): key for key in [*FAMILIES, *_ALL_SIZES, *SUFFIXES]}
 
 
 def list_models() -> list[str]:
-    """The paper's named variants and hybrids, then the families (DeiT to SigLIP, then those of 2022-25); any
-    other ``ViT-<size>/<patch>`` pair is accepted too, and any ``<family>-<size>/<patch>[-<suffix>]`` of a size
-    the family has."""
-    return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS + RECENT_VARIANTS)
+    """The paper's named variants and hybrids, then the families (DeiT to SigLIP, then those of 2022-25, then Gemma
+    4's vision encoders); any other ``ViT-<size>/<patch>`` pair is accepted too, and any
+    ``<family>-<size>/<patch>[-<suffix>]`` of a size the family has."""
+    return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS + RECENT_VARIANTS + GEMMA4_VARIANTS)
 
 
 def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
