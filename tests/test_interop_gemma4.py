@@ -105,11 +105,14 @@ def test_timm_encoders_give_timms_patch_and_soft_tokens(tmp_path, architecture):
                 soft = theirs(images)
                 torch.testing.assert_close(model(images), soft, **TOL)
                 grid = (size[0] // 8, size[1] // 8)
+                torch.testing.assert_close(model.forward_head(features, pre_logits=True), soft, **TOL)
                 torch.testing.assert_close(model.forward_head(features, pre_logits=True, grid=grid), soft, **TOL)
             assert soft.shape == (2, grid[0] * grid[1] // 4, 32) and features.abs().max() > 0.5
         batch = naflex()
         with torch.no_grad():
-            torch.testing.assert_close(model(batch), theirs(timm_inputs(batch)), **TOL)
+            soft = theirs(timm_inputs(batch))
+            torch.testing.assert_close(model(batch), soft, **TOL)
+            torch.testing.assert_close(model.forward_head(model.forward_features(batch), pre_logits=True), soft, **TOL)
             torch.testing.assert_close(model.forward_features(batch)[batch.mask],
                                        theirs.forward_features(timm_inputs(batch))[batch.mask], **TOL)
 
@@ -280,6 +283,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     with pytest.raises(InputError, match="at most that many patches a side"):
         model(torch.rand(1, 3, 8 * 18, 16))
     features = model.forward_features(torch.rand(1, 3, 16, 48))
+    model.forward_features(torch.rand(1, 3, 32, 32))  # the last features are another size's
     with pytest.raises(InputError, match=r"pass the grid .*forward_head\(features, grid=\(rows, cols\)\)"):
         model.forward_head(features, pre_logits=True)
 

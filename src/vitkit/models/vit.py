@@ -248,9 +248,27 @@ class VisionTransformer(nn.Module):
     def forward_features(self, images: torch.Tensor | PatchBatch) -> torch.Tensor:
         """All (B, T, D) tokens after the final LayerNorm, of an image tensor or a NaFlex :class:`PatchBatch`."""
         if isinstance(images, PatchBatch):
+            self._remember_layout(images)
             return self.encode(*self.embed_batch(images))
         z, grid = self.embed(images)
+        self._remember_layout(grid)
         return self.encode(z, self.rope_tables(grid, z.device))
+
+    def _remember_layout(self, layout: tuple[int, int] | PatchBatch) -> None:
+        """Option pool='soft': the grid (or NaFlex batch) of the last features made, which the soft pool needs and
+        ``forward_head(features)`` is not told."""
+        if self.soft_pool is not None:
+            self._last_layout = layout
+
+    def _layout_of(self, features: torch.Tensor) -> tuple[int, int] | PatchBatch:
+        """The grid the soft pool takes ``features`` on: that of the last ``forward_features`` when they are its
+        size (the same patch count; for a NaFlex batch, the same images), else the native grid."""
+        last, patches = getattr(self, "_last_layout", None), features.shape[1] - self.config.learned_prefix_tokens
+        if isinstance(last, PatchBatch) and tuple(last.mask.shape) == (features.shape[0], patches):
+            return last
+        if isinstance(last, tuple) and last[0] * last[1] == patches:
+            return last
+        return self.config.grid_size
 
     def forward_intermediates(self, images: torch.Tensor, attention: bool = False) -> Intermediates:
         """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
@@ -301,12 +319,14 @@ class VisionTransformer(nn.Module):
         token, the mean of it and [class] (but [class] alone under a pre-logits layer, as HF's DeiTModel pools).
         ``mask`` (B, N) marks a NaFlex batch's real patches: padding is left out of the mean and the pool's keys.
         VPT's prompts are dropped first. Option 'soft' (Gemma 4): (B, N / k^2, D) soft tokens of the patches
-        (``SoftPool``) on ``grid``, the (rows, cols) of the images (native by default) or the NaFlex batch."""
+        (``SoftPool``) on ``grid``, the (rows, cols) of the images or the NaFlex batch; by default those of the last
+        ``forward_features`` whose tokens these are, else the native grid."""
         c = self.config
         if c.prompt_tokens:
             features = torch.cat([features[:, :c.learned_prefix_tokens], features[:, c.num_prefix_tokens:]], dim=1)
         if self.soft_pool is not None:
-            return self.soft_pool(features[:, c.learned_prefix_tokens:], c.grid_size if grid is None else grid, mask)
+            grid = self._layout_of(features) if grid is None else grid
+            return self.soft_pool(features[:, c.learned_prefix_tokens:], grid, mask)
         if self.config.pool == "token":
             distilled = self.head_dist is not None and not self.config.representation_size
             return self.fc_norm(features[:, :2].mean(dim=1) if distilled else features[:, 0])
@@ -334,8 +354,8 @@ class VisionTransformer(nn.Module):
         without a classifier answers with its pooled output: Gemma 4's soft tokens (pool='soft', (B, N / k^2, D):
         what timm's ``gemma4_vit_*_enc`` models return from ``forward`` and transformers' ``Gemma4VisionModel`` as
         its last hidden state, padding aside; timm's ``forward_head`` of them raises), for which ``grid`` is the
-        (rows, cols) of the features' image when it is not the native size, or the NaFlex :class:`PatchBatch` they
-        came from."""
+        (rows, cols) of the features' images or the NaFlex :class:`PatchBatch` they came from: by default, those of
+        this model's last ``forward_features`` when the features are its size, else the native grid."""
         if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
             logits = self.head(features[:, 0]), self.head_dist(features[:, 1])
             return logits if apart else (logits[0] + logits[1]) / 2
