@@ -476,3 +476,27 @@ def test_an_encoder_pooling_the_mean_is_read_and_one_without_pooling_refused(tmp
     save_for_hf(timm_peer("gemma4_vit_167m_enc", global_pool=""), str(tmp_path / "none"), safe_serialization=True)
     with pytest.raises(CheckpointError, match=r"global_pool='' \(no pooling; the patch tokens are forward_features\)"):
         vitkit.load(tmp_path / "none")
+
+
+def test_transformers_processor_output_runs_as_a_patch_batch(tmp_path):
+    """What Gemma 4's own image processor makes of two images of other aspect ratios (patches in [0, 1], (x, y)
+    positions, -1 padding), as a PatchBatch: transformers' soft tokens, each image's own first."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.checkpoints.gemma4 import patch_batch_from_hf
+
+    peer = hf_peer(position_embedding_size=32, use_clipped_linears=True)
+    peer.save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf")
+    processor = transformers.Gemma4ImageProcessor(patch_size=8, pooling_kernel_size=2, max_soft_tokens=70)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8)) for shape in ((40, 70, 3), (90, 30, 3))]
+    inputs = processor(images=images, return_tensors="pt")
+    with torch.no_grad():
+        soft = peer(pixel_values=inputs["pixel_values"],
+                    pixel_position_ids=inputs["image_position_ids"]).last_hidden_state
+        pooled = model(patch_batch_from_hf(inputs["pixel_values"], inputs["image_position_ids"]))
+    counts = inputs["num_soft_tokens_per_image"].tolist()
+    assert sum(counts) == soft.shape[0] and soft.abs().max() > 0.5
+    torch.testing.assert_close(torch.cat([pooled[i, :count] for i, count in enumerate(counts)]), soft, **TOL)

@@ -33,6 +33,7 @@ from safetensors.torch import save
 from ..atomic import atomic_directory, atomic_file
 from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
+from ..models.naflex import PatchBatch
 from ..models.registry import GEMMA4
 from ..paths import reason, regular_file
 from .files import check_fields, hub_weights_file, read_side_file
@@ -300,6 +301,17 @@ def read_hf_gemma4(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
                       f"model and the rest are left out", stacklevel=4)
     provenance = Provenance(format="hf-gemma4", source=str(directory), normalization="raw", crop_pct=1.0)
     return _build(fields, overrides, provenance, path), _to_vitkit(state, HF_NAMES, fields, "hwc", str(path))
+
+
+def patch_batch_from_hf(pixel_values: torch.Tensor, image_position_ids: torch.Tensor) -> PatchBatch:
+    """transformers' Gemma 4 image processor output as a NaFlex batch for a Gemma 4 model read by vitkit:
+    ``pixel_values`` (B, N, P*P*C), each patch flattened (ph, pw, C) in [0, 1] as vitkit's ``PatchBatch`` holds
+    them, and ``image_position_ids`` (B, N, 2), each patch's (x, y), (-1, -1) for padding; the result holds the
+    same patches with (row, column) coordinates, the mask of real patches and each image's grid."""
+    mask = (image_position_ids >= 0).all(dim=-1)
+    coords = image_position_ids.flip(-1).clamp(min=0)
+    grids = coords.masked_fill(~mask[..., None], 0).max(dim=1).values + 1
+    return PatchBatch(pixel_values, coords, mask, grids)
 
 
 # ---------------------------------------------------------------------------------------------- writing
