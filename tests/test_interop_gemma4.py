@@ -500,3 +500,23 @@ def test_transformers_processor_output_runs_as_a_patch_batch(tmp_path):
     counts = inputs["num_soft_tokens_per_image"].tolist()
     assert sum(counts) == soft.shape[0] and soft.abs().max() > 0.5
     torch.testing.assert_close(torch.cat([pooled[i, :count] for i, count in enumerate(counts)]), soft, **TOL)
+
+
+def test_a_head_goes_on_the_patches_mean_not_on_soft_tokens(tmp_path):
+    """A soft-token encoder refuses a new head, naming pool='gap'; loaded with it (the standardisation buffers then
+    left out), its patch tokens are timm's and a head of the asked width reads their mean."""
+    from timm.models._hub import save_for_hf
+
+    from vitkit.errors import ConfigError
+
+    theirs = timm_peer("gemma4_vit_570m_enc")
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    with pytest.raises(ConfigError, match="load it with pool='gap'"):
+        vitkit.load(tmp_path / "hub", num_classes=3)
+    model = vitkit.load(tmp_path / "hub", pool="gap", num_classes=3)
+    images = torch.rand(2, 3, 16, 48)
+    with torch.no_grad():
+        features = model.forward_features(images)
+        torch.testing.assert_close(features, theirs.forward_features(images), **TOL)
+        torch.testing.assert_close(model.forward_head(features, pre_logits=True), features.mean(dim=1), **TOL)
+    assert model(images).shape == (2, 3)

@@ -158,23 +158,22 @@ def _kernel(weight: torch.Tensor, channels: int, layout: str, source: Any) -> to
     return weight.reshape(-1, patch, patch, channels).permute(0, 3, 1, 2)
 
 
-def _to_vitkit(state: dict[str, torch.Tensor], names: Names, fields: dict[str, Any], layout: str, source: str
+def _to_vitkit(state: dict[str, torch.Tensor], names: Names, config: ViTConfig, layout: str, source: str
                ) -> dict[str, torch.Tensor]:
-    """timm's or HF's weights in vitkit's layout: q/k/v and the gate and value packed, their clamp bounds as each
-    packed layer's (4, pieces) ``bounds``, the patch projection as a kernel; standardisation buffers a pool that
-    does not use them has (timm's classifier) are left out."""
+    """timm's or HF's weights in vitkit's layout for ``config``: q/k/v and the gate and value packed, their clamp
+    bounds as each packed layer's (4, pieces) ``bounds``, the patch projection as a kernel; standardisation buffers
+    that no soft pool uses (timm's classifier, or a pool asked for in its place) are left out."""
     state = rename(state, names, source)
-    if fields["pool"] != "soft" or not fields.get("soft_standardize"):
+    if config.pool != "soft" or not config.soft_standardize:
         state = {key: value for key, value in state.items() if not key.startswith("soft_pool.")}
     if "patch_embed.proj.weight" in state:
-        state["patch_embed.proj.weight"] = _kernel(state["patch_embed.proj.weight"], fields["in_chans"], layout,
-                                                   source)
-    for i in range(fields["depth"]):
+        state["patch_embed.proj.weight"] = _kernel(state["patch_embed.proj.weight"], config.in_chans, layout, source)
+    for i in range(config.depth):
         for ours, parts in PACKED.items():
             layer, pieces = f"blocks.{i}.{ours}", [f"blocks.{i}.{part}." for part in parts]
             if all(f"{piece}linear.weight" in state for piece in pieces):
                 state[f"{layer}.weight"] = torch.cat([state.pop(f"{piece}linear.weight") for piece in pieces])
-            if fields["clamp_linears"] and all(f"{piece}{b}" in state for piece in pieces for b in BOUNDS):
+            if config.clamp_linears and all(f"{piece}{b}" in state for piece in pieces for b in BOUNDS):
                 state[f"{layer}.bounds"] = torch.stack([torch.stack([state.pop(f"{piece}{b}").reshape(())
                                                                      for piece in pieces]) for b in BOUNDS])
     return state
@@ -198,7 +197,8 @@ def read_timm_gemma4(state: dict[str, torch.Tensor], architecture: str, model_ar
     fields = gemma4_fields(args, pool, source)
     state = {key.removeprefix("encoder."): value for key, value in state.items()} if not encoder else state
     provenance = Provenance(format="timm", source=source, name=architecture, normalization="raw", crop_pct=1.0)
-    return _build(fields, overrides, provenance, source), _to_vitkit(state, TIMM_NAMES, fields, "chw", source)
+    config = _build(fields, overrides, provenance, source)
+    return config, _to_vitkit(state, TIMM_NAMES, config, "chw", source)
 
 
 def read_bare_gemma4(state: dict[str, torch.Tensor], overrides: dict[str, Any], source: str
@@ -300,7 +300,8 @@ def read_hf_gemma4(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
         warnings.warn(f"{directory}: a whole Gemma 4 model; its vision tower ({HF_TOWER}*) is read, its language "
                       f"model and the rest are left out", stacklevel=4)
     provenance = Provenance(format="hf-gemma4", source=str(directory), normalization="raw", crop_pct=1.0)
-    return _build(fields, overrides, provenance, path), _to_vitkit(state, HF_NAMES, fields, "hwc", str(path))
+    config = _build(fields, overrides, provenance, path)
+    return config, _to_vitkit(state, HF_NAMES, config, "hwc", str(path))
 
 
 def patch_batch_from_hf(pixel_values: torch.Tensor, image_position_ids: torch.Tensor) -> PatchBatch:

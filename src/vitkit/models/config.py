@@ -276,10 +276,10 @@ class ViTConfig:
         require(self.dim % self.num_heads == 0, SOURCE, "dim", f"a multiple of num_heads={self.num_heads}", self.dim)
         require(self.pool != "token" or self.class_token, SOURCE, "pool", "'gap' or 'map' with class_token=False",
                 self.pool)
-        require(self.pool != "soft" or not (self.learned_prefix_tokens or self.num_classes or self.representation_size
-                                            or self.fc_norm), SOURCE, "pool",
-                "'soft' only without prefix tokens, a head, representation_size or fc_norm (its output is a grid of "
-                "tokens)", self.pool)
+        require(self.pool != "soft" or not (self.learned_prefix_tokens or self.representation_size or self.fc_norm
+                                            or self.num_classes and self.dense_head == "none"), SOURCE, "pool",
+                "'soft' only without prefix tokens, a classifier, representation_size or fc_norm (its output is "
+                "several tokens per image; pool='gap' puts one vector under a head)", self.pool)
         require(not self.rope_split or self.rope_half, SOURCE, "rope_split", "false unless rope_half=True", True)
         require(self.rope == "none" or self.head_dim % 4 == 0, SOURCE, "num_heads", f"a count that leaves a head "
                 f"width (dim={self.dim} / num_heads) divisible by 4 for rope={self.rope!r}", self.num_heads)

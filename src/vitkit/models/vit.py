@@ -386,6 +386,10 @@ class VisionTransformer(nn.Module):
             raise ConfigError(f"reset_head({num_classes}): this model has a {self.config.dense_head} dense head, not a "
                               f"classifier; fine-tune it with --objective segmentation or depth, or start a classifier "
                               f"from the backbone it was trained on")
+        if self.soft_pool is not None and num_classes:
+            raise ConfigError(f"reset_head({num_classes}): this model pools soft tokens (pool='soft', several per "
+                              f"image), not the one vector a head reads; load it with pool='gap' (the patches' mean, "
+                              f"as timm's Gemma 4 classifiers pool) to put a head on")
         if not keep_pre_logits and self.config.representation_size:
             self.pre_logits = nn.Identity()
             self.config = self.config.replace(representation_size=None)
