@@ -520,3 +520,19 @@ def test_a_head_goes_on_the_patches_mean_not_on_soft_tokens(tmp_path):
         torch.testing.assert_close(features, theirs.forward_features(images), **TOL)
         torch.testing.assert_close(model.forward_head(features, pre_logits=True), features.mean(dim=1), **TOL)
     assert model(images).shape == (2, 3)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(num_key_value_heads=1), r"grouped-query attention \(num_kv_heads=1\)"),
+    (dict(hidden_activation="silu"), r"hidden_activation='silu'.*gelu_pytorch_tanh"),
+    (dict(rope_parameters=dict(rope_type="default", rope_theta=100.0)), "axial rope"),
+    (dict(head_dim=8), r"heads of 8 x 2 that are not the width 32"),
+    (dict(num_hidden_layers=0), r"num_hidden_layers=0; expected an integer >= 1"),
+])
+def test_bad_transformers_configs_are_one_line_errors(tmp_path, change, expected):
+    hf_peer().save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(CheckpointError, match=expected) as error:
+        vitkit.load(tmp_path / "hf")
+    assert "\n" not in str(error.value)
