@@ -215,3 +215,32 @@ def test_serve_refuses_a_dense_model_in_one_line(tmp_path):
     VisionTransformer(ViTConfig(**SMALL, num_classes=3, dense_head="linear")).save(tmp_path / "dense")
     with pytest.raises(ConfigError, match="a linear head predicts per pixel; vitkit serve takes a model that classifies"):
         Classifier(str(tmp_path / "dense"))
+
+
+@pytest.mark.parametrize("task", ["segmentation", "depth"])
+def test_test_time_views_average_the_rescaled_and_mirrored_outputs(task):
+    """``dense_outputs`` with scales 1 and 1.5 and a mirror: each view run at its size (rounded to the patch),
+    mirrored back, resized to the target, averaged as class probabilities (segmentation) or as depth."""
+    from vitkit.evaluate.dense import dense_outputs
+
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(**SMALL, num_classes=5, dense_head="linear",
+                                        dense_output="depth" if task == "depth" else "classes")).eval()
+    trained_bn(model)
+    batch, sizes = torch.randn(2, 3, 32, 32), [torch.Size((21, 37)), torch.Size((40, 30))]
+    with torch.no_grad():
+        ours = dense_outputs(model, batch, sizes, task, torch.device("cpu"), torch.float32, (1.0, 1.5), flip=True)
+        for index, size in enumerate(sizes):
+            views = []
+            for side in (32, 48):  # 1.5 x 32 = 48, a multiple of the 8 px patch
+                image = F.interpolate(batch[index:index + 1], size=(side, side), mode="bilinear",
+                                      align_corners=False) if side != 32 else batch[index:index + 1]
+                for mirrored in (False, True):
+                    output = model(image.flip(-1) if mirrored else image)
+                    output = output.flip(-1) if mirrored else output
+                    output = F.interpolate(output, size=size, mode="bilinear", align_corners=False)[0]
+                    views.append(output.softmax(0) if task == "segmentation" else output)
+            torch.testing.assert_close(ours[index], torch.stack(views).mean(0), atol=1e-5, rtol=1e-5)
+        single = dense_outputs(model, batch, sizes, task, torch.device("cpu"), torch.float32)
+        torch.testing.assert_close(single[0], F.interpolate(model(batch[:1]), size=sizes[0], mode="bilinear",
+                                                            align_corners=False)[0])

@@ -294,3 +294,39 @@ def test_unreadable_targets_and_a_file_for_an_output_folder_are_one_line(tmp_pat
     code = main(["predict", str(tmp_path / "dense"), str(data / "train" / "images" / "001.png"), "--out", str(taken)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and str(taken) in err[0] and taken.read_text() == "not a folder"
+
+
+def test_eval_averages_test_time_views_and_a_classifier_refuses_them(tmp_path, capsys):
+    """`eval --scales 1 1.5 --flip` reports the views it averaged, and its mIoU is the one computed from
+    ``dense_outputs`` over the same images; a classifier refuses the flags in one line."""
+    from vitkit.data import load_dataset
+    from vitkit.data.transforms import dense_transform
+    from vitkit.evaluate.dense import dense_outputs
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 2), ("val", 4)))
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(image_size=32, patch_size=4, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                                        num_classes=4, dense_head="linear"))
+    model.config = model.config.replace(provenance=model.config.provenance.replace(
+        classes=("background", "red", "green", "blue")))
+    model.save(tmp_path / "model")
+    assert main(["eval", str(tmp_path / "model"), "--dataset", f"maskfolder:{data}", "--split", "val", "--scales",
+                 "1", "1.5", "--flip", "--out", str(tmp_path / "eval")]) == 0
+    report = json.loads((tmp_path / "eval" / "eval-val.json").read_text())
+    assert report["scales"] == [1.0, 1.5] and report["flip"] is True
+    model = vitkit.load(tmp_path / "model").eval()
+    transform = dense_transform("segmentation", False, (32, 32), 3, model.config.provenance.normalization)
+    preds, masks = [], []
+    for image, mask in load_dataset(f"maskfolder:{data}", "val"):
+        image, mask = transform.per_image(image, mask)
+        with torch.no_grad():
+            (output,) = dense_outputs(model, transform.per_batch(image)[None], [mask.shape], "segmentation",
+                                      torch.device("cpu"), torch.float32, (1.0, 1.5), True)
+        preds.append(output.argmax(0))
+        masks.append(mask.as_subclass(torch.Tensor))
+    assert miou(preds, masks, 4)["mIoU"] == pytest.approx(report["mIoU"], abs=1e-9)
+
+    capsys.readouterr()
+    assert main(["eval", str(backbone(tmp_path / "classifier")), "--dataset", "digits", "--flip"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "is a classifier: --scales and --flip" in error, error
