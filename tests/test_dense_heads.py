@@ -244,3 +244,18 @@ def test_test_time_views_average_the_rescaled_and_mirrored_outputs(task):
         single = dense_outputs(model, batch, sizes, task, torch.device("cpu"), torch.float32)
         torch.testing.assert_close(single[0], F.interpolate(model(batch[:1]), size=sizes[0], mode="bilinear",
                                                             align_corners=False)[0])
+
+
+def test_info_names_the_dense_head_and_what_it_outputs(tmp_path, capsys):
+    from vitkit.cli import main
+
+    VisionTransformer(ViTConfig(**SMALL, num_classes=16, dense_head="linear-ms", dense_output="depth",
+                                depth_max=80)).save(tmp_path / "depth")
+    VisionTransformer(ViTConfig(**SMALL, num_classes=3, dense_head="dpt")).save(tmp_path / "dpt")
+    outputs = []
+    for name in ("depth", "dpt"):
+        assert main(["info", str(tmp_path / name)]) == 0
+        outputs.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("output")))
+    assert outputs[0].split(None, 1)[1] == ("depth per pixel from 16 bins, 0.001-80 m, head 'linear-ms' on "
+                                           "blocks 2, 3, 4, 5")
+    assert outputs[1].split(None, 1)[1] == "3 classes per pixel, head 'dpt' on blocks 1, 2, 4, 5"
