@@ -330,3 +330,28 @@ def test_eval_averages_test_time_views_and_a_classifier_refuses_them(tmp_path, c
     assert main(["eval", str(backbone(tmp_path / "classifier")), "--dataset", "digits", "--flip"]) == 2
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "is a classifier: --scales and --flip" in error, error
+
+
+def test_the_memory_check_counts_the_dense_head(tmp_path, capsys):
+    """A run whose backbone fits but whose head's outputs at the image's size (kept for the loss) do not is refused
+    before the first step, the head named in the estimate."""
+    from vitkit.memory import available_memory, estimate
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 4), ("val", 2)))
+    torch.manual_seed(0)
+    VisionTransformer(ViTConfig(image_size=64, patch_size=32, dim=32, depth=1, num_heads=2, mlp_dim=64,
+                                num_classes=5)).save(tmp_path / "backbone")
+    config = vitkit.load(tmp_path / "backbone").config.replace(image_size=(512, 512))
+    head = config.replace(dense_head="linear", num_classes=4)
+    one, two = (estimate(config, batch, training=True).total for batch in (1, 2))
+    one_headed, two_headed = (estimate(head, batch, training=True).total for batch in (1, 2))
+    limit = available_memory().bytes
+    # the batch whose estimate, half-way between the backbone's and the headed one's, is this machine's limit
+    batch = round((limit - one) / ((two - one) + (two_headed - one_headed - two + one) / 2)) + 1
+    assert estimate(config, batch, training=True).total < limit < estimate(head, batch, training=True).total
+    code = main(["finetune", str(tmp_path / "backbone"), "--objective", "segmentation", "--head", "linear",
+                 "--dataset", f"maskfolder:{data}", "--image-size", "512", "--batch-size", str(batch), "--steps",
+                 "1", "--run-dir", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert code != 0 and "dense head" in error, error
+    assert not (tmp_path / "run" / "model").exists()
