@@ -259,3 +259,53 @@ def test_info_names_the_dense_head_and_what_it_outputs(tmp_path, capsys):
     assert outputs[0].split(None, 1)[1] == ("depth per pixel from 16 bins, 0.001-80 m, head 'linear-ms' on "
                                            "blocks 2, 3, 4, 5")
     assert outputs[1].split(None, 1)[1] == "3 classes per pixel, head 'dpt' on blocks 1, 2, 4, 5"
+
+
+def _synced_rank(rank: int, folder: str) -> None:
+    """One of two gloo ranks: its half of the batch through SyncedBatchNorm, its outputs and gradients saved."""
+    import torch.distributed as dist
+
+    from vitkit.models.dense import SyncedBatchNorm
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        batch, weights = torch.randn(6, 5, 3, 4) * 3 + 1, torch.randn(6, 5, 3, 4)
+        norm = SyncedBatchNorm(5)
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+        mine = batch[3 * rank:3 * rank + 3].clone().requires_grad_()
+        output = norm(mine)
+        (output * weights[3 * rank:3 * rank + 3]).sum().backward()
+        torch.save({"output": output.detach(), "input_grad": mine.grad, "weight_grad": norm.weight.grad,
+                    "bias_grad": norm.bias.grad, "running_mean": norm.running_mean,
+                    "running_var": norm.running_var}, f"{folder}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_synced_batch_norm_over_two_ranks_is_batch_norm_over_their_images(tmp_path):
+    """Two gloo ranks holding three images each: outputs, input gradients, the sum of the ranks' weight gradients
+    and the running statistics equal torch's BatchNorm over the six images in one process."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_synced_rank, args=(str(tmp_path),), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    torch.manual_seed(0)
+    batch, weights = torch.randn(6, 5, 3, 4) * 3 + 1, torch.randn(6, 5, 3, 4)
+    norm = torch.nn.BatchNorm2d(5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    batch.requires_grad_()
+    output = norm(batch)
+    (output * weights).sum().backward()
+    torch.testing.assert_close(torch.cat([rank["output"] for rank in ranks]), output.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([rank["input_grad"] for rank in ranks]), batch.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ranks[0]["weight_grad"] + ranks[1]["weight_grad"], norm.weight.grad, atol=1e-4,
+                               rtol=1e-5)
+    torch.testing.assert_close(ranks[0]["bias_grad"] + ranks[1]["bias_grad"], norm.bias.grad, atol=1e-4, rtol=1e-5)
+    for rank in ranks:
+        torch.testing.assert_close(rank["running_mean"], norm.running_mean)
+        torch.testing.assert_close(rank["running_var"], norm.running_var)
