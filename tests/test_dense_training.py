@@ -207,18 +207,20 @@ def test_cached_features_are_the_backbones_and_are_computed_once(tmp_path, caplo
     assert "each image's features computed once and kept" in caplog.text
 
 
-def test_a_dense_head_trains_under_torchrun(tmp_path):
-    """Two gloo ranks fine-tune backbone and head (DDP), rank 0 alone writes the model and the metrics."""
+@pytest.mark.parametrize("parallel, head", [("ddp", "linear-ms"), ("fsdp", "dpt")])
+def test_a_dense_head_trains_under_torchrun(parallel, head, tmp_path):
+    """Two gloo ranks fine-tune backbone and head (DDP with the synchronised BatchNorm, FSDP2 with DPT), rank 0
+    alone writes the model and the metrics."""
     from launch import VITKIT_TORCHRUN, launch
 
     data = colour_boxes(tmp_path / "boxes", splits=(("train", 8), ("val", 2)))
     stdout = launch(VITKIT_TORCHRUN, "finetune", backbone(tmp_path / "backbone"), "--objective", "segmentation",
-                    "--head", "linear-ms", "--dataset", f"maskfolder:{data}", "--steps", "3", "--batch-size", "4",
-                    "--image-size", "32", "--threads", "1", "--run-dir", tmp_path / "run")
+                    "--head", head, "--dataset", f"maskfolder:{data}", "--steps", "3", "--batch-size", "4",
+                    "--image-size", "32", "--threads", "1", "--parallel", parallel, "--run-dir", tmp_path / "run")
     assert stdout.count("mIoU:") == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["test/images"] == 2 and 0 <= summary["test/mIoU"] <= 1
-    assert vitkit.load(tmp_path / "run" / "model").config.dense_head == "linear-ms"
+    assert vitkit.load(tmp_path / "run" / "model").config.dense_head == head
 
 
 def test_a_set_without_validation_holds_one_out_and_dense_models_stay_out_of_image_commands(tmp_path, capsys):
