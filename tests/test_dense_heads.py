@@ -191,6 +191,11 @@ def test_evaluation_transform_leaves_the_target_at_its_size():
     image, mask = halves(50, 70)
     seen, target = preset.per_image(image, mask)
     assert seen.shape == (1, 32, 48) and target is mask
+    ready, target = preset(image, mask)  # the whole preset on one pair: normalised floats, the target as it was
+    torch.testing.assert_close(ready, preset.per_batch(seen[None])[0])
+    assert ready.dtype == torch.float32 and target is mask
+    with pytest.raises(TypeError, match="with its dense target"):
+        preset(image)
 
 
 @pytest.mark.parametrize("head, output", [("linear-ms", "classes"), ("dpt", "depth")])
