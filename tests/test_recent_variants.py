@@ -26,6 +26,8 @@ TIMM_NAMES = {
     "PE-core-B/16": "vit_pe_core_base_patch16_224", "PE-core-L/14": "vit_pe_core_large_patch14_336",
     "SigLIP2-B/16": "vit_base_patch16_siglip_224", "AIMv2-L/14": "aimv2_large_patch14_224",
     "FlexiViT-S/16": "flexivit_small", "FlexiViT-B/16": "flexivit_base", "FlexiViT-L/16": "flexivit_large",
+    "TIPSv2-B/14": "vit_base_patch14_reg1_tipsv2", "TIPSv2-L/14": "vit_large_patch14_reg1_tipsv2",
+    "TIPSv2-So400m/14": "vit_so400m_patch14_reg1_tipsv2", "TIPSv2-g/14": "vit_giant_patch14_reg1_tipsv2",
 }
 SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5)
 
@@ -68,7 +70,8 @@ def small_peer(name):
     architecture = TIMM_NAMES[name]
     if name.startswith("SigLIP2"):
         return randomised(siglip2_peer(**SMALL, dynamic_img_size=True), std=0.3)
-    return randomised(timm.create_model(architecture, **SMALL, dynamic_img_size=True), std=0.3)
+    even = dict(mlp_ratio=4) if name == "TIPSv2-g/14" else {}  # SwiGLUPacked needs an even width at 64 wide
+    return randomised(timm.create_model(architecture, **SMALL, dynamic_img_size=True, **even), std=0.3)
 
 
 @pytest.mark.parametrize("name", list(TIMM_NAMES))

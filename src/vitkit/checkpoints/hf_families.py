@@ -207,6 +207,9 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
     unsupported = [f"{name}={value!r}" for name, value in options.items() if name not in allowed] + [
         reason for reason, bad in [
             ("non-square images", height != width), ("fc_norm", config.fc_norm),
+            (f"a position table resampled {config.pos_interp} (HF's {family} resamples "
+             f"{'bilinear' if family == 'siglip2' else 'bicubic'})",
+             config.pos_interp != ("bilinear" if family == "siglip2" else "bicubic")),
             (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
             ("hybrid backbone", config.backbone is not None),
             ("representation_size", config.representation_size and (family != "deit" or config.num_classes)),

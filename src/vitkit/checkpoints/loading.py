@@ -25,6 +25,8 @@ from .inference import SURGERY, kept_overrides, refuse_unsupported
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
 from .timm_families import family_of_keys, read_timm_family
+from .tipsv2 import MODEL_TYPES as TIPSV2_TYPES
+from .tipsv2 import read_tipsv2
 from .torchvision_ import from_torchvision, is_torchvision
 
 __all__ = ["CheckpointError", "load", "read_checkpoint", "read_config", "build", "load_state_strict"]
@@ -116,7 +118,8 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
 
 # HF's model_type -> the reader of its directories.
 HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
-              **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent)}
+              **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent),
+              **dict.fromkeys(TIPSV2_TYPES, read_tipsv2)}
 
 
 def read_hf_directory(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]

@@ -99,6 +99,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # timm's flexivit_*: 240 px, a position table without the [class] row, resized bilinear without antialias.
     "FlexiViT": dict(no_embed_class=True, image_size=240, pos_interp="bilinear", normalization="google",
                      crop_pct=0.95, sizes={"S": {}, "B": {}, "L": {}}),
+    # Encoders of 2026. timm's vit_*_patch14_reg1_tipsv2: DINOv2 with one register and LayerScale, 448 px, taking
+    # the [0, 1] pixels as they are.
+    "TIPSv2": dict(reg_tokens=1, no_embed_class=True, layer_scale=1.0, image_size=448, pos_interp_antialias=True,
+                   num_classes=0, normalization="unit", crop_pct=1.0, sizes={"B": {}, "L": {}, "So400m": {}, "g": {}}),
 }
 SUFFIXES: dict[str, dict[str, Any]] = {
     "distilled": dict(dist_token=True),  # DeiT's distillation token and head
@@ -116,6 +120,7 @@ RECENT_VARIANTS = (
     "EVA02-Ti/14", "EVA02-S/14", "EVA02-B/14", "EVA02-L/14",
     "PE-core-T/16", "PE-core-S/16", "PE-core-B/16", "PE-core-L/14",
     "SigLIP2-B/16", "AIMv2-L/14", "FlexiViT-S/16", "FlexiViT-B/16", "FlexiViT-L/16",
+    "TIPSv2-B/14", "TIPSv2-L/14", "TIPSv2-So400m/14", "TIPSv2-g/14",
 )
 
 _NAME = re.compile(r"^(?:(r\d*)\+)?vit-(ti|s|b|l|h)/(\d+)$", re.IGNORECASE)
