@@ -23,6 +23,8 @@ from .hf_recent import MODEL_TYPES as HF_RECENT_TYPES
 from .hf_recent import read_hf_recent
 from .inference import SURGERY, kept_overrides, refuse_unsupported
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
+from .radio import MODEL_TYPES as RADIO_TYPES
+from .radio import read_radio
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
 from .timm_families import family_of_keys, read_timm_family
 from .tipsv2 import MODEL_TYPES as TIPSV2_TYPES
@@ -119,7 +121,7 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
 # HF's model_type -> the reader of its directories.
 HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
               **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent),
-              **dict.fromkeys(TIPSV2_TYPES, read_tipsv2)}
+              **dict.fromkeys(TIPSV2_TYPES, read_tipsv2), **dict.fromkeys(RADIO_TYPES, read_radio)}
 
 
 def read_hf_directory(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]

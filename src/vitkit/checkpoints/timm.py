@@ -44,9 +44,15 @@ TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp
 
 # Architectures whose numerics differ from timm's defaults: every CLIP tower has LayerNorm eps 1e-5 (and the
 # QuickGELU ones OpenAI's activation); FlexiViT's weights are resized bilinear without antialias (patch
-# kernel and position table, as timm loads them); these SigLIP towers use the tanh GELU (timm's own definitions).
+# kernel and position table, as timm loads them), and so are C-RADIO's (vit_*_radio_v3/v4: timm's loading path,
+# corners aligned as each checkpoint's code aligns them, the table of the model's grid resized, not cropped:
+# naflexvit_*_radio crops as C-RADIO does); these SigLIP towers use the tanh GELU (timm's own definitions).
+_RADIO = dict(pos_interp="bilinear", pos_interp_antialias=False)  # C-RADIO, as timm loads it at another size
 ARCHITECTURE_NUMERICS = (("_clip_quickgelu_", dict(ln_eps=1e-5, gelu="quick")), ("_clip_", dict(ln_eps=1e-5)),
-                         ("flexivit", dict(pos_interp="bilinear", pos_interp_antialias=False)))
+                         ("flexivit", dict(pos_interp="bilinear", pos_interp_antialias=False)),
+                         ("base_patch16_radio_v3", dict(_RADIO, pos_interp_align_corners=True)),
+                         ("huge_patch16_radio_v3", dict(_RADIO, pos_interp_align_corners=True)),
+                         ("_patch16_radio_v", _RADIO))
 TANH_GELU_SIGLIPS = frozenset(
     f"vit_{name}" for name in ("base_patch32_siglip_256", "large_patch16_siglip_512", "so400m_patch16_siglip_256",
                                "so400m_patch16_siglip_384", "so400m_patch16_siglip_512",
@@ -158,6 +164,9 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
         ("patch_norm or proj_bias=False (only with AIMv2's RMSNorm)", config.patch_norm or not config.proj_bias),
         ("pool_heads or pool_mlp_dim", config.pool_heads is not None or config.pool_mlp_dim is not None),
         ("pool_prefix (its pools take the patches)", config.pool_prefix and config.num_prefix_tokens),
+        ("C-RADIO's cropped position table (pos_interp_crop, pos_grid; timm's naflexvit_*_radio holds it, vitkit "
+         "writes timm's VisionTransformer)", config.pos_interp_crop or config.pos_grid is not None),
+        ("a summary of several class tokens (summary_tokens)", config.summary_tokens is not None),
     ] if bad]
     if unsupported:
         raise FormatError(f"cannot write {path}: timm's VisionTransformer state dict has no "

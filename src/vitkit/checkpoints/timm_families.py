@@ -102,7 +102,7 @@ def family_of_architecture(architecture: str) -> tuple[str, dict[str, Any]] | No
             return "NaFlexViT", args
     if name.startswith("naflexvit_"):
         raise CheckpointError(f"timm architecture {architecture!r}: vitkit reads the NaFlexViTs "
-                              f"{sorted(NAFLEX_ARCHITECTURES)}, not aspect-preserving, factorised or RADIO tables")
+                              f"{sorted(NAFLEX_ARCHITECTURES)}, not factorised tables")
     return None
 
 
@@ -248,16 +248,16 @@ def read_timm_hub_family(state: dict[str, torch.Tensor], hub: dict[str, Any], fa
     """A timm hub directory of ``family``: its definition's arguments, then ``model_args``, then ``global_pool``."""
     model_args = hub.get("model_args", {})
     check_fields(model_args, MODEL_ARG_KINDS, path.parent / "config.json", within="model_args.")
+    input_size = hub.get("pretrained_cfg", {}).get("input_size")
+    size = model_args.get("img_size", input_size[1:] if isinstance(input_size, list) and len(input_size) == 3 else None)
+    size = tuple(size) if isinstance(size, list) else size
     if family == "NaFlexViT":
         args = {**args, **{k: v for k, v in model_args.items() if k in NAFLEX_DEFAULTS or k == "in_chans"}}
-        return read_timm_naflex(state, args, overrides, str(path), model_args.get("num_heads"))
+        return read_timm_naflex(state, args, overrides, str(path), model_args.get("num_heads"), size)
     args = {**args, **{k: v for k, v in model_args.items() if k in EVA_DEFAULTS}}
     if "global_pool" in hub:
         args["global_pool"] = hub["global_pool"]
-    input_size = hub.get("pretrained_cfg", {}).get("input_size")
-    size = model_args.get("img_size", input_size[1:] if isinstance(input_size, list) and len(input_size) == 3 else None)
-    return read_timm_family(state, family, args, overrides, str(path), model_args.get("num_heads"),
-                            tuple(size) if isinstance(size, list) else size)
+    return read_timm_family(state, family, args, overrides, str(path), model_args.get("num_heads"), size)
 
 
 # ---------------------------------------------------------------------------------------------- writing
