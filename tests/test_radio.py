@@ -200,3 +200,4 @@ def test_position_analysis_reads_the_table_as_the_model_uses_it_at_its_size(tmp_
     with torch.no_grad():
         theirs = peer.embeddings._interpolate_position_embedding((4, 4), torch.float32)[0]
     torch.testing.assert_close(table, theirs, atol=1e-6, rtol=0)
+

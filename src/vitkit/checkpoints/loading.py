@@ -124,10 +124,38 @@ HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
               **dict.fromkeys(TIPSV2_TYPES, read_tipsv2), **dict.fromkeys(RADIO_TYPES, read_radio)}
 
 
+# Families vitkit does not read yet whose HF model_type (or config) names them: refused in one line naming the
+# family and the nearest family vitkit reads.
+_VIDEO = "a video tower ({}); vitkit reads image towers, the nearest {}"
+REFUSED_HF_FAMILIES = {
+    "intern_vit_6b": "InternViT-6B (QK-norm and RMSNorm in every block); vitkit reads InternViT-300M (timm's "
+                     "vit_intern300m_patch14_448)",
+    "vjepa2": "V-JEPA 2, " + _VIDEO.format("tubelets of 2 frames, 3-D rotary embeddings",
+                                           "DINOv3's rotary ViT (dinov3_vit)"),
+    "videomae": "VideoMAE, " + _VIDEO.format("tubelets of 2 frames", "HF's ViT (vit)"),
+    "vivit": "ViViT, " + _VIDEO.format("tubelets, a factorised encoder", "HF's ViT (vit)"),
+    "timesformer": "TimeSformer, " + _VIDEO.format("divided space-time attention", "HF's ViT (vit)"),
+}
+
+
+def refused_family(hf: dict[str, Any]) -> str | None:
+    """The family of 2026 an HF config names that vitkit refuses by name (InternViT-6B in InternVL's own
+    ``model_type`` or as transformers' InternVL vision tower with QK-norm; video towers), or None."""
+    model_type = hf.get("model_type")
+    tower = hf.get("vision_config") if model_type == "internvl" else hf
+    if model_type in ("internvl", "internvl_vision") and isinstance(tower, dict) and tower.get("use_qk_norm"):
+        return REFUSED_HF_FAMILIES["intern_vit_6b"]
+    return REFUSED_HF_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+
+
 def read_hf_directory(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
                       ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF transformers directory, read by its ``model_type``; one vitkit does not read is refused naming it
-    (and the architecture its config gives) beside those it reads."""
+    (and the architecture its config gives) beside those it reads, and a family of :data:`REFUSED_HF_FAMILIES`
+    by that family and the nearest one vitkit reads."""
+    refused = refused_family(hf)
+    if refused:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {refused}")
     model_type = hf.get("model_type")
     if not (isinstance(model_type, str) and model_type in HF_READERS):
         architectures = hf.get("architectures")
