@@ -145,7 +145,8 @@ def test_transformers_packed_images_are_vitkits_naflex_batches(tmp_path):
 
 
 def test_radio_summary_and_table_travel_through_vitkits_format_and_writers_refuse_them(tmp_path):
-    """vitkit's own format keeps them; timm's VisionTransformer, HF's ViT and Google's npz cannot hold them."""
+    """vitkit's own format keeps them; timm's NaFlexViT of C-RADIO pools [class] alone, HF's ViT and Google's npz
+    have no cropped table: refused by name."""
     from vitkit.checkpoints import export
 
     hf_radio(tmp_path)
@@ -155,7 +156,7 @@ def test_radio_summary_and_table_travel_through_vitkits_format_and_writers_refus
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x), atol=0, rtol=0)
     assert json.loads((tmp_path / "native" / "config.json").read_text())["summary_tokens"] == [0, 2]
-    for fmt, name, words in (("timm", "w.safetensors", "C-RADIO's cropped position table"),
+    for fmt, name, words in (("timm", "timm-out", r"naflexvit_\*_radio cannot hold summary_tokens=\(0, 2\)"),
                              ("hf", "hf-out", "pos_interp_crop=True"), ("npz", "m.npz", "pos_interp_crop=True")):
         with pytest.raises(vitkit.CheckpointError, match=words):
             export(model, tmp_path / name, fmt)
@@ -201,3 +202,30 @@ def test_position_analysis_reads_the_table_as_the_model_uses_it_at_its_size(tmp_
         theirs = peer.embeddings._interpolate_position_embedding((4, 4), torch.float32)[0]
     torch.testing.assert_close(table, theirs, atol=1e-6, rtol=0)
 
+
+
+@pytest.mark.parametrize("source", ["timm", "transformers"])
+def test_radio_is_written_back_as_timms_naflexvit_radio(tmp_path, source):
+    """A hub directory that timm's own local-dir loader builds (naflexvit_*_radio with its model_args) and fills
+    strictly: the same outputs on images and NaFlex batches, read back by vitkit alike."""
+    from timm.models._hub import save_for_hf
+
+    from vitkit.checkpoints import export
+
+    if source == "timm":
+        peer = randomised(timm.create_model("naflexvit_base_patch16_radio_v3", **NAFLEX), std=0.1)
+        save_for_hf(peer, str(tmp_path / "in"))
+        model = vitkit.load(tmp_path / "in")
+    else:  # one summary token, [class]: what timm's pool reads
+        hf_radio(tmp_path, summary_idxs=[0], hidden_act="gelu_pytorch_tanh")
+        model = vitkit.load(tmp_path / "hf")
+    export(model, tmp_path / "out", "timm")
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
+    again = vitkit.load(tmp_path / "out")
+    batch = patch_batch([torch.randn(3, 16, 48), torch.randn(3, 32, 24)], patch_size=8, max_patches=16)
+    inputs = {"patches": batch.patches, "patch_coord": batch.coords, "patch_valid": batch.mask}
+    with torch.no_grad():
+        for x in (torch.randn(2, 3, 32, 32), torch.randn(2, 3, *OTHER)):
+            torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=0)
+            torch.testing.assert_close(again(x), model(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(theirs(inputs), model(batch), atol=1e-5, rtol=0)

@@ -347,18 +347,24 @@ def write_timm_family(model: torch.nn.Module, path: Path) -> Path:
     directory, whose ``config.json`` names the architecture and the ``model_args`` that build the model
     (``timm.create_model("local-dir:PATH")``), written atomically."""
     architecture, args = timm_architecture(model.config, path)
-    state = timm_family_state(model, eva=model.config.norm != "rms")
+    return write_timm_state(path, model.config, architecture, args, timm_family_state(model, eva=model.config.norm != "rms"))
+
+
+def write_timm_state(path: Path, config: ViTConfig, architecture: str, args: dict[str, Any],
+                     state: dict[str, torch.Tensor], first_conv: str = "patch_embed.proj") -> Path:
+    """``state`` (timm's names) as a ``.safetensors`` state dict, or (any other path) as a timm hub directory whose
+    ``config.json`` names ``architecture`` and the ``model_args`` ``args`` that build it, written atomically."""
     if path.suffix == ".safetensors":
         with atomic_file(path, "wb") as handle:
             handle.write(save(state, metadata={"format": "pt"}))
         return path
-    c = model.config
+    c = config
     mean, std = c.input_statistics
     hub = dict(architecture=architecture, num_classes=c.num_classes, num_features=c.dim,
                global_pool=args["global_pool"], model_args=args,
                pretrained_cfg=dict(input_size=[c.in_chans, *c.image_size], mean=list(mean), std=list(std),
                                    crop_pct=c.provenance.crop_pct, crop_mode="center", interpolation="bicubic",
-                                   num_classes=c.num_classes, first_conv="patch_embed.proj", classifier="head"))
+                                   num_classes=c.num_classes, first_conv=first_conv, classifier="head"))
     with atomic_directory(path) as staging:
         (staging / "config.json").write_text(json.dumps(hub, indent=2))
         (staging / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))

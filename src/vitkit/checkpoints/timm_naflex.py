@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
 from .inference import infer_config
 from .names import Names, rename
@@ -110,3 +110,47 @@ def own_table_grid(config: ViTConfig, image_size: Any, source: str) -> ViTConfig
         return config.replace(pos_grid=config.grid_size, image_size=image_size)
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{source}: the native size {image_size!r} does not fit the model ({error})") from error
+
+
+# ---------------------------------------------------------------------------------------------- writing
+# The family options timm's NaFlexViT of C-RADIO holds (config.FAMILY_DEFAULTS' names).
+NAFLEX_RADIO_OPTIONS = {"reg_tokens", "no_embed_class", "patch_bias", "layer_scale", "final_norm", "pos_interp_crop",
+                        "pos_grid"}
+
+
+def naflex_radio(model: torch.nn.Module, path: Any) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """A model with C-RADIO's cropped table as timm's ``naflexvit_*_radio``: the architecture (v3-B's when corners
+    are aligned, v3-L's otherwise), the ``model_args`` that build it and the weights in its names; what that
+    definition cannot hold (a summary of several class tokens: timm pools [class] alone) is refused, naming the
+    fields."""
+    c = model.config
+    refused = [f"{name}={value!r}" for name, value in c.family_options().items() if name not in NAFLEX_RADIO_OPTIONS]
+    refused += [reason for reason, bad in [
+        (f"pos_interp={c.pos_interp!r} with antialias={c.pos_interp_antialias}",
+         (c.pos_interp, c.pos_interp_antialias) != ("bilinear", False)),
+        (f"ln_eps={c.ln_eps}", c.ln_eps != 1e-6), (f"gelu={c.gelu!r}", c.gelu == "quick"),
+        ("no [class] token", not c.class_token), (f"pool={c.pool!r}", c.pool != "token"),
+        ("representation_size", c.representation_size), ("a hybrid backbone", c.backbone is not None),
+        ("a table with prefix rows", not c.no_embed_class), ("a dense head", c.dense_head != "none"),
+    ] if bad]
+    if refused:
+        raise FormatError(f"cannot write {path}: timm's naflexvit_*_radio cannot hold {', '.join(refused)}")
+    grid = c.pos_grid or c.grid_size
+    args = dict(img_size=list(c.image_size), patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
+                embed_dim=c.dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=(c.mlp_dim + 0.5) / c.dim,
+                qkv_bias=c.qkv_bias, reg_tokens=c.reg_tokens, init_values=c.layer_scale, global_pool="token",
+                final_norm=c.final_norm, pos_embed_grid_size=list(grid),
+                pos_embed_align_corners=c.pos_interp_align_corners, act_layer="gelu_tanh" if c.gelu == "tanh" else "gelu")
+    names = NAFLEX_NAMES
+    state = {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu()
+        if name == "patch_embed.proj.weight":  # each patch flattened (row, column, channel)
+            tensor = tensor.permute(0, 2, 3, 1).reshape(c.dim, -1)
+        elif name == "pos_embed.weight":
+            tensor = tensor.reshape(1, *grid, c.dim)
+        state[names.to_theirs(name)] = tensor.contiguous()
+    if not c.patch_bias:  # timm's embedding has a bias: a zero one is exactly none
+        state["embeds.proj.bias"] = torch.zeros(c.dim, dtype=state["embeds.proj.weight"].dtype)
+    corners = "base" if c.pos_interp_align_corners else "large"
+    return f"naflexvit_{corners}_patch16_radio_v3", args, state
