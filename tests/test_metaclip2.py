@@ -109,3 +109,14 @@ def test_metaclip2_is_written_for_timm(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(theirs.eval()(x), embed(x), atol=1e-5, rtol=0)
+
+
+def test_info_describes_a_whole_metaclip2(tmp_path, capsys):
+    from vitkit.cli import main
+
+    peer, _, _ = peer_of("whole", "quick_gelu")
+    peer.save_pretrained(tmp_path / "hf")
+    with pytest.warns(UserWarning, match="text tower"):
+        assert main(["info", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "GELU quick, LayerNorm eps 1e-05" in out and "16 classes" in out and "pre_norm=True" in out

@@ -181,6 +181,8 @@ def test_info_describes_radio(tmp_path, capsys):
 
 def test_radio_configs_that_do_not_fit_are_one_line_errors(tmp_path):
     hf_radio(tmp_path)
+    with pytest.raises(vitkit.CheckpointError, match="a C-RADIO state dict in NVIDIA's layout, whose class tokens"):
+        vitkit.load(tmp_path / "hf" / "model.safetensors")  # the weights without the config that tells them
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "num_registers": 3}))
     with pytest.raises(vitkit.CheckpointError, match=r"cls_token.token of shape \(5, 64\); expected num_cls_tokens "

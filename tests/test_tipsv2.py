@@ -102,3 +102,12 @@ def test_tipsv2_is_written_for_timm_and_refused_by_formats_that_resample_otherwi
     transformers.Tipsv2VisionModel(transformers.Tipsv2VisionConfig(**VISION)).save_pretrained(tmp_path / "hf")
     with pytest.raises(vitkit.CheckpointError, match="HF's dinov2 model cannot hold .*table resampled bilinear"):
         export(vitkit.load(tmp_path / "hf"), tmp_path / "out", "hf")
+
+
+def test_info_says_tipsv2_takes_unnormalised_pixels(tmp_path, capsys):
+    from vitkit.cli import main
+
+    transformers.Tipsv2VisionModel(transformers.Tipsv2VisionConfig(**VISION)).save_pretrained(tmp_path / "hf")
+    assert main(["info", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "normalised 'unit': mean [0.0, 0.0, 0.0], std [1.0, 1.0, 1.0]" in out and "reg_tokens=1" in out

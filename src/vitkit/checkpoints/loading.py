@@ -103,6 +103,10 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
     if path.suffix == ".npz":
         return *read_npz(path, overrides), source
     state = read_weights(path)
+    if any(key.startswith("radio_model.") for key in state):
+        raise CheckpointError(f"{path}: a C-RADIO state dict in NVIDIA's layout, whose class tokens, registers and "
+                              f"summary only its config.json tells; load its transformers directory (RadioModel) or "
+                              f"timm's hub directory (vit_*_radio, naflexvit_*_radio)")
     refuse_unsupported(state, source)
     timm_like = {"patch_embed.proj.weight", "embeds.proj.weight"} & state.keys()
     family = family_of_keys(state, source, overrides) if timm_like else None
