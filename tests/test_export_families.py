@@ -30,6 +30,10 @@ MODELS = {  # the families' own options on tiny sizes
     "SigLIP 2 table": lambda: create_model(ViTConfig(**TINY, class_token=False, pool="map", pos_interp="bilinear",
                                                      pos_interp_antialias=True)),
     "timm table": lambda: create_model(ViTConfig(**TINY, reg_tokens=2, pos_interp_antialias=True)),
+    # TIPSv2 as transformers runs it: one register, LayerScale, a table without prefix rows resized bilinearly with
+    # antialias
+    "TIPSv2 table": lambda: create_model(ViTConfig(**TINY, reg_tokens=1, no_embed_class=True, layer_scale=1.0,
+                                                   pos_interp="bilinear", pos_interp_antialias=True)),
     # C-RADIO: a table on its own grid, resized to a square of the input grid's longer side and cropped; a summary
     # of two class tokens under the head; no final norm
     "C-RADIO table": lambda: create_model(ViTConfig(**TINY, reg_tokens=3, no_embed_class=True, final_norm=False,

@@ -45,6 +45,23 @@ def test_timm_radio_gives_timms_outputs_at_its_size_and_as_timm_loads_it_at_anot
         assert assert_timms_outputs(model, theirs, torch.randn(2, 3, *size)).abs().max() > 0.1
 
 
+def test_timm_radio_is_written_back_for_timms_own_definition(tmp_path):
+    """timm's vit_*_radio state dict back from vitkit: timm's model of that definition loads it strictly."""
+    from safetensors.torch import load_file
+    from timm.models._hub import save_for_hf
+
+    from vitkit.checkpoints import export
+
+    peer = randomised(timm.create_model("vit_large_patch16_radio_v3", **SMALL, num_classes=5), std=0.1)
+    save_for_hf(peer, str(tmp_path / "hub"), safe_serialization=True)
+    written = export(vitkit.load(tmp_path / "hub"), tmp_path / "back.safetensors", "timm")
+    fresh = timm.create_model("vit_large_patch16_radio_v3", **SMALL, num_classes=5)
+    fresh.load_state_dict(load_file(written), strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.eval()(x), peer(x), atol=0, rtol=0)
+
+
 NAFLEX = dict(SMALL, pos_embed_grid_size=(12, 12))  # a table of its own grid (C-RADIO's is 128 x 128)
 
 
