@@ -61,3 +61,16 @@ def round_to_bf16(model):
         for p in model.parameters():
             p.copy_(p.bfloat16().float())
     return model
+
+
+def assert_timms_outputs(model, theirs, x):
+    """vitkit ``model``'s tokens, pre-logits and logits on ``x`` equal timm model ``theirs``' (1e-5); timm's tokens
+    are returned, for a check that they are not all small."""
+    with torch.no_grad():
+        features = theirs.forward_features(x)
+        ours = model.forward_features(x)
+        torch.testing.assert_close(ours, features, atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.forward_head(ours, pre_logits=True),
+                                   theirs.forward_head(features, pre_logits=True), atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(x), theirs(x), atol=1e-5, rtol=0)
+    return features

@@ -191,6 +191,11 @@ def test_evaluation_transform_leaves_the_target_at_its_size():
     image, mask = halves(50, 70)
     seen, target = preset.per_image(image, mask)
     assert seen.shape == (1, 32, 48) and target is mask
+    ready, target = preset(image, mask)  # the whole preset on one pair: normalised floats, the target as it was
+    torch.testing.assert_close(ready, preset.per_batch(seen[None])[0])
+    assert ready.dtype == torch.float32 and target is mask
+    with pytest.raises(TypeError, match="with its dense target"):
+        preset(image)
 
 
 @pytest.mark.parametrize("head, output", [("linear-ms", "classes"), ("dpt", "depth")])
@@ -215,3 +220,97 @@ def test_serve_refuses_a_dense_model_in_one_line(tmp_path):
     VisionTransformer(ViTConfig(**SMALL, num_classes=3, dense_head="linear")).save(tmp_path / "dense")
     with pytest.raises(ConfigError, match="a linear head predicts per pixel; vitkit serve takes a model that classifies"):
         Classifier(str(tmp_path / "dense"))
+
+
+@pytest.mark.parametrize("task", ["segmentation", "depth"])
+def test_test_time_views_average_the_rescaled_and_mirrored_outputs(task):
+    """``dense_outputs`` with scales 1 and 1.5 and a mirror: each view run at its size (rounded to the patch),
+    mirrored back, resized to the target, averaged as class probabilities (segmentation) or as depth."""
+    from vitkit.evaluate.dense import dense_outputs
+
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(**SMALL, num_classes=5, dense_head="linear",
+                                        dense_output="depth" if task == "depth" else "classes")).eval()
+    trained_bn(model)
+    batch, sizes = torch.randn(2, 3, 32, 32), [torch.Size((21, 37)), torch.Size((40, 30))]
+    with torch.no_grad():
+        ours = dense_outputs(model, batch, sizes, task, torch.device("cpu"), torch.float32, (1.0, 1.5), flip=True)
+        for index, size in enumerate(sizes):
+            views = []
+            for side in (32, 48):  # 1.5 x 32 = 48, a multiple of the 8 px patch
+                image = F.interpolate(batch[index:index + 1], size=(side, side), mode="bilinear",
+                                      align_corners=False) if side != 32 else batch[index:index + 1]
+                for mirrored in (False, True):
+                    output = model(image.flip(-1) if mirrored else image)
+                    output = output.flip(-1) if mirrored else output
+                    output = F.interpolate(output, size=size, mode="bilinear", align_corners=False)[0]
+                    views.append(output.softmax(0) if task == "segmentation" else output)
+            torch.testing.assert_close(ours[index], torch.stack(views).mean(0), atol=1e-5, rtol=1e-5)
+        single = dense_outputs(model, batch, sizes, task, torch.device("cpu"), torch.float32)
+        torch.testing.assert_close(single[0], F.interpolate(model(batch[:1]), size=sizes[0], mode="bilinear",
+                                                            align_corners=False)[0])
+
+
+def test_info_names_the_dense_head_and_what_it_outputs(tmp_path, capsys):
+    from vitkit.cli import main
+
+    VisionTransformer(ViTConfig(**SMALL, num_classes=16, dense_head="linear-ms", dense_output="depth",
+                                depth_max=80)).save(tmp_path / "depth")
+    VisionTransformer(ViTConfig(**SMALL, num_classes=3, dense_head="dpt")).save(tmp_path / "dpt")
+    outputs = []
+    for name in ("depth", "dpt"):
+        assert main(["info", str(tmp_path / name)]) == 0
+        outputs.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("output")))
+    assert outputs[0].split(None, 1)[1] == ("depth per pixel from 16 bins, 0.001-80 m, head 'linear-ms' on "
+                                           "blocks 2, 3, 4, 5")
+    assert outputs[1].split(None, 1)[1] == "3 classes per pixel, head 'dpt' on blocks 1, 2, 4, 5"
+
+
+def _synced_rank(rank: int, folder: str) -> None:
+    """One of two gloo ranks: its half of the batch through SyncedBatchNorm, its outputs and gradients saved."""
+    import torch.distributed as dist
+
+    from vitkit.models.dense import SyncedBatchNorm
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        batch, weights = torch.randn(6, 5, 3, 4) * 3 + 1, torch.randn(6, 5, 3, 4)
+        norm = SyncedBatchNorm(5)
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+        mine = batch[3 * rank:3 * rank + 3].clone().requires_grad_()
+        output = norm(mine)
+        (output * weights[3 * rank:3 * rank + 3]).sum().backward()
+        torch.save({"output": output.detach(), "input_grad": mine.grad, "weight_grad": norm.weight.grad,
+                    "bias_grad": norm.bias.grad, "running_mean": norm.running_mean,
+                    "running_var": norm.running_var}, f"{folder}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_synced_batch_norm_over_two_ranks_is_batch_norm_over_their_images(tmp_path):
+    """Two gloo ranks holding three images each: outputs, input gradients, the sum of the ranks' weight gradients
+    and the running statistics equal torch's BatchNorm over the six images in one process."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_synced_rank, args=(str(tmp_path),), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    torch.manual_seed(0)
+    batch, weights = torch.randn(6, 5, 3, 4) * 3 + 1, torch.randn(6, 5, 3, 4)
+    norm = torch.nn.BatchNorm2d(5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    batch.requires_grad_()
+    output = norm(batch)
+    (output * weights).sum().backward()
+    torch.testing.assert_close(torch.cat([rank["output"] for rank in ranks]), output.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([rank["input_grad"] for rank in ranks]), batch.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ranks[0]["weight_grad"] + ranks[1]["weight_grad"], norm.weight.grad, atol=1e-4,
+                               rtol=1e-5)
+    torch.testing.assert_close(ranks[0]["bias_grad"] + ranks[1]["bias_grad"], norm.bias.grad, atol=1e-4, rtol=1e-5)
+    for rank in ranks:
+        torch.testing.assert_close(rank["running_mean"], norm.running_mean)
+        torch.testing.assert_close(rank["running_var"], norm.running_var)

@@ -207,18 +207,20 @@ def test_cached_features_are_the_backbones_and_are_computed_once(tmp_path, caplo
     assert "each image's features computed once and kept" in caplog.text
 
 
-def test_a_dense_head_trains_under_torchrun(tmp_path):
-    """Two gloo ranks fine-tune backbone and head (DDP), rank 0 alone writes the model and the metrics."""
+@pytest.mark.parametrize("parallel, head", [("ddp", "linear-ms"), ("fsdp", "dpt")])
+def test_a_dense_head_trains_under_torchrun(parallel, head, tmp_path):
+    """Two gloo ranks fine-tune backbone and head (DDP with the synchronised BatchNorm, FSDP2 with DPT), rank 0
+    alone writes the model and the metrics."""
     from launch import VITKIT_TORCHRUN, launch
 
     data = colour_boxes(tmp_path / "boxes", splits=(("train", 8), ("val", 2)))
     stdout = launch(VITKIT_TORCHRUN, "finetune", backbone(tmp_path / "backbone"), "--objective", "segmentation",
-                    "--head", "linear-ms", "--dataset", f"maskfolder:{data}", "--steps", "3", "--batch-size", "4",
-                    "--image-size", "32", "--threads", "1", "--run-dir", tmp_path / "run")
+                    "--head", head, "--dataset", f"maskfolder:{data}", "--steps", "3", "--batch-size", "4",
+                    "--image-size", "32", "--threads", "1", "--parallel", parallel, "--run-dir", tmp_path / "run")
     assert stdout.count("mIoU:") == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["test/images"] == 2 and 0 <= summary["test/mIoU"] <= 1
-    assert vitkit.load(tmp_path / "run" / "model").config.dense_head == "linear-ms"
+    assert vitkit.load(tmp_path / "run" / "model").config.dense_head == head
 
 
 def test_a_set_without_validation_holds_one_out_and_dense_models_stay_out_of_image_commands(tmp_path, capsys):
@@ -294,3 +296,64 @@ def test_unreadable_targets_and_a_file_for_an_output_folder_are_one_line(tmp_pat
     code = main(["predict", str(tmp_path / "dense"), str(data / "train" / "images" / "001.png"), "--out", str(taken)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and str(taken) in err[0] and taken.read_text() == "not a folder"
+
+
+def test_eval_averages_test_time_views_and_a_classifier_refuses_them(tmp_path, capsys):
+    """`eval --scales 1 1.5 --flip` reports the views it averaged, and its mIoU is the one computed from
+    ``dense_outputs`` over the same images; a classifier refuses the flags in one line."""
+    from vitkit.data import load_dataset
+    from vitkit.data.transforms import dense_transform
+    from vitkit.evaluate.dense import dense_outputs
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 2), ("val", 4)))
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(image_size=32, patch_size=4, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                                        num_classes=4, dense_head="linear"))
+    model.config = model.config.replace(provenance=model.config.provenance.replace(
+        classes=("background", "red", "green", "blue")))
+    model.save(tmp_path / "model")
+    assert main(["eval", str(tmp_path / "model"), "--dataset", f"maskfolder:{data}", "--split", "val", "--scales",
+                 "1", "1.5", "--flip", "--out", str(tmp_path / "eval")]) == 0
+    report = json.loads((tmp_path / "eval" / "eval-val.json").read_text())
+    assert report["scales"] == [1.0, 1.5] and report["flip"] is True
+    model = vitkit.load(tmp_path / "model").eval()
+    transform = dense_transform("segmentation", False, (32, 32), 3, model.config.provenance.normalization)
+    preds, masks = [], []
+    for image, mask in load_dataset(f"maskfolder:{data}", "val"):
+        image, mask = transform.per_image(image, mask)
+        with torch.no_grad():
+            (output,) = dense_outputs(model, transform.per_batch(image)[None], [mask.shape], "segmentation",
+                                      torch.device("cpu"), torch.float32, (1.0, 1.5), True)
+        preds.append(output.argmax(0))
+        masks.append(mask.as_subclass(torch.Tensor))
+    assert miou(preds, masks, 4)["mIoU"] == pytest.approx(report["mIoU"], abs=1e-9)
+
+    capsys.readouterr()
+    assert main(["eval", str(backbone(tmp_path / "classifier")), "--dataset", "digits", "--flip"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "is a classifier: --scales and --flip" in error, error
+
+
+def test_the_memory_check_counts_the_dense_head(tmp_path, capsys):
+    """A run whose backbone fits but whose head's outputs at the image's size (kept for the loss) do not is refused
+    before the first step, the head named in the estimate."""
+    from vitkit.memory import available_memory, estimate
+
+    data = colour_boxes(tmp_path / "boxes", splits=(("train", 4), ("val", 2)))
+    torch.manual_seed(0)
+    VisionTransformer(ViTConfig(image_size=64, patch_size=32, dim=32, depth=1, num_heads=2, mlp_dim=64,
+                                num_classes=5)).save(tmp_path / "backbone")
+    config = vitkit.load(tmp_path / "backbone").config.replace(image_size=(512, 512))
+    head = config.replace(dense_head="linear", num_classes=4)
+    one, two = (estimate(config, batch, training=True).total for batch in (1, 2))
+    one_headed, two_headed = (estimate(head, batch, training=True).total for batch in (1, 2))
+    limit = available_memory().bytes
+    # the batch whose estimate, half-way between the backbone's and the headed one's, is this machine's limit
+    batch = round((limit - one) / ((two - one) + (two_headed - one_headed - two + one) / 2)) + 1
+    assert estimate(config, batch, training=True).total < limit < estimate(head, batch, training=True).total
+    code = main(["finetune", str(tmp_path / "backbone"), "--objective", "segmentation", "--head", "linear",
+                 "--dataset", f"maskfolder:{data}", "--image-size", "512", "--batch-size", str(batch), "--steps",
+                 "1", "--run-dir", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert code != 0 and "dense head" in error, error
+    assert not (tmp_path / "run" / "model").exists()

@@ -30,6 +30,15 @@ MODELS = {  # the families' own options on tiny sizes
     "SigLIP 2 table": lambda: create_model(ViTConfig(**TINY, class_token=False, pool="map", pos_interp="bilinear",
                                                      pos_interp_antialias=True)),
     "timm table": lambda: create_model(ViTConfig(**TINY, reg_tokens=2, pos_interp_antialias=True)),
+    # TIPSv2 as transformers runs it: one register, LayerScale, a table without prefix rows resized bilinearly with
+    # antialias
+    "TIPSv2 table": lambda: create_model(ViTConfig(**TINY, reg_tokens=1, no_embed_class=True, layer_scale=1.0,
+                                                   pos_interp="bilinear", pos_interp_antialias=True)),
+    # C-RADIO: a table on its own grid, resized to a square of the input grid's longer side and cropped; a summary
+    # of two class tokens under the head; no final norm
+    "C-RADIO table": lambda: create_model(ViTConfig(**TINY, reg_tokens=3, no_embed_class=True, final_norm=False,
+                                                    pos_interp="bilinear", pos_interp_align_corners=True,
+                                                    pos_interp_crop=True, pos_grid=(9, 9), summary_tokens=(0, 2))),
 }
 SIZES = ((32, 48), (16, 24), (56, 32))  # the native size, one that shrinks the table (antialias acts), a taller one
 
@@ -92,7 +101,7 @@ def test_int8_runs_a_rope_model(tmp_path):
     assert 0 < report.quantized_difference and np.abs(got - expected).max() < 0.1 * np.abs(expected).max()
 
 
-NAFLEX = ("SigLIP 2 table", "DINOv3-S+/16", "RoPE-ViT mixed", "timm table")
+NAFLEX = ("SigLIP 2 table", "DINOv3-S+/16", "RoPE-ViT mixed", "timm table", "C-RADIO table")
 
 
 def naflex_batches():

@@ -96,7 +96,7 @@ def test_timm_encoders_give_timms_patch_and_soft_tokens(tmp_path, architecture):
         c = model.config
         assert (c.pool, c.soft_pool, c.clamp_linears, c.soft_standardize) == (
             "soft", 2, architecture == "gemma4_vit_167m_enc", architecture == "gemma4_vit_570m_enc")
-        assert c.provenance.normalization == "raw" and c.image_size == (32, 32)
+        assert c.provenance.normalization == "unit" and c.image_size == (32, 32)
         for size in SIZES:
             images = torch.rand(2, 3, *size)
             with torch.no_grad():
@@ -436,7 +436,7 @@ def test_info_names_the_options_and_the_soft_pool(tmp_path, capsys):
     assert main(["info", str(_saved_enc(tmp_path))]) == 0
     out = capsys.readouterr().out
     for part in ("gemma4_vit_167m_enc", "sandwich_norm=True", "clamp_linears=True", "RMSNorm eps 1e-06",
-                 "normalised 'raw'", "pooling 'soft'"):
+                 "normalised 'unit'", "pooling 'soft'"):
         assert part in out, part
 
 

@@ -208,7 +208,7 @@ def test_predict_and_analyze_with_max_patches_keep_each_aspect_ratio(tmp_path):
 
 
 def test_naflexvit_variants_vitkit_does_not_compute_are_refused(tmp_path):
-    """Sampling the table at each patch (grid_sample) and keeping the aspect ratio in the table are refused by name."""
+    """Sampling the table at each patch (grid_sample) and factorised tables are refused by name."""
     timm = pytest.importorskip("timm")
     from timm.models._hub import save_for_hf
 
@@ -220,8 +220,8 @@ def test_naflexvit_variants_vitkit_does_not_compute_are_refused(tmp_path):
     save_for_hf(theirs, str(tmp_path / "par"))
     import json
     config = json.loads((tmp_path / "par" / "config.json").read_text())
-    (tmp_path / "par" / "config.json").write_text(json.dumps({**config, "architecture": "naflexvit_base_patch16_par_gap"}))
-    with pytest.raises(vitkit.CheckpointError, match="not aspect-preserving, factorised or RADIO tables"):
+    (tmp_path / "par" / "config.json").write_text(json.dumps({**config, "architecture": "naflexvit_base_patch16_parfac_gap"}))
+    with pytest.raises(vitkit.CheckpointError, match="not factorised tables"):
         vitkit.load(tmp_path / "par")
 
 

@@ -35,7 +35,7 @@ def test_a_checkpoint_saved_with_the_untyped_extra_dict_still_loads(tmp_path):
 
 @pytest.mark.parametrize("provenance, expected", [
     ({"colour": "red"}, r"provenance\.colour: unknown key"),
-    ({"normalization": "cifar"}, r"provenance\.normalization: expected one of \['google', 'imagenet', 'clip', 'raw'\], got 'cifar'"),
+    ({"normalization": "cifar"}, r"provenance\.normalization: expected one of \['google', 'imagenet', 'clip', 'unit'\], got 'cifar'"),
     ({"classes": "abc"}, r"provenance\.classes: expected a list of strings, or null, got 'abc'"),
     ({"classes": [1, 2, 3]}, "expected a list of strings"),
     ({"crop_pct": 0}, r"provenance\.crop_pct: expected a number in \(0, 1\], got 0"),

@@ -26,6 +26,11 @@ TIMM_NAMES = {
     "PE-core-B/16": "vit_pe_core_base_patch16_224", "PE-core-L/14": "vit_pe_core_large_patch14_336",
     "SigLIP2-B/16": "vit_base_patch16_siglip_224", "AIMv2-L/14": "aimv2_large_patch14_224",
     "FlexiViT-S/16": "flexivit_small", "FlexiViT-B/16": "flexivit_base", "FlexiViT-L/16": "flexivit_large",
+    "TIPSv2-B/14": "vit_base_patch14_reg1_tipsv2", "TIPSv2-L/14": "vit_large_patch14_reg1_tipsv2",
+    "TIPSv2-So400m/14": "vit_so400m_patch14_reg1_tipsv2", "TIPSv2-g/14": "vit_giant_patch14_reg1_tipsv2",
+    "C-RADIOv3-B/16": "vit_base_patch16_radio_v3", "C-RADIOv3-L/16": "vit_large_patch16_radio_v3",
+    "C-RADIOv3-H/16": "vit_huge_patch16_radio_v3", "C-RADIOv3-g/16": "vit_giant_patch16_radio_v3",
+    "C-RADIOv4-So400m/16": "vit_so400m_patch16_radio_v4", "C-RADIOv4-H/16": "vit_huge_patch16_radio_v4",
 }
 SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5)
 
@@ -69,7 +74,8 @@ def small_peer(name):
     architecture = TIMM_NAMES[name]
     if name.startswith("SigLIP2"):
         return randomised(siglip2_peer(**SMALL, dynamic_img_size=True), std=0.3)
-    return randomised(timm.create_model(architecture, **SMALL, dynamic_img_size=True), std=0.3)
+    even = dict(mlp_ratio=4) if name == "TIPSv2-g/14" else {}  # SwiGLUPacked needs an even width at 64 wide
+    return randomised(timm.create_model(architecture, **SMALL, dynamic_img_size=True, **even), std=0.3)
 
 
 @pytest.mark.parametrize("name", list(TIMM_NAMES))
@@ -82,9 +88,9 @@ def test_a_small_model_of_each_name_computes_timms_outputs(tmp_path, name):
     model = vitkit.create_model(name, image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, num_classes=5,
                                 mlp_dim=theirs.blocks[0].mlp.fc2.in_features).eval()
     model.load_state_dict(weights)
-    # FlexiViT's table is resized bilinear, as timm loads its weights; timm resizes it bicubic when it runs
-    # another size, so only the native one is compared.
-    sizes = [(32, 32)] if name.startswith("FlexiViT") else [(32, 32), (48, 40)]
+    # FlexiViT's and C-RADIO's tables are resized bilinear, as timm loads their weights; timm resizes them bicubic
+    # when it runs another size, so only the native one is compared (test_radio compares timm's loading path).
+    sizes = [(32, 32)] if name.startswith(("FlexiViT", "C-RADIO")) else [(32, 32), (48, 40)]
     for height, width in sizes:
         images = torch.randn(2, 3, height, width)
         with torch.no_grad():

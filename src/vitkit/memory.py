@@ -7,7 +7,9 @@ activation checkpointing each block's input and the block recomputed, plus one b
 the largest block's temporaries) and the loader's batches. Attention is counted as torch's fused
 ``scaled_dot_product_attention`` computes it (no tokens x tokens matrix), except where the model falls back to
 the explicit product (attention dropout while training, relative position logits); a hybrid's ResNet is counted
-by its weights alone. The per-token widths were read off the tensors autograd saves (the coefficients below),
+by its weights alone. A dense head (``models.dense``) adds its maps and its outputs at the image's size, traced on
+the meta device (``dense_head_bytes``). The per-token widths were read off the tensors autograd saves (the
+coefficients below),
 the rest of the factors off the peak resident memory of CPU runs; ``tests/test_memory.py`` holds the estimate to
 within 30% of measured peaks.
 
@@ -29,6 +31,7 @@ import torch
 from .data.slots import SLOTS
 from .errors import ConfigError
 from .models.config import ViTConfig
+from .models.dense import DenseHead, dense_layers, resized
 from .models.position import make_position_embedding
 from .models.stats import config_parameters
 
@@ -155,7 +158,8 @@ def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | 
     parts = {"framework": FRAMEWORK_BYTES, "weights": weight_copies * weights,
              "gradients": learned if training else 0,
              "optimiser": OPTIMIZER_STATES[optimizer] * learned if training else 0,
-             "activations": batch * tokens * per_token * bytes_, "loader": loader}
+             "activations": batch * tokens * per_token * bytes_, "loader": loader,
+             "dense head": dense_head_bytes(config, size, training, batch)}
     notes = {"activations": f"{batch} x {tokens} tokens" + (", checkpointed" if training and grad_checkpointing
                                                             and not frozen_blocks else ""),
              "loader": f"{max(workers, 1)} x {SLOTS} batches"}
@@ -164,6 +168,49 @@ def estimate(config: ViTConfig, batch: int, image_size: int | tuple[int, int] | 
     if training and trained is not None:
         notes["gradients"] = f"{trained:,} trained parameters"
     return Estimate({name: part for name, part in parts.items() if part}, device, notes)
+
+
+def dense_head_bytes(config: ViTConfig, size: tuple[int, int], training: bool, batch: int = 1) -> int:
+    """Bytes a dense head holds for ``batch`` images of ``size`` beyond the blocks' activations: in training what
+    autograd saves of its maps and of its outputs brought to the image's size for the loss, plus the gradients of
+    the two largest in the backward pass; in inference twice its largest map for each image, and one image's
+    outputs at its size twice over (an evaluation resizes them one image at a time). 0 for a classifier."""
+    if config.dense_head == "none":
+        return 0
+    maps, loss = _head_tensors(config.to_json(), tuple(size))
+    if training:
+        return batch * (sum(maps) + sum(loss) + 2 * max(maps + loss))
+    return batch * 2 * max(maps) + 2 * max(loss)
+
+
+@functools.lru_cache(maxsize=16)
+def _head_tensors(config_json: str, size: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The bytes of each tensor (storage) autograd saves for one image of ``size`` in a dense head's forward pass,
+    and in bringing its outputs to the image's size for a per-pixel loss; traced on the meta device (nothing
+    allocated, nothing computed), in float32 as the loss takes the outputs."""
+    config = ViTConfig.from_json(config_json)
+    stride = config.effective_patch_size
+    grid = (max(1, size[0] // stride), max(1, size[1] // stride))
+    maps: dict[int, int] = {}
+    at_size: dict[int, int] = {}
+    into = [maps]  # where the tensors saved now are counted
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in maps and storage._cdata not in at_size:  # saved by two operations: counted once
+            into[0][storage._cdata] = storage.nbytes()
+        return tensor
+
+    with torch.device("meta"), torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        head = DenseHead(config).train()
+        state = torch.empty(2, config.dim) if config.class_token else None  # two images: BatchNorm's minimum
+        outputs = head([(torch.empty(2, config.dim, *grid), state) for _ in dense_layers(config)]).float()
+        into[0] = at_size
+        outputs = resized(outputs, size)
+        loss = outputs.clamp(min=1e-3).log() if config.dense_output == "depth" else \
+            torch.nn.functional.cross_entropy(outputs, torch.zeros(2, *size, dtype=torch.long))
+    del loss
+    return tuple(part // 2 for part in maps.values()), tuple(part // 2 for part in at_size.values() or [outputs.nbytes])
 
 
 def parameters_at(config: ViTConfig, size: tuple[int, int]) -> int:

@@ -2,7 +2,8 @@
 transforms and the checkpoint readers all name families without importing one another.
 
 Google scales inputs to [-1, 1] (so do SigLIP's); torchvision's weights (and DeiT's, DINOv2's) use
-ImageNet's statistics; OpenAI's CLIP has its own.
+ImageNet's statistics; OpenAI's CLIP has its own; TIPSv2 takes the [0, 1] pixels as they are ("unit": mean 0,
+std 1).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ NORMALIZATION = {
     "google": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
-    # [0, 1] pixels as they are: models that scale them themselves (Gemma 4's vision encoder).
-    "raw": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+    "unit": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),  # [0, 1] pixels, unnormalised (TIPSv2, Gemma 4, which scales them itself)
 }
 
 

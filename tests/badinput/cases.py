@@ -497,7 +497,7 @@ CASES = [
          "preprocessor_config.json: not JSON (nested deeper than the JSON parser goes"),
     Case("ONNX file whose config names a list for its normalisation", lambda t: ["eval", str(_onnx_with_config(
         t, {"provenance": {"normalization": []}}))], 1,
-         "m.onnx: provenance.normalization: expected one of ['google', 'imagenet', 'clip', 'raw'], got []"),
+         "m.onnx: provenance.normalization: expected one of ['google', 'imagenet', 'clip', 'unit'], got []"),
     Case("gs:// id climbing out of the cache", lambda t: ["info", "gs://vit_models/../../../outside.npz"], 1,
          "'gs://vit_models/../../../outside.npz': the id holds a '..' segment"),
     Case("run folder that links to a folder of other files", lambda t: [*TRAIN, "--run-dir", str(_linked_folder(

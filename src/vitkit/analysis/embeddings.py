@@ -23,12 +23,12 @@ def position_similarity(table: torch.Tensor, grid: tuple[int, int]) -> torch.Ten
 
 
 def position_table(model: nn.Module) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The patch part of a model's position embeddings, (rows*cols, dim), at its native grid; learned,
-    2-D and sine-cosine tables alike."""
+    """The patch part of a model's position embeddings, (rows*cols, dim), at its native grid (a table kept on a
+    grid of its own, C-RADIO's, as the model resamples it there); learned, 2-D and sine-cosine tables alike."""
     embedding = getattr(model, "pos_embed", None)
     if embedding is None:
         raise ConfigError("the model has no position embeddings (pos_embed='none')")
-    grid = tuple(embedding.grid)
+    grid = tuple(model.config.grid_size)
     with torch.no_grad():
         table = embedding(grid)
     return table[0, embedding.prefix:].detach(), grid

@@ -196,7 +196,7 @@ def read_timm_gemma4(state: dict[str, torch.Tensor], architecture: str, model_ar
     pool = "classifier" if told == "avg" and not encoder else told
     fields = gemma4_fields(args, pool, source)
     state = {key.removeprefix("encoder."): value for key, value in state.items()} if not encoder else state
-    provenance = Provenance(format="timm", source=source, name=architecture, normalization="raw", crop_pct=1.0)
+    provenance = Provenance(format="timm", source=source, name=architecture, normalization="unit", crop_pct=1.0)
     config = _build(fields, overrides, provenance, source)
     return config, _to_vitkit(state, TIMM_NAMES, config, "chw", source)
 
@@ -299,7 +299,7 @@ def read_hf_gemma4(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
     if whole:
         warnings.warn(f"{directory}: a whole Gemma 4 model; its vision tower ({HF_TOWER}*) is read, its language "
                       f"model and the rest are left out", stacklevel=4)
-    provenance = Provenance(format="hf-gemma4", source=str(directory), normalization="raw", crop_pct=1.0)
+    provenance = Provenance(format="hf-gemma4", source=str(directory), normalization="unit", crop_pct=1.0)
     config = _build(fields, overrides, provenance, path)
     return config, _to_vitkit(state, HF_NAMES, config, "hwc", str(path))
 

@@ -114,17 +114,21 @@ def read_labels(hf: dict[str, Any], num_classes: int, source: Path) -> tuple[str
     return tuple(labels[str(k)] for k in range(num_classes))
 
 
-def read_preprocessing(directory: Path, channels: int) -> dict[str, Any]:
+def read_preprocessing(directory: Path, channels: int, default: str = "google") -> dict[str, Any]:
     """The provenance fields ``preprocessor_config.json`` gives for a model of ``channels`` input channels:
-    the normalisation family and the crop fraction (Google's statistics and the whole image when there is
-    no file)."""
+    the normalisation family and the crop fraction (the family's ``default`` statistics and the whole image when
+    there is no file). A processor that does not normalise (``do_normalize: false``) gives the [0, 1] pixels as
+    they are: the "unit" statistics."""
     path = directory / PREPROCESSOR_FILE
     processor = read_side_file(path)
     if processor is None:
-        return dict(normalization="google", crop_pct=1.0)
-    return dict(normalization=known_normalization(processor.get("image_mean"), processor.get("image_std"), path,
-                                                  channels, ("image_mean", "image_std")),
-                crop_pct=processor_crop_pct(processor, path))
+        return dict(normalization=default, crop_pct=1.0)
+    if processor.get("do_normalize", True) is False:
+        family = "unit"
+    else:
+        family = known_normalization(processor.get("image_mean"), processor.get("image_std"), path, channels,
+                                     ("image_mean", "image_std"))
+    return dict(normalization=family, crop_pct=processor_crop_pct(processor, path))
 
 
 def processor_crop_pct(processor: dict[str, Any], path: Path) -> float:

@@ -1,8 +1,9 @@
 """HF transformers' vision towers of the families on the ViT skeleton: ``deit`` (the distilled
 ``DeiTForImageClassificationWithTeacher`` and ``DeiTModel``), ``dinov2``, ``dinov2_with_registers``,
-``clip_vision_model`` (``CLIPVisionModel``, also ``...WithProjection``), ``siglip_vision_model``,
-``siglip2_vision_model``, and the whole ``clip``, ``siglip`` and ``siglip2`` models, whose vision tower is read
-and whose text tower is left out with a warning.
+``clip_vision_model`` (``CLIPVisionModel``, also ``...WithProjection``), MetaCLIP 2's ``metaclip_2_vision_model``
+(CLIP's tower under another name), ``siglip_vision_model``, ``siglip2_vision_model``, and the whole ``clip``,
+``metaclip_2``, ``siglip`` and ``siglip2`` models, whose vision tower is read and whose text tower is left out with
+a warning.
 
 What HF computes differently from timm, and how the reader makes it the same:
 - DINOv2 with registers adds the position table to [class] and the patches and then inserts the registers;
@@ -49,8 +50,11 @@ MODEL_TYPES = {
     "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh", _BICUBIC),
     "siglip2_vision_model": ("siglip2", 1e-6, "gelu_pytorch_tanh", _SIGLIP2),
     "siglip2": ("siglip2", 1e-6, "gelu_pytorch_tanh", _SIGLIP2),
+    # MetaCLIP 2 (Meta, 2025): CLIP's tower, weights and numerics (QuickGELU unless hidden_act says otherwise).
+    "metaclip_2_vision_model": ("clip", 1e-5, "quick_gelu", _BICUBIC),
+    "metaclip_2": ("clip", 1e-5, "quick_gelu", _BICUBIC),
 }
-WHOLE = ("clip", "siglip", "siglip2")  # model types of image and text towers together
+WHOLE = ("clip", "siglip", "siglip2", "metaclip_2")  # model types of image and text towers together
 SIGLIPS = ("siglip", "siglip2")
 TEXT_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 
@@ -145,6 +149,7 @@ def _vision_tower(state: dict[str, torch.Tensor], family: str, source: Path) -> 
     refused = {
         "deit": ("classifier.",),  # DeiTForImageClassification: a head on [class] alone beside the dist token
         "dinov2": ("classifier.",),  # Dinov2ForImageClassification: a head on [class] and the patches' mean
+        "clip": ("classifier.",),  # CLIP's and MetaCLIP 2's ForImageClassification: on the unnormalised patches' mean
     }.get(family, ())
     unsupported = sorted(key for key in tower if key.startswith(refused))
     if unsupported:
@@ -207,6 +212,9 @@ def write_hf_family(model: VisionTransformer, directory: str | Path) -> Path:
     unsupported = [f"{name}={value!r}" for name, value in options.items() if name not in allowed] + [
         reason for reason, bad in [
             ("non-square images", height != width), ("fc_norm", config.fc_norm),
+            (f"a position table resampled {config.pos_interp} (HF's {family} resamples "
+             f"{'bilinear' if family == 'siglip2' else 'bicubic'})",
+             config.pos_interp != ("bilinear" if family == "siglip2" else "bicubic")),
             (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
             ("hybrid backbone", config.backbone is not None),
             ("representation_size", config.representation_size and (family != "deit" or config.num_classes)),

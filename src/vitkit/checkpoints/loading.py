@@ -24,8 +24,12 @@ from .hf_recent import MODEL_TYPES as HF_RECENT_TYPES
 from .hf_recent import read_hf_recent
 from .inference import SURGERY, kept_overrides, refuse_unsupported
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
+from .radio import MODEL_TYPES as RADIO_TYPES
+from .radio import read_radio
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
 from .timm_families import family_of_keys, read_timm_family
+from .tipsv2 import MODEL_TYPES as TIPSV2_TYPES
+from .tipsv2 import read_tipsv2
 from .torchvision_ import from_torchvision, is_torchvision
 
 __all__ = ["CheckpointError", "load", "read_checkpoint", "read_config", "build", "load_state_strict"]
@@ -102,6 +106,10 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
     state = read_weights(path)
     if is_gemma4_state(state):  # read by timm's definitions, or refused naming the patch layout it cannot tell
         return *read_bare_gemma4(state, overrides, source), source
+    if any(key.startswith("radio_model.") for key in state):
+        raise CheckpointError(f"{path}: a C-RADIO state dict in NVIDIA's layout, whose class tokens, registers and "
+                              f"summary only its config.json tells; load its transformers directory (RadioModel) or "
+                              f"timm's hub directory (vit_*_radio, naflexvit_*_radio)")
     refuse_unsupported(state, source)
     timm_like = {"patch_embed.proj.weight", "embeds.proj.weight"} & state.keys()
     family = family_of_keys(state, source, overrides) if timm_like else None
@@ -120,13 +128,42 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
 # HF's model_type -> the reader of its directories.
 HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
               **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent),
+              **dict.fromkeys(TIPSV2_TYPES, read_tipsv2), **dict.fromkeys(RADIO_TYPES, read_radio),
               **dict.fromkeys(("gemma4_vision", "gemma4"), read_hf_gemma4)}
+
+
+# Families vitkit does not read yet whose HF model_type (or config) names them: refused in one line naming the
+# family and the nearest family vitkit reads.
+_VIDEO = "a video tower ({}); vitkit reads image towers, the nearest {}"
+REFUSED_HF_FAMILIES = {
+    "intern_vit_6b": "InternViT-6B (QK-norm and RMSNorm in every block); vitkit reads InternViT-300M (timm's "
+                     "vit_intern300m_patch14_448)",
+    "vjepa2": "V-JEPA 2, " + _VIDEO.format("tubelets of 2 frames, 3-D rotary embeddings",
+                                           "DINOv3's rotary ViT (dinov3_vit)"),
+    "videomae": "VideoMAE, " + _VIDEO.format("tubelets of 2 frames", "HF's ViT (vit)"),
+    "vivit": "ViViT, " + _VIDEO.format("tubelets, a factorised encoder", "HF's ViT (vit)"),
+    "timesformer": "TimeSformer, " + _VIDEO.format("divided space-time attention", "HF's ViT (vit)"),
+}
+
+
+def refused_family(hf: dict[str, Any]) -> str | None:
+    """The family of 2026 an HF config names that vitkit refuses by name (InternViT-6B in InternVL's own
+    ``model_type`` or as transformers' InternVL vision tower with QK-norm; video towers), or None."""
+    model_type = hf.get("model_type")
+    tower = hf.get("vision_config") if model_type == "internvl" else hf
+    if model_type in ("internvl", "internvl_vision") and isinstance(tower, dict) and tower.get("use_qk_norm"):
+        return REFUSED_HF_FAMILIES["intern_vit_6b"]
+    return REFUSED_HF_FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
 
 def read_hf_directory(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
                       ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF transformers directory, read by its ``model_type``; one vitkit does not read is refused naming it
-    (and the architecture its config gives) beside those it reads."""
+    (and the architecture its config gives) beside those it reads, and a family of :data:`REFUSED_HF_FAMILIES`
+    by that family and the nearest one vitkit reads."""
+    refused = refused_family(hf)
+    if refused:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {refused}")
     model_type = hf.get("model_type")
     if not (isinstance(model_type, str) and model_type in HF_READERS):
         architectures = hf.get("architectures")

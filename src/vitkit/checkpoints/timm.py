@@ -35,7 +35,9 @@ from .files import check_fields, hub_weights_file, read_weights
 from .gemma4 import is_gemma4, is_gemma4_architecture, read_timm_gemma4_directory, write_timm_gemma4
 from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
-from .timm_families import family_of_architecture, is_timm_family, read_timm_hub_family, write_timm_family
+from .timm_families import (family_of_architecture, is_timm_family, read_timm_hub_family, write_timm_family,
+                            write_timm_state)
+from .timm_naflex import naflex_radio
 
 HUB_CONFIG = "config.json"
 TIMM_DEFAULT_CROP_PCT = 0.875  # what timm evaluates with when a pretrained_cfg names no crop_pct
@@ -45,9 +47,15 @@ TIMM_NUMERICS = dict(gelu="exact", ln_eps=1e-6, pos_interp="bicubic", pos_interp
 
 # Architectures whose numerics differ from timm's defaults: every CLIP tower has LayerNorm eps 1e-5 (and the
 # QuickGELU ones OpenAI's activation); FlexiViT's weights are resized bilinear without antialias (patch
-# kernel and position table, as timm loads them); these SigLIP towers use the tanh GELU (timm's own definitions).
+# kernel and position table, as timm loads them), and so are C-RADIO's (vit_*_radio_v3/v4: timm's loading path,
+# corners aligned as each checkpoint's code aligns them, the table of the model's grid resized, not cropped:
+# naflexvit_*_radio crops as C-RADIO does); these SigLIP towers use the tanh GELU (timm's own definitions).
+_RADIO = dict(pos_interp="bilinear", pos_interp_antialias=False)  # C-RADIO, as timm loads it at another size
 ARCHITECTURE_NUMERICS = (("_clip_quickgelu_", dict(ln_eps=1e-5, gelu="quick")), ("_clip_", dict(ln_eps=1e-5)),
-                         ("flexivit", dict(pos_interp="bilinear", pos_interp_antialias=False)))
+                         ("flexivit", dict(pos_interp="bilinear", pos_interp_antialias=False)),
+                         ("base_patch16_radio_v3", dict(_RADIO, pos_interp_align_corners=True)),
+                         ("huge_patch16_radio_v3", dict(_RADIO, pos_interp_align_corners=True)),
+                         ("_patch16_radio_v", _RADIO))
 TANH_GELU_SIGLIPS = frozenset(
     f"vit_{name}" for name in ("base_patch32_siglip_256", "large_patch16_siglip_512", "so400m_patch16_siglip_256",
                                "so400m_patch16_siglip_384", "so400m_patch16_siglip_512",
@@ -151,12 +159,15 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
     """Export as a timm ``VisionTransformer`` state dict (``.safetensors``), atomically. timm holds every
     family option; like any bare state dict it does not record numerics, so CLIP's ``ln_eps=1e-5`` and
     ``gelu='quick'`` are passed again when it is read (and to timm's constructor). The families on timm's Eva
-    (rotary embeddings...) and AIMv2 are written in their layout, or as a hub directory naming the architecture."""
+    (rotary embeddings...) and AIMv2, and C-RADIO's cropped table (timm's NaFlexViT), are written in their layout,
+    or as a hub directory naming the architecture."""
     config, path = model.config, Path(path)
     if is_gemma4(config):  # timm's Gemma 4 encoder or classifier
         return write_timm_gemma4(model, path)
     if is_timm_family(config):  # rotary embeddings, q/v-only biases, sub-LN, RMSNorm: timm's Eva or AIMv2
         return write_timm_family(model, path)
+    if config.pos_interp_crop:  # C-RADIO's cropped table: timm's naflexvit_*_radio
+        return write_timm_state(path, config, *naflex_radio(model, path), first_conv="embeds.proj")
     unsupported = [reason for reason, bad in [
         (f"pos_embed={config.pos_embed!r} (only 'learned' or 'none')", config.pos_embed not in ("learned", "none")),
         ("pre-logits layer (representation_size)", config.representation_size),
@@ -164,6 +175,8 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
         ("patch_norm or proj_bias=False (only with AIMv2's RMSNorm)", config.patch_norm or not config.proj_bias),
         ("pool_heads or pool_mlp_dim", config.pool_heads is not None or config.pool_mlp_dim is not None),
         ("pool_prefix (its pools take the patches)", config.pool_prefix and config.num_prefix_tokens),
+        ("a table on a grid of its own without C-RADIO's crop (pos_grid)", config.pos_grid is not None),
+        ("a summary of several class tokens (summary_tokens)", config.summary_tokens is not None),
     ] if bad]
     if unsupported:
         raise FormatError(f"cannot write {path}: timm's VisionTransformer state dict has no "

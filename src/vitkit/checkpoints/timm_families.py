@@ -102,7 +102,7 @@ def family_of_architecture(architecture: str) -> tuple[str, dict[str, Any]] | No
             return "NaFlexViT", args
     if name.startswith("naflexvit_"):
         raise CheckpointError(f"timm architecture {architecture!r}: vitkit reads the NaFlexViTs "
-                              f"{sorted(NAFLEX_ARCHITECTURES)}, not aspect-preserving, factorised or RADIO tables")
+                              f"{sorted(NAFLEX_ARCHITECTURES)}, not factorised tables")
     return None
 
 
@@ -248,16 +248,16 @@ def read_timm_hub_family(state: dict[str, torch.Tensor], hub: dict[str, Any], fa
     """A timm hub directory of ``family``: its definition's arguments, then ``model_args``, then ``global_pool``."""
     model_args = hub.get("model_args", {})
     check_fields(model_args, MODEL_ARG_KINDS, path.parent / "config.json", within="model_args.")
+    input_size = hub.get("pretrained_cfg", {}).get("input_size")
+    size = model_args.get("img_size", input_size[1:] if isinstance(input_size, list) and len(input_size) == 3 else None)
+    size = tuple(size) if isinstance(size, list) else size
     if family == "NaFlexViT":
         args = {**args, **{k: v for k, v in model_args.items() if k in NAFLEX_DEFAULTS or k == "in_chans"}}
-        return read_timm_naflex(state, args, overrides, str(path), model_args.get("num_heads"))
+        return read_timm_naflex(state, args, overrides, str(path), model_args.get("num_heads"), size)
     args = {**args, **{k: v for k, v in model_args.items() if k in EVA_DEFAULTS}}
     if "global_pool" in hub:
         args["global_pool"] = hub["global_pool"]
-    input_size = hub.get("pretrained_cfg", {}).get("input_size")
-    size = model_args.get("img_size", input_size[1:] if isinstance(input_size, list) and len(input_size) == 3 else None)
-    return read_timm_family(state, family, args, overrides, str(path), model_args.get("num_heads"),
-                            tuple(size) if isinstance(size, list) else size)
+    return read_timm_family(state, family, args, overrides, str(path), model_args.get("num_heads"), size)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -347,18 +347,24 @@ def write_timm_family(model: torch.nn.Module, path: Path) -> Path:
     directory, whose ``config.json`` names the architecture and the ``model_args`` that build the model
     (``timm.create_model("local-dir:PATH")``), written atomically."""
     architecture, args = timm_architecture(model.config, path)
-    state = timm_family_state(model, eva=model.config.norm != "rms")
+    return write_timm_state(path, model.config, architecture, args, timm_family_state(model, eva=model.config.norm != "rms"))
+
+
+def write_timm_state(path: Path, config: ViTConfig, architecture: str, args: dict[str, Any],
+                     state: dict[str, torch.Tensor], first_conv: str = "patch_embed.proj") -> Path:
+    """``state`` (timm's names) as a ``.safetensors`` state dict, or (any other path) as a timm hub directory whose
+    ``config.json`` names ``architecture`` and the ``model_args`` ``args`` that build it, written atomically."""
     if path.suffix == ".safetensors":
         with atomic_file(path, "wb") as handle:
             handle.write(save(state, metadata={"format": "pt"}))
         return path
-    c = model.config
+    c = config
     mean, std = c.input_statistics
     hub = dict(architecture=architecture, num_classes=c.num_classes, num_features=c.dim,
                global_pool=args["global_pool"], model_args=args,
                pretrained_cfg=dict(input_size=[c.in_chans, *c.image_size], mean=list(mean), std=list(std),
                                    crop_pct=c.provenance.crop_pct, crop_mode="center", interpolation="bicubic",
-                                   num_classes=c.num_classes, first_conv="patch_embed.proj", classifier="head"))
+                                   num_classes=c.num_classes, first_conv=first_conv, classifier="head"))
     with atomic_directory(path) as staging:
         (staging / "config.json").write_text(json.dumps(hub, indent=2))
         (staging / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))

@@ -10,7 +10,7 @@ from ..data import CORRUPT
 from ..data.datasets import DATASET_FORMS, split_names
 from ..evaluate.accuracy import DEFAULT_VAL_FRACTION, check_model_memory, evaluate_dataset
 from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, model_source, percent,
-                    positive, print_table, resize_flag, run_defaults, runtime_flags, unit_fraction)
+                    positive, positive_number, print_table, resize_flag, run_defaults, runtime_flags, unit_fraction)
 
 HELP: dict[str, tuple[str, str | None]] = {
     "eval": ("Top-1/top-5 accuracy, per-class accuracy and a confusion matrix of a checkpoint on a dataset.",
@@ -36,6 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     evaluate_.add_argument("--num-workers", "-j", type=count, default=0)
     evaluate_.add_argument("--out", metavar="DIR", help="folder for eval-<split>.json and confusion-<split>.png "
                            "(default: the checkpoint's run folder, else none)")
+    evaluate_.add_argument("--scales", type=positive_number, nargs="+", default=(1.0,), metavar="S",
+                           help="segmentation and depth models: average the outputs of the image resized by each "
+                                "factor (test-time augmentation; DINOv2's +ms: 1 1.32 1.73 2.28 3 --flip)")
+    evaluate_.add_argument("--flip", action="store_true", help="segmentation and depth models: average in the "
+                           "outputs of the mirrored images too")
     resize_flag(evaluate_)
     max_patches_flag(evaluate_)
     runtime_flags(evaluate_)
@@ -55,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                             data_dir=args.data_dir, val_fraction=args.val_fraction, corrupt=args.corrupt,
                             batch_size=args.batch_size, num_workers=args.num_workers, out=args.out,
                             resize=args.resize, max_patches=args.max_patches, device=device, dtype=dtype,
-                            source=model_source(args), command=f"vitkit {args.command}", real_labels=args.real_labels)
+                            source=model_source(args), command=f"vitkit {args.command}", real_labels=args.real_labels,
+                            scales=tuple(args.scales), flip=args.flip)
     report = done.report
     if done.whole:
         print(f"{args.dataset} names no test or validation split: every one of its {report['images']} images is "

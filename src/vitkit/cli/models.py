@@ -8,6 +8,7 @@ import json
 from ..checkpoints.runnable import load_on_device
 from ..evaluate.accuracy import check_model_memory
 from ..models import list_models, model_config
+from ..models.dense import dense_layers
 from ..models.stats import config_parameters, count_parameters, forward_flops
 from .flags import checkpoint_flags, count, image_size_type, print_table, runtime_flags
 
@@ -77,7 +78,17 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"input        {config.in_chans}x{height}x{width} (grid {config.grid_size[0]}x{config.grid_size[1]}), "
           f"crop_pct {config.provenance.crop_pct:g}, normalised '{config.provenance.normalization}': "
           f"mean {[round(m, 3) for m in mean]}, std {[round(v, 3) for v in std]}")
-    print(f"output       {config.num_classes} classes, pooling '{config.pool}'"
-          + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
+    print("output       " + output_line(config))
     print(f"parameters   {count_parameters(model):,} on {device}")
     return 0
+
+
+def output_line(config) -> str:
+    """What the model outputs: pooled class logits, or a dense head's maps (its kind and the blocks it reads)."""
+    if config.dense_head == "none":
+        return (f"{config.num_classes} classes, pooling '{config.pool}'"
+                + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
+    per_pixel = (f"depth per pixel from {config.num_classes} bins, {config.depth_min:g}-{config.depth_max:g} m"
+                 if config.dense_output == "depth" else f"{config.num_classes} classes per pixel")
+    blocks = ", ".join(str(block + 1) for block in dense_layers(config))
+    return f"{per_pixel}, head '{config.dense_head}' on block{'s' if ',' in blocks else ''} {blocks}"

@@ -1,5 +1,8 @@
 """Write any dataset vitkit reads as WebDataset shards (``vitkit data convert SRC DST --to webdataset``):
-``DST/{train,val,test}-NNNNNN.tar`` of ``KEY.EXT`` + ``KEY.cls``, and ``DST/classes.txt``.
+``DST/{train,val,test}-NNNNNN.tar`` of ``KEY.EXT`` + ``KEY.cls``, and ``DST/classes.txt``. A dense dataset's
+samples hold ``KEY.mask.png`` (class ids as grey levels, 255 ignored) or ``KEY.depth.png`` (16-bit millimetres)
+instead of ``KEY.cls``: its targets as read, whatever its own layout stored (palettes, colour maps, other ids). A
+depth cap or evaluation crop of the source is not written: give ``--max-depth`` when training on the shards.
 
 Files keep their encoded bytes (a JPEG stays the same JPEG); images held in memory or read from other
 shards are written as PNG, losslessly. The shards are written into a hidden sibling folder that is
@@ -16,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 from webdataset import ShardWriter
@@ -26,6 +30,7 @@ from ..errors import ConfigError, DatasetError
 from ..paths import open_regular
 from ..progress import track
 from .datasets import every_split
+from .dense import DEPTH, DEPTH_SCALE, IGNORE_INDEX, SEGMENTATION, TARGET_KEYS, task_of
 from .images import read_image
 from .shards import ShardedSplit
 from .sources.webdataset import IMAGE_EXTENSIONS
@@ -54,14 +59,32 @@ def png_bytes(image: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
-    """(extension, encoded image, label) of every sample, in the dataset's order."""
+def target_png(task: str, target: torch.Tensor) -> bytes:
+    """A mask of class ids as an 8-bit grey PNG, or a depth map in metres as a 16-bit PNG of millimetres."""
+    values = target.numpy()
+    if task == DEPTH:
+        values = np.clip(np.round(values * DEPTH_SCALE), 0, 2**16 - 1).astype(np.uint16)
+    buffer = io.BytesIO()
+    Image.fromarray(values.astype(np.uint8) if task != DEPTH else values).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def target_members(task: str, label) -> dict[str, bytes | str]:
+    """The members a sample's target is written as: ``cls``, or ``mask.png`` / ``depth.png``."""
+    if task == "classification":
+        return {"cls": str(label)}
+    return {f"{TARGET_KEYS[task]}.png": target_png(task, label.as_subclass(torch.Tensor))}
+
+
+def encoded_samples(dataset) -> Iterator[tuple[str, bytes, object]]:
+    """(extension, encoded image, label or dense target) of every sample, in the dataset's order."""
     if isinstance(dataset, ShardedSplit):
         for shard in dataset.shards:
             for key, payload in dataset.raw(shard):
                 image, label = dataset.decode(shard, key, payload)
                 yield "png", png_bytes(image), label
         return
+    dense = task_of(dataset) != "classification"
     for index in range(len(dataset)):
         if hasattr(dataset, "path"):  # a listed file: keep its bytes when shards may hold its format
             path = dataset.path(index)
@@ -69,6 +92,9 @@ def encoded_samples(dataset) -> Iterator[tuple[str, bytes, int]]:
             if extension in IMAGE_EXTENSIONS:
                 with open_regular(path) as handle:
                     data = handle.read()
+                if dense:  # decoded with its target: an unreadable or mismatched pair stops the conversion
+                    yield extension, data, dataset[index][1]
+                    continue
                 read_image(io.BytesIO(data), str(path))  # decoded: an unreadable file stops the conversion
                 yield extension, data, int(dataset.labels[index])
                 continue
@@ -83,7 +109,11 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
     if destination.exists():
         raise FileExistsError(f"{destination} exists; choose a new folder for the shards")
     sweep(destination.parent, only=destination.name)  # the staging folder of a conversion killed mid-way
-    written, classes = {}, None
+    first = next(iter(splits.values()), None)
+    written, classes, task = {}, None, task_of(first)
+    if task == SEGMENTATION and len(first.classes) > IGNORE_INDEX:
+        raise DatasetError(f"masks of {len(first.classes)} classes cannot be written as 8-bit PNGs; expected at "
+                           f"most {IGNORE_INDEX} classes (value {IGNORE_INDEX} means ignore)")
     started = int(time.time())  # whole seconds: a fractional time costs every member an extra (pax) header to read
     with atomic_directory(destination, allowed_existing=()) as staging:
         for split, dataset in splits.items():
@@ -95,9 +125,10 @@ def write_webdataset(splits: dict[str, object], destination: str | Path, shard_s
                              mtime=started) as sink:
                 samples = track(encoded_samples(dataset), f"convert {split}", len(dataset), unit="image")
                 for count, (extension, data, label) in enumerate(samples, start=1):
-                    sink.write({"__key__": f"{split}{count - 1:09d}", extension: data, "cls": str(label)})
+                    sink.write({"__key__": f"{split}{count - 1:09d}", extension: data, **target_members(task, label)})
             written[split] = count
-        (staging / "classes.txt").write_text(format_class_list(classes), encoding="utf-8")
+        if classes:  # a depth dataset has none
+            (staging / "classes.txt").write_text(format_class_list(classes), encoding="utf-8")
     return written
 
 

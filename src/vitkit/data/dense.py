@@ -15,6 +15,7 @@ import copy
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ NOT_A_CLASS = -1
 DEPTH_SCALE = 1000.0
 """Stored units a metre: every depth layout read here stores millimetres."""
 TARGET_KINDS = {SEGMENTATION: "mask", DEPTH: "depth map"}
+TARGET_KEYS = {SEGMENTATION: "mask", DEPTH: "depth"}
+"""What a sample's target is called in streamed formats: ``KEY.mask.png`` / ``KEY.depth.png`` in tar shards, the
+``mask`` / ``depth`` column of ``hf:`` files."""
 Crop = tuple[int, int, int, int]  # (top, bottom, left, right): rows top:bottom, columns left:right
 
 
@@ -88,11 +92,7 @@ class DenseDataset(Dataset):
         image = read_image(image_path, orient=False)  # as stored, as its mask was drawn on it
         target = (read_mask(target_path, self.lookup, self.palette) if self.task == SEGMENTATION
                   else read_depth(target_path))
-        if tuple(target.shape) != tuple(image.shape[-2:]):
-            kind = TARGET_KINDS[self.task]
-            raise DatasetError(f"{target_path}: the {kind} is {_size(target.shape)} but its image {image_path} is "
-                               f"{_size(image.shape[-2:])}; expected the same size (a {kind} is never resized)")
-        return image, tv_tensors.Mask(target)
+        return paired(image, target, self.task, str(image_path), str(target_path))
 
     def subset(self, indices: np.ndarray, name: str) -> DenseDataset:
         """The items at ``indices``, in that order, as a dataset named ``name`` (a held-out split, a part of one)."""
@@ -113,24 +113,48 @@ class DenseDataset(Dataset):
         return whole
 
 
+def paired(image: torch.Tensor, target: torch.Tensor, task: str, image_name: str, target_name: str
+           ) -> tuple[torch.Tensor, tv_tensors.Mask]:
+    """An image with its target, refused (naming both) when their sizes differ: a target is never resized."""
+    if tuple(target.shape) != tuple(image.shape[-2:]):
+        kind = TARGET_KINDS[task]
+        raise DatasetError(f"{target_name}: the {kind} is {_size(target.shape)} but its image {image_name} is "
+                           f"{_size(image.shape[-2:])}; expected the same size (a {kind} is never resized)")
+    return image, tv_tensors.Mask(target)
+
+
+def read_pair(task: str, classes: int, image: str | Path | BinaryIO, target: str | Path | BinaryIO,
+              image_name: str, target_name: str) -> tuple[torch.Tensor, tv_tensors.Mask]:
+    """An image with its mask (class ids as stored, ``classes`` of them) or depth map, each a file or bytes (a
+    sample of shards), decoded and paired; errors name ``image_name`` and ``target_name``."""
+    picture = read_image(image, image_name, orient=False)
+    values = (read_mask(target, class_lookup(classes), name=target_name) if task == SEGMENTATION
+              else read_depth(target, target_name))
+    return paired(picture, values, task, image_name, target_name)
+
+
 def _size(shape: Sequence[int]) -> str:
     return f"{shape[-1]}x{shape[-2]}"
 
 
-def _pixels(path: str | Path, what: str) -> tuple[str, np.ndarray]:
-    """The mode and the stored values of the image file ``path`` (``images.decoded``: a regular file, no
-    decompression bomb), a DatasetError naming it as ``what`` when it cannot be read."""
-    with decoded(path, what=what) as image:
+def _pixels(source: str | Path | BinaryIO, name: str | None, what: str) -> tuple[str, np.ndarray]:
+    """The mode and the stored values of the image file or bytes ``source`` (``images.decoded``: a regular file,
+    no decompression bomb), a DatasetError naming it (``name``, else the path) as ``what`` when it cannot be
+    read."""
+    with decoded(source, name, what=what) as image:
         return image.mode, np.asarray(image)
 
 
-def read_mask(path: str | Path, lookup: np.ndarray, palette: dict[int, int] | None = None) -> torch.Tensor:
-    """The class ids of the mask file ``path``, int64 ``(H, W)``: the value stored at each pixel (a palette
-    ("P") PNG's index, a grey ("L") PNG's level) mapped through ``lookup`` (256 entries, each a class id,
+def read_mask(source: str | Path | BinaryIO, lookup: np.ndarray, palette: dict[int, int] | None = None,
+              name: str | None = None) -> torch.Tensor:
+    """The class ids of the mask file (or bytes) ``source``, int64 ``(H, W)``: the value stored at each pixel (a
+    palette ("P") PNG's index, a grey ("L") PNG's level) mapped through ``lookup`` (256 entries, each a class id,
     ``IGNORE_INDEX`` or ``NOT_A_CLASS``); values that name no class are refused, named. An RGB mask is read only
     with a ``palette`` (a colour packed as ``0xRRGGBB`` to the value it stands for: VOC's colour map), a colour
-    outside it refused, named; without one an RGB mask is refused, as is any other mode."""
-    mode, pixels = _pixels(path, "mask")
+    outside it refused, named; without one an RGB mask is refused, as is any other mode. Errors name ``name``
+    (default: the path)."""
+    path = name or str(source)
+    mode, pixels = _pixels(source, name, "mask")
     if mode == "RGB" and palette is not None:
         values = _by_colour(path, pixels, palette)
     elif mode in ("P", "L"):
@@ -172,11 +196,12 @@ def _spans(values: np.ndarray) -> str:
     return ", ".join(str(first) if first == last else f"{first}..{last}" for first, last in runs)
 
 
-def read_depth(path: str | Path) -> torch.Tensor:
-    """The depth map file ``path`` in metres, float32 ``(H, W)``: a 16-bit PNG (mode "I;16" or "I") of
-    millimetres (``DEPTH_SCALE``), 0 where there is no depth. Any other image is refused: an 8-bit one cannot
-    hold millimetres."""
-    mode, pixels = _pixels(path, "depth map")
+def read_depth(source: str | Path | BinaryIO, name: str | None = None) -> torch.Tensor:
+    """The depth map file (or bytes) ``source`` in metres, float32 ``(H, W)``: a 16-bit PNG (mode "I;16" or "I")
+    of millimetres (``DEPTH_SCALE``), 0 where there is no depth. Any other image is refused: an 8-bit one cannot
+    hold millimetres. Errors name ``name`` (default: the path)."""
+    path = name or str(source)
+    mode, pixels = _pixels(source, name, "depth map")
     if not (mode == "I" or mode.startswith("I;16")):
         raise DatasetError(f"{path}: a depth map of mode {mode!r}; expected a 16-bit PNG of depth in millimetres")
     return torch.from_numpy(pixels.astype(np.float32) / np.float32(DEPTH_SCALE))

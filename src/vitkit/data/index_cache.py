@@ -32,7 +32,9 @@ from ..cache import cache_dir, cache_entry, sweep_cache
 from ..errors import DatasetError, parse_json
 from ..paths import open_regular
 
-FORMAT_VERSION = 2  # 1 kept every sample's name and label in JSON
+CLASSIFICATION = "classification"
+TASKS = (CLASSIFICATION, "segmentation", "depth")
+FORMAT_VERSION = 3  # 1 kept every sample's name and label in JSON; 2 knew image labels only
 
 
 def _no_samples() -> np.ndarray:
@@ -45,7 +47,8 @@ class ShardIndex:
     those without one, where ``problems`` says why or the label is null), their names as messages give them
     (``sample KEY``; None where the samples are rows, named ``row N`` by position, so nothing per row is kept),
     ``problems`` by position, ``cut`` naming the sample where a truncated file ends, ``error`` why the file
-    could not be indexed at all."""
+    could not be indexed at all, and ``task``: what its samples' targets are (``classification``: a class index
+    each; ``segmentation`` or ``depth``: a mask or depth map each, whose ``labels`` are 0 and mean nothing)."""
 
     labels: np.ndarray = field(default_factory=_no_samples)
     missing: np.ndarray = field(default_factory=_no_samples)
@@ -53,14 +56,15 @@ class ShardIndex:
     problems: dict[int, str] = field(default_factory=dict)
     cut: str | None = None
     error: str | None = None
+    task: str = CLASSIFICATION
 
     @classmethod
     def of(cls, labels: list[int | None], names: list[str] | None = None, problems: dict[int, str] | None = None,
-           cut: str | None = None) -> "ShardIndex":
+           cut: str | None = None, task: str = CLASSIFICATION) -> "ShardIndex":
         """An index from per-sample labels, None where a sample has none."""
         missing = [position for position, label in enumerate(labels) if label is None]
         known = np.array([0 if label is None else label for label in labels], dtype=np.int64)
-        return cls(known, np.array(missing, dtype=np.int64), names, problems or {}, cut)
+        return cls(known, np.array(missing, dtype=np.int64), names, problems or {}, cut, task=task)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -81,7 +85,8 @@ class ShardIndex:
                 and self.missing.ndim == 1 and bool(((self.missing >= 0) & (self.missing < count)).all())
                 and (names is None or (len(names) == count and all(isinstance(name, str) for name in names)))
                 and all(type(p) is int and 0 <= p < count and isinstance(t, str) for p, t in self.problems.items())
-                and (self.cut is None or isinstance(self.cut, str)) and self.error is None):
+                and (self.cut is None or isinstance(self.cut, str)) and self.error is None
+                and self.task in TASKS):
             raise ValueError("not a shard index")
         return self
 
@@ -107,7 +112,8 @@ def _cached(stamp: dict) -> ShardIndex | None:
             if not np.can_cast(arrays["labels"].dtype, np.int64):
                 return None
             index = ShardIndex(arrays["labels"].astype(np.int64), arrays["missing"], names,
-                               {int(position): text for position, text in about["problems"].items()}, about["cut"])
+                               {int(position): text for position, text in about["problems"].items()}, about["cut"],
+                               task=about["task"])
         return index.check()
     except Exception:  # absent, unreadable, torn, empty, of an older format, or someone else's file
         return None
@@ -123,7 +129,7 @@ def _narrowest(labels: np.ndarray) -> np.ndarray:
 def _store(stamp: dict, index: ShardIndex) -> str | None:
     """Cache ``index``; the reason it could not be, if so."""
     about = {"stamp": stamp, "problems": {str(position): text for position, text in index.problems.items()},
-             "cut": index.cut}
+             "cut": index.cut, "task": index.task}
     names = {} if index.names is None else {"names": np.array(index.names, dtype=str)}
     try:
         with atomic_file(_entry(stamp), "wb") as handle:

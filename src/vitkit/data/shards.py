@@ -35,7 +35,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.filters import _shuffle
 
 from ..errors import DatasetError
-from .index_cache import ShardIndex, shard_indexes
+from .dense import IGNORE_INDEX
+from .index_cache import CLASSIFICATION, ShardIndex, shard_indexes
 from .map_style import MAX_UNNAMED_CLASSES
 from .loading import (Item, check_corrupt, collate_evaluation, collate_training, sample_seed, seeded_transform,
                       transformed)
@@ -57,7 +58,9 @@ class ShardedSplit:
     """One split of a sharded dataset: its shards, class names, and how to read a shard.
 
     ``read(shard)`` yields raw samples ``(key, payload)``; ``decode(shard, key, payload)`` returns
-    ``(image uint8 (C, H, W), label)`` or raises ``DatasetError`` naming the shard and key."""
+    ``(image uint8 (C, H, W), label)`` or raises ``DatasetError`` naming the shard and key. The label is a class
+    index, or for a dense split (``task`` ``segmentation`` or ``depth``) a ``tv_tensors.Mask`` of the image's size,
+    as ``dense.DenseDataset`` gives it (with its ``ignore_index``; no depth cap or evaluation crop)."""
 
     name: str
     shards: list[Shard]
@@ -67,6 +70,10 @@ class ShardedSplit:
     class_counts: Counter = field(default_factory=Counter)
     bad: list[str] = field(default_factory=list)  # samples found unusable by the index pass
     stand_ins: dict[str, tuple[str, object] | None] = field(default_factory=dict, repr=False)  # see item()
+    task: str = CLASSIFICATION
+    ignore_index: int = IGNORE_INDEX
+    max_depth: float | None = None
+    eval_crop: tuple[int, int, int, int] | None = None
 
     def __len__(self) -> int:
         return sum(shard.size for shard in self.shards)
@@ -196,10 +203,17 @@ def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[
                   classes: list[str] | None, read: Callable, decode: Callable, corrupt: str) -> ShardedSplit:
     """A split from the index of each of its ``files`` (cached: see ``index_cache``), with their unusable
     samples failing or counted and warned about as ``corrupt`` says. ``classes`` defaults to the labels
-    found; ``decode(classes, shard, key, payload)``."""
+    found (a segmentation split must name them; a depth split has none); ``decode(task, number of classes, shard,
+    key, payload)``, ``task`` what the shards' samples hold (one kind for the whole split)."""
     check_corrupt(corrupt)
     indexes = shard_indexes(files, kind, index_shard)
-    if classes is None:
+    task = split_task(name, files, indexes)
+    if task == "depth":
+        classes = []
+    elif task != CLASSIFICATION and not classes:
+        raise DatasetError(f"{name}: masks, but no class names; expected classes.txt (one name a line, line N "
+                           f"naming mask value N) in the dataset's folder")
+    elif classes is None:
         largest = max((int(index.labels[index.labelled() & (index.labels < MAX_UNNAMED_CLASSES)].max(initial=-1))
                        for index in indexes), default=-1)
         classes = [str(c) for c in range(largest + 1)]
@@ -213,7 +227,7 @@ def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[
                                    f"before it)")
             bad.append(f"{path}: {index.cut}: truncated shard")
         labelled = index.labelled()
-        usable = labelled & (index.labels >= 0) & (index.labels < len(classes))
+        usable = labelled & (index.labels >= 0) & (index.labels < len(classes)) if task == CLASSIFICATION else labelled
         usable[list(index.problems)] = False
         kept.append(index.labels[usable])
         for position in np.flatnonzero(~usable).tolist():  # named one by one: the unusable samples only
@@ -229,13 +243,25 @@ def indexed_split(name: str, files: list[str], kind: str, index_shard: Callable[
             shards.append(Shard(path, len(index), offset))
         offset += len(index)
     labels, numbers = np.unique(np.concatenate([np.zeros(0, dtype=np.int64), *kept]), return_counts=True)
-    counts = Counter(dict(zip(labels.tolist(), numbers.tolist())))
+    counts = Counter(dict(zip(labels.tolist(), numbers.tolist()))) if task == CLASSIFICATION else Counter()
     if not shards:
         raise DatasetError(f"{name}: the split holds no usable sample")
     if bad:
         warnings.warn(f"{name}: {len(bad)} unusable sample(s) will be replaced in training and left out of "
                       f"evaluation: {'; '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}", stacklevel=3)
-    return ShardedSplit(name, shards, classes, read, functools.partial(decode, len(classes)), counts, bad)
+    return ShardedSplit(name, shards, classes, read, functools.partial(decode, task, len(classes)), counts, bad,
+                        task=task)
+
+
+def split_task(name: str, files: list[str], indexes: list[ShardIndex]) -> str:
+    """What the samples of a split's shards hold (``ShardIndex.task``): one kind, else the split is refused naming
+    a shard of each."""
+    kinds = {index.task: path for path, index in zip(files, indexes) if index.error is None}
+    if len(kinds) > 1:
+        raise DatasetError(f"{name}: shards of different kinds, " + ", ".join(f"{path} of {task} samples" for task, path
+                                                                               in sorted(kinds.items()))
+                           + "; expected one kind in a split")
+    return next(iter(kinds), CLASSIFICATION)
 
 
 __all__ = ["EvaluationStream", "Shard", "ShardedSplit", "TrainingStream", "indexed_split"]

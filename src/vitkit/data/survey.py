@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import DatasetError
 from ..progress import track
-from .dense import DenseDataset
+from .dense import task_of
 from .map_style import ArrayDataset
 from .loading import Transformed, worker_options
 from .shards import EvaluationStream, ShardedSplit
@@ -35,12 +35,11 @@ def describe(splits: dict[str, object]) -> dict:
     has no label an image to count: its report names its task and counts no images per class."""
     first = next(iter(splits.values()))
     report = {"classes": list(first.classes), "splits": {}}
-    if isinstance(first, DenseDataset):
+    dense = task_of(first) != "classification"
+    if dense:
         report["task"] = first.task
-        report["splits"] = {name: {"images": len(dataset), "per_class": {}} for name, dataset in splits.items()}
-        return report
     for name, dataset in splits.items():
-        counts = class_counts(dataset)
+        counts = {} if dense else class_counts(dataset)
         report["splits"][name] = {"images": len(dataset),
                                   "per_class": {dataset.classes[c]: n for c, n in sorted(counts.items())}}
         if isinstance(dataset, ShardedSplit):

@@ -115,8 +115,14 @@ class Preset:
     per_batch: ToModelInput | torch.nn.Identity  # the identity where the pixels stay uint8 (for a device)
     joint: bool = False
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        return self.per_batch(self.per_image(image)[None])[0]
+    def __call__(self, image: torch.Tensor, target: torch.Tensor | None = None):
+        """One image as the model takes it; a joint preset takes its dense target too and returns both."""
+        if not self.joint:
+            return self.per_batch(self.per_image(image)[None])[0]
+        if target is None:
+            raise TypeError("a joint preset transforms an image with its dense target: preset(image, target)")
+        image, target = self.per_image(image, target)
+        return self.per_batch(image[None])[0], target
 
 
 class ToModelInput(torch.nn.Module):

@@ -47,15 +47,17 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
                      corrupt: str = "fail", batch_size: int = 256, num_workers: int = 0, out: str | Path | None = None,
                      resize: str = "crop", max_patches: int | None = None, device: torch.device | str = "cpu",
                      dtype: torch.dtype = torch.float32, source: str = "the model", command: str = "vitkit eval",
-                     real_labels: str | Path | None = None) -> DatasetEvaluation:
+                     real_labels: str | Path | None = None, scales: tuple[float, ...] = (1.0,),
+                     flip: bool = False) -> DatasetEvaluation:
     """Measure ``model`` (a ``VisionTransformer`` or an exported graph, already on ``device``, computing in
     ``dtype``) on ``split`` of ``dataset`` (default: its test split, else its validation split, else all of it;
     a split it lacks is held out of its training images, ``val_fraction`` of them): top-1/top-5, per-class
     accuracy and the confusion matrix, written as ``eval-<split>.json`` and ``confusion-<split>.png`` into
     ``out`` when given. The images are prepared as the checkpoint wants them (``resize``), or with
     ``max_patches`` each at its own aspect ratio (NaFlex). ``real_labels``: ImageNet's reassessed labels
-    (``real.json``), whose ReaL top-1 the report adds. ``source`` names the model and ``command`` the command in
-    refusals; the conversions the images need are logged."""
+    (``real.json``), whose ReaL top-1 the report adds. A dense model's outputs may be averaged over the image
+    resized by each of ``scales`` and mirrored (``flip``). ``source`` names the model and ``command`` the command
+    in refusals; the conversions the images need are logged."""
     device = torch.device(device)
     config = model.config
     chosen = split or default_split(dataset)
@@ -65,6 +67,9 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     if task and (max_patches or real_labels is not None):
         raise ConfigError(f"{source} is a {task} model, whose images are stretched whole to its size: "
                           f"--max-patches and --real-labels are for classifiers")
+    if not task and (tuple(scales) != (1.0,) or flip):
+        raise ConfigError(f"{source} is a classifier: --scales and --flip (test-time augmentation) are for "
+                          f"segmentation and depth models")
     if task:
         loader = evaluation_loader(data, dense_transform(task, False, config.image_size, config.in_chans,
                                                          config.provenance.normalization),
@@ -72,7 +77,7 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
         evaluation = evaluate_dense(model, loader, task, config.num_classes, device, dtype,
                                     ignore_index=getattr(data, "ignore_index", 255),
                                     max_depth=config.depth_max if task == "depth" else None,
-                                    eval_crop=getattr(data, "eval_crop", None))
+                                    eval_crop=getattr(data, "eval_crop", None), scales=scales, flip=flip)
         report = write_dense_report(evaluation, data.classes, out, chosen)
         return DatasetEvaluation(dataset, chosen, chosen == ALL and split is None, report)
     if config.num_classes != len(data.classes):

@@ -5,12 +5,14 @@ files, written as PNGs (class masks with colour overlays, depth maps)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..data.sources.segmentation import voc_colour
@@ -34,6 +36,7 @@ class DenseEvaluation:
     task: str
     metrics: dict[str, Any]
     images: int
+    views: dict[str, Any] = field(default_factory=dict)  # test-time augmentation: {"scales": [...], "flip": ...}
 
     def summary(self, prefix: str) -> dict[str, float]:
         """The task's headline metrics as ``{prefix}/mIoU`` ..., as metrics.jsonl and summary.json hold them."""
@@ -52,30 +55,61 @@ def eval_crop_mask(shape: torch.Size, crop: tuple[int, int, int, int] | None, de
     return mask
 
 
+def rescaled(batch: torch.Tensor, scale: float, multiple: int) -> torch.Tensor:
+    """``batch`` resized by ``scale`` (bilinear, antialiased when shrinking), each side rounded to a multiple of
+    ``multiple`` (the patch), at least one."""
+    if scale == 1:
+        return batch
+    size = [max(multiple, round(side * scale / multiple) * multiple) for side in batch.shape[-2:]]
+    return F.interpolate(batch, size=size, mode="bilinear", align_corners=False, antialias=scale < 1)
+
+
+def dense_outputs(model: nn.Module, batch: torch.Tensor, sizes: list[torch.Size], task: str, device: torch.device,
+                  dtype: torch.dtype, scales: Sequence[float] = (1.0,), flip: bool = False) -> list[torch.Tensor]:
+    """Each image's output resized to its target's size: the model's output, or with several views (``batch``
+    resized by each of ``scales``, and mirrored with ``flip``) their average, of class probabilities (softmax) for
+    segmentation as mmseg's test-time augmentation averages, of depth for depth."""
+    views = [(scale, mirrored) for scale in scales for mirrored in ((False, True) if flip else (False,))]
+    multiple = getattr(getattr(model, "config", None), "effective_patch_size", 1)  # pixels a patch spans
+    totals: list[torch.Tensor | None] = [None] * len(sizes)
+    for scale, mirrored in views:
+        images = rescaled(batch, scale, multiple)
+        with autocast(device, dtype):
+            outputs = model(images.flip(-1) if mirrored else images).float()
+        outputs = outputs.flip(-1) if mirrored else outputs
+        for index, (output, size) in enumerate(zip(outputs, sizes)):
+            output = resized(output[None], size)[0]
+            output = output.softmax(dim=0) if task == "segmentation" and len(views) > 1 else output
+            totals[index] = output if totals[index] is None else totals[index] + output
+    return [total / len(views) for total in totals]
+
+
 @torch.no_grad()
 def evaluate_dense(model: nn.Module, loader, task: str, num_classes: int, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32, ignore_index: int = 255, max_depth: float | None = None,
-                   eval_crop: tuple[int, int, int, int] | None = None) -> DenseEvaluation:
+                   eval_crop: tuple[int, int, int, int] | None = None, scales: Sequence[float] = (1.0,),
+                   flip: bool = False) -> DenseEvaluation:
     """Run ``model`` (switched to eval mode, on ``device``) over ``(images, targets)`` batches, the targets a list
     of masks or depth maps at their own sizes; each output is resized to its target and measured there: the
     argmax class against the mask (pixels ``ignore_index`` left out), or depth against the map (pixels with
-    depth up to ``max_depth``, within ``eval_crop``)."""
+    depth up to ``max_depth``, within ``eval_crop``). ``scales`` and ``flip``: test-time augmentation
+    (``dense_outputs``; DINOv2's "+ms" evaluation is scales 1, 1.32, 1.73, 2.28, 3 with flip)."""
     device = torch.device(device)
     model.eval()
     meter = SegmentationMeter(num_classes, ignore_index) if task == "segmentation" else DepthMeter(max_depth=max_depth)
     images = 0
     for batch, targets in track(loader, "evaluate"):
-        with autocast(device, dtype):
-            outputs = model(batch.to(device, non_blocking=True))
-        for output, target in zip(outputs.float(), targets):
-            target = target.to(device)
-            output = resized(output[None], target.shape[-2:])[0]
+        targets = [target.to(device) for target in targets]
+        outputs = dense_outputs(model, batch.to(device, non_blocking=True), [target.shape[-2:] for target in targets],
+                                task, device, dtype, scales, flip)
+        for output, target in zip(outputs, targets):
             if task == "segmentation":
                 meter.update(output.argmax(dim=0), target)
             else:
                 meter.update(output[0], target, eval_crop_mask(target.shape, eval_crop, device))
             images += 1
-    return DenseEvaluation(task, meter.compute(), images)
+    augmented = tuple(scales) != (1.0,) or flip
+    return DenseEvaluation(task, meter.compute(), images, {"scales": list(scales), "flip": flip} if augmented else {})
 
 
 def write_dense_report(evaluation: DenseEvaluation, classes: list[str], out_dir: str | Path | None,
@@ -88,7 +122,8 @@ def write_dense_report(evaluation: DenseEvaluation, classes: list[str], out_dir:
     from ..atomic import atomic_file
 
     metrics = json_ready(evaluation.metrics)
-    report: dict[str, Any] = {"split": split, "task": evaluation.task, "images": evaluation.images}
+    report: dict[str, Any] = {"split": split, "task": evaluation.task, "images": evaluation.images,
+                              **evaluation.views}
     if evaluation.task == "segmentation":
         report.update({"mIoU": metrics["mIoU"], "aAcc": metrics["aAcc"],
                        "IoU": dict(zip(classes, metrics["IoU"])), "Acc": dict(zip(classes, metrics["Acc"]))})

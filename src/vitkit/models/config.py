@@ -48,7 +48,8 @@ FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_
                                        patch_bias=True, layer_scale=None, qk_norm=False, mlp="gelu", norm="layer",
                                        patch_norm=False, k_bias=True, proj_bias=True, mlp_norm=False,
                                        attn_norm=False, rope="none", pool_heads=None, pool_mlp_dim=None,
-                                       pool_prefix=False, final_norm=True,
+                                       pool_prefix=False, final_norm=True, pos_interp_crop=False, pos_grid=None,
+                                       summary_tokens=None,
                                        # Gemma 4's
                                        scale_pixels=False, sandwich_norm=False, v_norm=False, attn_scale=None,
                                        clamp_linears=False, rope_split=False, fc_norm_scale=True)
@@ -243,6 +244,17 @@ class ViTConfig:
     pos_interp: str = setting("bicubic", Choice(POS_INTERPS), "how a learned table is resampled to another grid")
     pos_interp_antialias: bool = setting(False, Bool(), "antialias when resampling the table")
     pos_interp_align_corners: bool = setting(False, Bool(), "align corners when resampling the table")
+    # C-RADIO: a table kept on its own grid, resampled to a square of the input grid's longer side and cropped to
+    # it; a summary of several class tokens.
+    pos_interp_crop: bool = setting(False, Bool(), "resample the table to a square of the grid's longer side, then "
+                                    "keep its top-left rows x cols (C-RADIO's cropped position embedding)")
+    pos_grid: tuple[int, int] | None = setting(None, Maybe(Items(Int(1), 2, says="[rows, cols], each >= 1")),
+                                               "rows and columns of the learned table when not those of image_size "
+                                               "(C-RADIO: 128 x 128 for up to 2048 px); null: image_size's grid")
+    summary_tokens: tuple[int, ...] | None = setting(None, Maybe(Items(Int(0), says="a list of prefix token "
+                                                                                    "indices")),
+                                                     "pool='token' reads these prefix tokens, concatenated (C-RADIO's "
+                                                     "summary of its class tokens); null: [class] alone")
     representation_size: int | None = setting(None, Maybe(Int(1)), "pre-logits Linear + tanh of pre-training")
     dropout: float = setting(0.0, Float(0, 1, high_open=True), "dropout rate")
     attn_dropout: float = setting(0.0, Float(0, 1, high_open=True), "dropout rate of the attention weights")
@@ -305,6 +317,14 @@ class ViTConfig:
                 f"sides that are multiples of patch_size={self.patch_size}" if self.backbone is None
                 else f"sides that are multiples of the hybrid's token stride {stride} (backbone stride x patch_size)",
                 self.image_size)
+        require(self.pos_grid is None or self.pos_embed == "learned", SOURCE, "pos_grid",
+                "null unless pos_embed='learned'", self.pos_grid)
+        summary = self.summary_tokens
+        require(summary is None or (summary and self.pool == "token" and not self.dist_token and not self.fc_norm
+                                    and not self.representation_size
+                                    and max(summary) < self.learned_prefix_tokens), SOURCE, "summary_tokens",
+                f"null, or indices of the {self.learned_prefix_tokens} prefix tokens with pool='token' and no "
+                f"dist_token, fc_norm or representation_size", summary)
         if self.pos_embed in ("learned-2d", "sincos-2d"):
             require(self.dim % 4 == 0, SOURCE, "dim", f"a multiple of 4 with pos_embed={self.pos_embed!r}", self.dim)
 
@@ -340,6 +360,11 @@ class ViTConfig:
         return (self.image_size[0] // stride, self.image_size[1] // stride)
 
     @property
+    def pooled_dim(self) -> int:
+        """The width of the pooled representation before any pre-logits layer: D, or D per summary token."""
+        return self.dim * len(self.summary_tokens or (0,))
+
+    @property
     def head_dim(self) -> int:
         """The width D / heads of one attention head."""
         return self.dim // self.num_heads
@@ -364,8 +389,9 @@ class ViTConfig:
         """The config as plain JSON types (tuples as lists), as ``config.json`` holds it."""
         data = dataclasses.asdict(self)
         data["image_size"] = list(self.image_size)
-        if self.backbone is not None:
-            data["backbone"] = list(self.backbone)
+        for name in ("backbone", "pos_grid", "summary_tokens"):
+            if getattr(self, name) is not None:
+                data[name] = list(getattr(self, name))
         if self.provenance.classes is not None:
             data["provenance"]["classes"] = list(self.provenance.classes)
         return data

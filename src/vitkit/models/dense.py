@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -74,14 +75,42 @@ def with_class_state(patches: torch.Tensor, state: torch.Tensor | None) -> torch
     return torch.cat([patches, state[:, :, None, None].expand(-1, -1, *patches.shape[-2:])], dim=1)
 
 
+class SyncedBatchNorm(nn.BatchNorm2d):
+    """BatchNorm whose training statistics, under a process group of several ranks (torchrun), are those of every
+    rank's batch together, as mmseg's SyncBN gives DINOv2's linear heads; plain BatchNorm otherwise, and the same
+    weights and buffers. The per-channel sums go through the differentiable all-reduce, so it works over gloo (CPU)
+    as over NCCL, and the gradient is the one of a single batch of all ranks' images."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return super().forward(x)
+        from torch.distributed.nn.functional import all_reduce
+
+        channels = x.shape[1]
+        count = torch.full((1,), x.numel() / channels, device=x.device, dtype=torch.float32)
+        sums = all_reduce(torch.cat([x.float().sum(dim=(0, 2, 3)), x.float().square().sum(dim=(0, 2, 3)), count]))
+        total = sums[-1]
+        mean = sums[:channels] / total
+        var = (sums[channels:2 * channels] / total - mean.square()).clamp(min=0)
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                factor = self.momentum if self.momentum is not None else 1 / float(self.num_batches_tracked)
+                self.running_mean.lerp_(mean, factor)
+                self.running_var.lerp_(var * total / (total - 1).clamp(min=1), factor)  # unbiased, as torch keeps
+        scale = torch.rsqrt(var + self.eps) * (self.weight if self.affine else 1)
+        shift = (self.bias if self.affine else 0) - mean * scale
+        return (x * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
+
+
 class LinearHead(nn.Module):
-    """BatchNorm then a 1x1 convolution over the blocks' patch maps concatenated, each with the [class] state
-    where ``class_state`` (depth)."""
+    """BatchNorm (synchronised over ranks) then a 1x1 convolution over the blocks' patch maps concatenated, each
+    with the [class] state where ``class_state`` (depth)."""
 
     def __init__(self, width: int, outputs: int, class_state: bool):
         super().__init__()
         self.class_state = class_state
-        self.bn = nn.BatchNorm2d(width)
+        self.bn = SyncedBatchNorm(width)
         self.conv = nn.Conv2d(width, outputs, kernel_size=1)
         nn.init.normal_(self.conv.weight, std=0.01)  # mmseg's init of a segmentation layer
         nn.init.zeros_(self.conv.bias)

@@ -15,16 +15,27 @@ from ..errors import InputError
 from .config import ViTConfig
 
 
+def square_of(rows: torch.Tensor | int, cols: torch.Tensor | int) -> torch.Tensor | int:
+    """The longer side of a grid (C-RADIO resamples its table to a square of it, then crops): an int, or a tensor
+    where the sides are (an ONNX graph's, a NaFlex batch's)."""
+    if isinstance(rows, torch.Tensor) or isinstance(cols, torch.Tensor):
+        return torch.maximum(torch.as_tensor(rows), torch.as_tensor(cols))
+    return max(rows, cols)
+
+
 def resample_grid(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int],
-                  mode: str = "bicubic", antialias: bool = False, align_corners: bool = False) -> torch.Tensor:
-    """Interpolate a (1, rows*cols, D) patch table from ``old_grid`` to ``new_grid`` in 2-D."""
+                  mode: str = "bicubic", antialias: bool = False, align_corners: bool = False,
+                  crop: bool = False) -> torch.Tensor:
+    """Interpolate a (1, rows*cols, D) patch table from ``old_grid`` to ``new_grid`` in 2-D; with ``crop``, to a
+    square of the new grid's longer side, of which the top-left rows x cols are kept (C-RADIO)."""
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if table.ndim != 3 or table.shape[1] != old_grid[0] * old_grid[1]:
         raise ValueError(f"position table of shape {tuple(table.shape)} does not hold a {old_grid} grid")
+    sizes = (square_of(*new_grid),) * 2 if crop else new_grid
     if torch.jit.is_tracing():  # an ONNX graph for any image size: the resize as weights computed in it, per axis
-        down, across = (resample_weights(torch.arange(new, device=table.device), new, old, mode, antialias,
+        down, across = (resample_weights(torch.arange(new, device=table.device), size, old, mode, antialias,
                                          align_corners)
-                        for new, old in zip(new_grid, old_grid))
+                        for new, size, old in zip(new_grid, sizes, old_grid))
         image = torch.einsum("rh,hwd->rwd", down, table.reshape(*old_grid, table.shape[-1]).float())
         return torch.einsum("cw,rwd->rcd", across, image).reshape(1, -1, table.shape[-1]).to(table.dtype)
     if old_grid == new_grid:
@@ -32,15 +43,16 @@ def resample_grid(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tupl
     dim = table.shape[-1]
     image = table.reshape(1, *old_grid, dim).permute(0, 3, 1, 2).float()
     align = align_corners if mode in ("bilinear", "bicubic") else None
-    image = F.interpolate(image, size=new_grid, mode=mode, antialias=antialias, align_corners=align)
+    image = F.interpolate(image, size=sizes, mode=mode, antialias=antialias, align_corners=align)
+    image = image[:, :, :new_grid[0], :new_grid[1]]
     return image.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(table.dtype)
 
 
 def resample_with_prefix(table: torch.Tensor, prefix: int, old_grid: tuple[int, int],
                          new_grid: tuple[int, int], mode: str = "bicubic", antialias: bool = False,
-                         align_corners: bool = False) -> torch.Tensor:
+                         align_corners: bool = False, crop: bool = False) -> torch.Tensor:
     """Resample the patch part of a table whose first ``prefix`` rows ([class] slot) stay as they are."""
-    patches = resample_grid(table[:, prefix:], old_grid, new_grid, mode, antialias, align_corners)
+    patches = resample_grid(table[:, prefix:], old_grid, new_grid, mode, antialias, align_corners, crop)
     return torch.cat([table[:, :prefix], patches], dim=1)
 
 
@@ -103,9 +115,12 @@ def resample_weights(index: torch.Tensor, size: torch.Tensor | int, length: int,
 
 def table_at(table: torch.Tensor, grid: tuple[int, int], rows: torch.Tensor, cols: torch.Tensor,
              grid_rows: torch.Tensor | int, grid_cols: torch.Tensor | int, mode: str, antialias: bool = False,
-             align_corners: bool = False) -> torch.Tensor:
+             align_corners: bool = False, crop: bool = False) -> torch.Tensor:
     """The rows of a (1, rows*cols, D) patch table on ``grid`` resampled to other grids, at the patches (``rows``,
-    ``cols``) of grids (``grid_rows``, ``grid_cols``), all broadcast together: (..., D)."""
+    ``cols``) of grids (``grid_rows``, ``grid_cols``), all broadcast together: (..., D). With ``crop``, each grid's
+    table is the top left of the table resampled to a square of its longer side (C-RADIO)."""
+    if crop:
+        grid_rows = grid_cols = square_of(grid_rows, grid_cols)
     image = table.reshape(*grid, table.shape[-1]).float()
     down = resample_weights(rows, grid_rows, grid[0], mode, antialias, align_corners)
     across = resample_weights(cols, grid_cols, grid[1], mode, antialias, align_corners)
@@ -153,16 +168,16 @@ class LearnedPositionEmbedding(_CachedByGrid):
     """1-D learned table (the paper's default), one row per token including the [class] slot."""
 
     def __init__(self, grid: tuple[int, int], dim: int, prefix: int, mode: str = "bicubic",
-                 antialias: bool = False, align_corners: bool = False):
+                 antialias: bool = False, align_corners: bool = False, crop: bool = False):
         super().__init__()
         self.grid, self.prefix = tuple(grid), prefix
-        self.mode, self.antialias, self.align_corners = mode, antialias, align_corners
+        self.mode, self.antialias, self.align_corners, self.crop = mode, antialias, align_corners, crop
         self.weight = nn.Parameter(torch.empty(1, prefix + grid[0] * grid[1], dim))
         nn.init.normal_(self.weight, std=0.02)
 
     def _compute(self, grid: tuple[int, int], mode: str | None = None, antialias: bool | None = None) -> torch.Tensor:
         return resample_with_prefix(self.weight, self.prefix, self.grid, grid, mode or self.mode,
-                                    self.antialias if antialias is None else antialias, self.align_corners)
+                                    self.antialias if antialias is None else antialias, self.align_corners, self.crop)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         native = tuple(grid) == self.grid and not torch.jit.is_tracing()
@@ -170,7 +185,7 @@ class LearnedPositionEmbedding(_CachedByGrid):
 
     def at(self, rows: torch.Tensor, cols: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
         patches = table_at(self.weight[:, self.prefix:], self.grid, rows, cols, grids[:, None, 0], grids[:, None, 1],
-                           self.mode, self.antialias, self.align_corners)
+                           self.mode, self.antialias, self.align_corners, self.crop)
         if not self.prefix:  # no empty concatenation: OpenVINO's converter mis-reads an empty slice's shape
             return patches
         return torch.cat([self.weight[:, :self.prefix].expand(grids.shape[0], -1, -1), patches], dim=1)
@@ -331,8 +346,9 @@ def make_position_embedding(config: ViTConfig) -> nn.Module | None:
     prefix = config.pos_prefix_tokens
     grid, dim = config.grid_size, config.dim
     if config.pos_embed == "learned":
-        return LearnedPositionEmbedding(grid, dim, prefix, config.pos_interp, config.pos_interp_antialias,
-                                        config.pos_interp_align_corners)
+        return LearnedPositionEmbedding(config.pos_grid or grid, dim, prefix, config.pos_interp,
+                                        config.pos_interp_antialias, config.pos_interp_align_corners,
+                                        config.pos_interp_crop)
     if config.pos_embed == "learned-2d":
         return Learned2dPositionEmbedding(grid, dim, prefix)
     if config.pos_embed == "sincos-2d":

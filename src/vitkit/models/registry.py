@@ -101,6 +101,19 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # timm's flexivit_*: 240 px, a position table without the [class] row, resized bilinear without antialias.
     "FlexiViT": dict(no_embed_class=True, image_size=240, pos_interp="bilinear", normalization="google",
                      crop_pct=0.95, sizes={"S": {}, "B": {}, "L": {}}),
+    # Encoders of 2026. timm's vit_*_patch14_reg1_tipsv2: DINOv2 with one register and LayerScale, 448 px, taking
+    # the [0, 1] pixels as they are.
+    "TIPSv2": dict(reg_tokens=1, no_embed_class=True, layer_scale=1.0, image_size=448, pos_interp_antialias=True,
+                   num_classes=0, normalization="unit", crop_pct=1.0, sizes={"B": {}, "L": {}, "So400m": {}, "g": {}}),
+    # timm's vit_*_patch16_radio_v3/v4 (NVIDIA's C-RADIO): [class] then the other class tokens and registers (7 or
+    # 9 in all), a table of the 512 px grid without prefix rows, resized bilinearly without antialias (corners
+    # aligned for v3-B and v3-H) as timm loads it, no final norm; LayerScale in v3-B and v3-L; g's MLP is plain.
+    "C-RADIOv3": dict(reg_tokens=7, no_embed_class=True, final_norm=False, image_size=512, pos_interp="bilinear",
+                      num_classes=0, normalization="clip", crop_pct=1.0,
+                      sizes={"B": dict(layer_scale=1e-5, pos_interp_align_corners=True), "L": dict(layer_scale=1e-5),
+                             "H": dict(pos_interp_align_corners=True), "g": dict(mlp="gelu", mlp_ratio=4)}),
+    "C-RADIOv4": dict(reg_tokens=9, no_embed_class=True, final_norm=False, image_size=512, pos_interp="bilinear",
+                      num_classes=0, normalization="clip", crop_pct=1.0, sizes={"So400m": {}, "H": {}}),
 }
 # Gemma 4's vision encoder (timm's gemma4_vit_*_enc, transformers' Gemma4VisionModel; ``checkpoints.gemma4`` reads
 # them with these options): [0, 1] pixels scaled inside, a learned table per axis, RMSNorm on q, k and (unscaled) v,
@@ -112,7 +125,7 @@ GEMMA4: dict[str, Any] = dict(
     pos_axis_cells=10240, qkv_bias=False, proj_bias=False, qk_norm=True, v_norm=True, attn_scale=1.0, rope="axial",
     rope_theta=100.0, rope_xy=True, rope_half=True, rope_split=True, sandwich_norm=True, mlp="geglu", gelu="tanh",
     pool="soft", soft_pool=3, final_norm=False, num_classes=0)
-FAMILIES["Gemma4"] = dict(GEMMA4, image_size=768, normalization="raw", crop_pct=1.0,
+FAMILIES["Gemma4"] = dict(GEMMA4, image_size=768, normalization="unit", crop_pct=1.0,
                           sizes={"167M": dict(clamp_linears=True), "570M": dict(soft_standardize=True)})
 SUFFIXES: dict[str, dict[str, Any]] = {
     "distilled": dict(dist_token=True),  # DeiT's distillation token and head
@@ -130,6 +143,8 @@ RECENT_VARIANTS = (
     "EVA02-Ti/14", "EVA02-S/14", "EVA02-B/14", "EVA02-L/14",
     "PE-core-T/16", "PE-core-S/16", "PE-core-B/16", "PE-core-L/14",
     "SigLIP2-B/16", "AIMv2-L/14", "FlexiViT-S/16", "FlexiViT-B/16", "FlexiViT-L/16",
+    "TIPSv2-B/14", "TIPSv2-L/14", "TIPSv2-So400m/14", "TIPSv2-g/14",
+    "C-RADIOv3-B/16", "C-RADIOv3-L/16", "C-RADIOv3-H/16", "C-RADIOv3-g/16", "C-RADIOv4-So400m/16", "C-RADIOv4-H/16",
 )
 GEMMA4_VARIANTS = ("Gemma4-167M/16", "Gemma4-570M/16")
 
@@ -169,7 +184,7 @@ def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:
             **options}
     base["provenance"] = Provenance(name=name, **inputs)
     if size in SWIGLU_SIZES:
-        base["mlp"] = "swiglu"
+        base.setdefault("mlp", "swiglu")  # unless the family's size says otherwise (C-RADIO's g)
     return ViTConfig(**{**base, **overrides})
 
 

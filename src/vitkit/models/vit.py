@@ -105,7 +105,7 @@ class VisionTransformer(nn.Module):
 
     # ----------------------------------------------------------------------------------- init
     def _new_head(self, num_classes: int) -> nn.Module:
-        width = self.config.representation_size or self.config.dim
+        width = self.config.representation_size or self.config.pooled_dim
         if not num_classes:
             return nn.Identity()
         head = nn.Linear(width, num_classes)
@@ -314,7 +314,8 @@ class VisionTransformer(nn.Module):
 
     def pool(self, features: torch.Tensor, mask: torch.Tensor | None = None,
              grid: tuple[int, int] | PatchBatch | None = None) -> torch.Tensor:
-        """The image representation: the [class] token's state, the mean of the patch tokens, or (Option
+        """The image representation: the [class] token's state (Option summary_tokens: several prefix tokens'
+        states, concatenated), the mean of the patch tokens, or (Option
         'map') the attention pool over them (Option pool_prefix: over the prefix tokens too); with a distillation
         token, the mean of it and [class] (but [class] alone under a pre-logits layer, as HF's DeiTModel pools).
         ``mask`` (B, N) marks a NaFlex batch's real patches: padding is left out of the mean and the pool's keys.
@@ -328,6 +329,8 @@ class VisionTransformer(nn.Module):
             grid = self._layout_of(features) if grid is None else grid
             return self.soft_pool(features[:, c.learned_prefix_tokens:], grid, mask)
         if self.config.pool == "token":
+            if c.summary_tokens:  # Option summary_tokens (C-RADIO): several class tokens' states side by side
+                return features[:, list(c.summary_tokens)].flatten(1)
             distilled = self.head_dist is not None and not self.config.representation_size
             return self.fc_norm(features[:, :2].mean(dim=1) if distilled else features[:, 0])
         prefix = c.learned_prefix_tokens
@@ -432,7 +435,7 @@ class VisionTransformer(nn.Module):
 
     def resize_image(self, image_size: int | tuple[int, int]) -> None:
         """Make ``image_size`` the native resolution: the position table is resampled once, for good."""
-        config = self.config.replace(image_size=pair(image_size))
+        config = self.config.replace(image_size=pair(image_size), pos_grid=None)
         if self.pos_embed is not None:
             self.pos_embed.resize(config.grid_size)
         self.config = config
@@ -450,7 +453,8 @@ class VisionTransformer(nn.Module):
             raise ConfigError(f"resize_patch({patch_size!r}): a hybrid's patches are cut from its CNN's "
                               f"features, not pixels; only a plain ViT changes its patch size")
         size = self.config.image_size if image_size is None else pair(image_size)
-        config = self.config.replace(patch_size=patch_size, image_size=size)  # refuses a size P does not divide
+        # refuses a size P does not divide; a table on its own grid (pos_grid) is resampled to the new one
+        config = self.config.replace(patch_size=patch_size, image_size=size, pos_grid=None)
         proj = self.patch_embed.proj
         if mode is not None and mode not in POS_INTERPS:
             raise ConfigError(f"resize_patch(mode={mode!r}): expected one of {POS_INTERPS}")

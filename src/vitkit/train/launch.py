@@ -12,7 +12,7 @@ from ..memory import check_workers
 from ..models import ViTConfig, model_config
 from ..models.config import pair
 from ..runtime import select_device
-from .recipes import Recipe
+from .recipes import DENSE_OBJECTIVES, Recipe
 from .run import check_run_memory, run
 from .sizing import check_size, patch_for
 
@@ -20,9 +20,10 @@ from .sizing import check_size, patch_for
 def check_run_size(recipe: Recipe, device: torch.device, command: str = "vitkit train") -> None:
     """Refuse a run that cannot fit before any data or weights are loaded: more loader processes than CPUs, or a
     peak memory (``vitkit.memory``) above what the machine has, named with the flags that would fit. A run sized
-    from its data is checked once the data has said its size (``train.run.prepare``)."""
+    from its data is checked once the data has said its size, a dense run once it has said its classes, which size
+    the head (``train.run.prepare``)."""
     check_workers(recipe.data.num_workers)
-    if recipe.model.image_size is None:
+    if recipe.model.image_size is None or recipe.objective.kind in DENSE_OBJECTIVES:
         return
     size = pair(recipe.model.image_size)
     if recipe.model.init:

@@ -325,7 +325,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         raise ConfigError(f"--peft-targets {','.join(recipe.peft.targets)}: a LoRA on rows of qkv is kept to them by "
                           f"gradient masks, which FSDP's sharded parameters do not carry; target qkv, or run "
                           f"--parallel ddp")
-    if recipe.model.image_size is None:  # sized from the data: checked now that the data has said its size
+    if recipe.model.image_size is None or task:  # checked now that the data has said its size (and a head's classes)
         command = "vitkit " + ("pretrain" if pretraining else "finetune" if recipe.model.init else "train")
         check_run_memory(recipe.replace(model={"image_size": config.image_size}), config, env.device, command)
     recipe = recipe.replace(model={"image_size": config.image_size})  # saved with the run: a resumed run is sized alike

@@ -1,7 +1,12 @@
 """HF datasets as shards (``hf:PATH``, ``hf:ORG/NAME``): a folder written by ``datasets``' ``save_to_disk``
 (arrow files, memory-mapped) or a folder of parquet files with ``image`` and ``label`` columns (the
 layout of ImageNet and most image datasets on the hub: ``data/train-00000-of-00042.parquet``). Each
-file is a shard of ``shards.py``, read batch by batch, so nothing is held in memory whole. An
+file is a shard of ``shards.py``, read batch by batch, so nothing is held in memory whole.
+
+A dense dataset has an image column for its target instead of ``label``: ``mask`` (grey or palette PNGs of class
+ids, 255 for pixels that count for nothing; the classes named by ``classes.txt``, one a line, or an HF
+``id2label.json`` in the dataset's folder) or ``depth`` (16-bit PNGs of millimetres, 0 where there is no depth).
+Its index pass counts rows; a missing target is found when its row is read. An
 ``ORG/NAME`` that is not a local folder is fetched from the hub (its parquet files) with huggingface_hub.
 Needs pyarrow (``pip install 'vitkit[data]'``).
 """
@@ -20,13 +25,17 @@ import torch
 
 from ...errors import DatasetError, parse_json
 from ...paths import TEXT_LIMIT, id_segments, read_text, regular_file, resolved, within
+from ..dense import SEGMENTATION, TARGET_KEYS, read_pair
 from ..images import read_image
-from ..index_cache import ShardIndex
+from ..index_cache import CLASSIFICATION, ShardIndex
+from ..listed import read_class_names
 from ..shards import Shard, ShardedSplit, indexed_split, label_problem
 from ..splits import ALL, SPLITS, named_split
 from .base import ReadOptions, Source
 
 COLUMNS = ("image", "label")
+TARGET_COLUMNS = {"label": CLASSIFICATION, **{column: task for task, column in TARGET_KEYS.items()}}
+"""A file's target column, in order of precedence, and the task it says."""
 ROWS_PER_READ = 256
 
 
@@ -159,12 +168,13 @@ def batches(path: Path, columns: tuple[str, ...]):
         schema = schema_of(table)
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise DatasetError(f"{path}: no column {missing[0]!r}; it has {schema.names} (expected {list(COLUMNS)})")
+            raise DatasetError(f"{path}: no column {missing[0]!r}; it has {schema.names} (expected {list(columns)})")
         if "label" in columns and not pa.types.is_integer(schema.field("label").type):
             raise DatasetError(f"{path}: column 'label' holds {schema.field('label').type}, expected integers")
-        if "image" in columns and not holds_images(pa, schema.field("image").type):
-            raise DatasetError(f"{path}: column 'image' holds {schema.field('image').type}, expected the Image "
-                               f"feature (a struct of bytes and path) or encoded image bytes")
+        for column in (c for c in columns if c in ("image", *TARGET_KEYS.values())):
+            if not holds_images(pa, schema.field(column).type):
+                raise DatasetError(f"{path}: column {column!r} holds {schema.field(column).type}, expected the Image "
+                                   f"feature (a struct of bytes and path) or encoded image bytes")
         if hasattr(table, "iter_batches"):
             yield from table.iter_batches(batch_size=ROWS_PER_READ, columns=list(columns))
         else:
@@ -179,33 +189,65 @@ def holds_images(pa, kind) -> bool:
     return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
 
-def read_rows(shard: Shard) -> Iterator[tuple[str, tuple[dict | bytes | None, int | None]]]:
+def target_column(path: Path, schema) -> str:
+    """The column of a file's targets: ``label``, else ``mask`` or ``depth`` (``TARGET_COLUMNS``)."""
+    column = next((name for name in TARGET_COLUMNS if name in schema.names), None)
+    if column is None:
+        raise DatasetError(f"{path}: no column 'label', 'mask' or 'depth'; it has {schema.names} (expected an "
+                           f"'image' column with one of them)")
+    return column
+
+
+def read_rows(column: str, shard: Shard) -> Iterator[tuple[str, tuple[dict | bytes | None, object]]]:
     row = 0
-    for batch in batches(Path(shard.path), COLUMNS):
-        for image, label in zip(batch.column("image").to_pylist(), batch.column("label").to_pylist()):
-            yield f"row {row}", (image, label)
+    for batch in batches(Path(shard.path), ("image", column)):
+        for image, target in zip(batch.column("image").to_pylist(), batch.column(column).to_pylist()):
+            yield f"row {row}", (image, target)
             row += 1
 
 
-def decode_row(root: Path, classes: int, shard: Shard, key: str, row: tuple[dict | bytes | None, int | None]
-               ) -> tuple[torch.Tensor, int]:
-    """A row's image and label; an image given by path is read only from inside the dataset's resolved
-    ``root`` (a path relative to it, or one that leads into it)."""
-    image, label = row
-    problem = label_problem(label, classes)
-    if problem is not None:
-        raise DatasetError(f"{shard.path}: {key}: {problem}")
+def image_source(root: Path, image: dict | bytes | None, where: str, what: str = "image") -> io.BytesIO | Path:
+    """An Image feature's value (or plain bytes) as something to decode: its bytes, else its path, read only from
+    inside the dataset's resolved ``root`` (a path relative to it, or one that leads into it)."""
     encoded, path = (image.get("bytes"), image.get("path")) if isinstance(image, dict) else (image, None)
     if not (encoded or path):
-        raise DatasetError(f"{shard.path}: {key}: no image (expected the Image feature's bytes or path)")
-    source = io.BytesIO(encoded) if encoded else within(root, path, DatasetError, f"{shard.path}: {key}: the image path")
-    return read_image(source, f"{shard.path}: {key}"), label
+        raise DatasetError(f"{where}: no {what} (expected the Image feature's bytes or path)")
+    return io.BytesIO(encoded) if encoded else within(root, path, DatasetError, f"{where}: the {what} path")
+
+
+def decode_row(root: Path, task: str, classes: int, shard: Shard, key: str,
+               row: tuple[dict | bytes | None, object]) -> tuple[torch.Tensor, object]:
+    """A row's image and label, or its image and mask / depth map (``task``); images given by path are read only
+    from inside the dataset's ``root``."""
+    image, target = row
+    where = f"{shard.path}: {key}"
+    if task != CLASSIFICATION:
+        kind = TARGET_KEYS[task]
+        return read_pair(task, classes, image_source(root, image, where), image_source(root, target, where, kind),
+                         where, f"{where} {kind}")
+    problem = label_problem(target, classes)
+    if problem is not None:
+        raise DatasetError(f"{where}: {problem}")
+    return read_image(image_source(root, image, where), where), target
+
+
+def row_count(path: str) -> ShardIndex:
+    """A dense file's rows, counted without reading them (parquet's metadata; an arrow file's batches, mapped)."""
+    with named_errors(Path(path)):
+        table = open_table(Path(path))
+        task = TARGET_COLUMNS[target_column(Path(path), schema_of(table))]
+        rows = table.metadata.num_rows if hasattr(table, "metadata") and table.metadata is not None \
+            else sum(len(batch) for batch in table)
+    return ShardIndex(np.zeros(rows, dtype=np.int64), task=task)
 
 
 def label_index(path: str) -> ShardIndex:
-    """A file's rows and their labels, from its label column alone (null labels are missing ones)."""
+    """A file's rows and their labels, from its label column alone (null labels are missing ones); a dense file's
+    rows (``row_count``)."""
     labels, missing, problems, rows = [], [], {}, 0
     with named_errors(Path(path)) as pa:
+        if target_column(Path(path), schema_of(open_table(Path(path)))) != "label":
+            return row_count(path)
         import pyarrow.compute as pc
         for batch in batches(Path(path), ("label",)):
             column = batch.column("label")
@@ -235,6 +277,27 @@ def hf_split(spec: str, split: str, corrupt: str = "fail") -> ShardedSplit:
     for file in files:
         within(real_root, file, DatasetError, "a data file")
     with named_errors(files[0]):
-        names = class_names(files[0], schema_of(open_table(files[0])))
+        schema = schema_of(open_table(files[0]))
+    column = target_column(files[0], schema)
+    names = class_names(files[0], schema) if column == "label" else \
+        dense_class_names(root, real_root) if TARGET_COLUMNS[column] == SEGMENTATION else []
     return indexed_split(f"hf:{spec}[{split}]", [str(path) for path in files], "hf-labels", label_index, names,
-                         read_rows, functools.partial(decode_row, real_root), corrupt)
+                         functools.partial(read_rows, column), functools.partial(decode_row, real_root), corrupt)
+
+
+def dense_class_names(root: Path, real_root: Path) -> list[str] | None:
+    """The classes of a dense dataset's masks: ``classes.txt`` (one a line), else HF's ``id2label.json`` (ids 0 to
+    N-1, each named); None when it has neither."""
+    if (root / "classes.txt").exists():
+        return read_class_names(within(real_root, root / "classes.txt", DatasetError, "the class list"))
+    if not (root / "id2label.json").exists():
+        return None
+    where = within(real_root, root / "id2label.json", DatasetError, "the class list")
+    try:
+        table = parse_json(read_text(where, "class list"))
+        names = [table[str(index)] for index in range(len(table))]
+    except (ValueError, KeyError, TypeError) as error:
+        raise DatasetError(f"{where}: expected {{\"0\": NAME, \"1\": NAME, ...}} for ids 0 to N-1 ({error!r})") from None
+    if not names or not all(isinstance(name, str) for name in names):
+        raise DatasetError(f"{where}: expected a class name (a string) for each id 0 to N-1")
+    return names

@@ -1,6 +1,11 @@
 """WebDataset tar shards (``webdataset:ROOT`` or ``webdataset:PATTERN``): ``ROOT/{train,val,test}-NNNNNN.tar`` of
 ``KEY.EXT`` + ``KEY.cls`` samples and an optional ``ROOT/classes.txt``, read as streams (``shards``). The index
-pass reads the tar headers and the ``.cls`` members only."""
+pass reads the tar headers and the ``.cls`` members only.
+
+Dense samples hold a target instead of ``.cls``: ``KEY.mask.png`` (a grey or palette PNG of class ids, 255 for
+pixels that count for nothing; ``ROOT/classes.txt`` names the classes) or ``KEY.depth.png`` (a 16-bit PNG of
+millimetres, 0 where there is no depth), as ``vitkit data convert`` writes a dense dataset. A sample with a
+``.cls`` is an image label's, whatever else it holds; the shards of a split hold one kind."""
 
 from __future__ import annotations
 
@@ -18,8 +23,9 @@ from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expan
 
 from ...errors import DatasetError
 from ...paths import open_regular, regular_file, resolved, within
+from ..dense import TARGET_KEYS, TARGET_KINDS, read_pair
 from ..images import read_image
-from ..index_cache import ShardIndex
+from ..index_cache import CLASSIFICATION, ShardIndex
 from ..listed import read_class_names
 from ..shards import Shard, ShardedSplit, indexed_split, label_problem
 from ..splits import ALL, SPLITS, named_split
@@ -123,20 +129,29 @@ def tar_members(tar: tarfile.TarFile, size: int) -> tuple[dict[str, dict[str, ta
             keys.setdefault(key, {})[extension.lower()] = member
 
 
+# what a sample's target member says it holds, in order of precedence
+TARGETS = {"cls": CLASSIFICATION, **{f"{key}.png": task for task, key in TARGET_KEYS.items()}}
+
+
 def tar_index(path: str) -> ShardIndex:
-    """The samples of one tar shard and their labels, from its headers and ``.cls`` members."""
+    """The samples of one tar shard and their labels, from its headers and ``.cls`` members (a dense shard's
+    from its headers alone: the kind of target of its first sample that has one is the shard's)."""
     names, labels, problems, cut = [], [], {}, None
     try:
         with open_regular(path) as handle, tarfile.open(fileobj=handle) as tar:
             keys, cut = tar_members(tar, os.fstat(handle.fileno()).st_size)
             if cut is not None:
                 keys.pop(cut, None)  # the sample cut in two is not used
+            target = next((ext for members in keys.values() for ext in TARGETS if ext in members), "cls")
             for position, (key, members) in enumerate(keys.items()):
                 label = None
                 if not any(e in members for e in IMAGE_EXTENSIONS):
                     problems[position] = f"no image (.{'/.'.join(IMAGE_EXTENSIONS)})"
-                elif "cls" not in members:
-                    problems[position] = "no .cls label"
+                elif target not in members:
+                    what = "label" if target == "cls" else TARGET_KINDS[TARGETS[target]]
+                    problems[position] = f"no .{target} {what}"
+                elif target != "cls":
+                    label = 0
                 else:
                     label, problem = parse_label(tar.extractfile(members["cls"]).read())
                     if problem is not None:
@@ -145,7 +160,7 @@ def tar_index(path: str) -> ShardIndex:
                 labels.append(label)
     except (tarfile.TarError, OSError) as error:
         raise DatasetError(f"{path}: not a readable tar shard ({' '.join(str(error).split())})") from error
-    return ShardIndex.of(labels, names, problems, None if cut is None else f"sample {cut}")
+    return ShardIndex.of(labels, names, problems, None if cut is None else f"sample {cut}", TARGETS[target])
 
 
 def parse_label(text: bytes) -> tuple[int | None, str | None]:
@@ -159,8 +174,14 @@ def parse_label(text: bytes) -> tuple[int | None, str | None]:
     return label, None
 
 
-def decode_tar_sample(classes: int, shard: Shard, key: str, sample: dict) -> tuple[torch.Tensor, int]:
+def decode_tar_sample(task: str, classes: int, shard: Shard, key: str, sample: dict) -> tuple[torch.Tensor, object]:
     image = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
+    if task != CLASSIFICATION:
+        target = f"{TARGET_KEYS[task]}.png"
+        if image is None or target not in sample:
+            raise DatasetError(f"{shard.path}: sample {key} lacks an image or its .{target} {TARGET_KINDS[task]}")
+        name = f"{shard.path}: sample {key}"
+        return read_pair(task, classes, io.BytesIO(image), io.BytesIO(sample[target]), name, f"{name} .{target}")
     if image is None or "cls" not in sample:
         raise DatasetError(f"{shard.path}: sample {key} lacks an image or its .cls label")
     label, problem = parse_label(sample["cls"])
