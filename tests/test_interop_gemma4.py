@@ -536,3 +536,23 @@ def test_bad_transformers_configs_are_one_line_errors(tmp_path, change, expected
     with pytest.raises(CheckpointError, match=expected) as error:
         vitkit.load(tmp_path / "hf")
     assert "\n" not in str(error.value)
+
+
+def test_position_and_rotary_tables_the_analyses_read_are_timms(tmp_path):
+    """The per-axis table summed at each patch and the rotary [cos; sin] of each patch, on a non-square grid, equal
+    what timm's own embedder and rotary module compute for those patches ((x, y) positions)."""
+    from timm.models._hub import save_for_hf
+
+    from vitkit.analysis.embeddings import position_table, rope_phases
+
+    theirs = timm_peer("gemma4_vit_167m_enc")
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    model = vitkit.load(tmp_path / "hub", image_size=(16, 48))
+    rows, cols = torch.meshgrid(torch.arange(2), torch.arange(6), indexing="ij")
+    positions = torch.stack([cols.flatten(), rows.flatten()], dim=-1)[None]  # timm's internal (x, y)
+    with torch.no_grad():
+        table, grid = position_table(model)
+        torch.testing.assert_close(table, theirs.patch_embed._position_embeddings(positions, None)[0])
+        cos, sin = theirs.rotary_emb(torch.zeros(1), positions)
+    assert grid == (2, 6)
+    torch.testing.assert_close(rope_phases(model), torch.cat([cos[0], sin[0]], dim=-1))
