@@ -159,7 +159,7 @@ RECIPE_CHOICES = {"data.corrupt": ("fail", "skip"), "data.train_split": ("train"
                   "objective.mpp_target": ("mean-colour", "downsized", "pixels"),
                   "augment.transform": ("pretrain", "finetune", "eval"),
                   "augment.aug_level": ("none", "light1", "light2", "medium1", "medium2", "strong1", "strong2"),
-                  "augment.normalization": ("", "google", "imagenet", "clip"), "optim.optimizer": ("adamw", "sgd"),
+                  "augment.normalization": ("", "google", "imagenet", "clip", "unit"), "optim.optimizer": ("adamw", "sgd"),
                   "schedule.decay": ("cosine", "linear", "constant"), "run.precision": ("fp32", "bf16", "auto"),
                   "run.parallel": ("ddp", "fsdp")}
 
