@@ -1,0 +1,72 @@
+"""``vitkit zeroshot``: classify images by class names with an image-text checkpoint (CLIP, SigLIP, SigLIP 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..classnames import escape_name
+from ..evaluate.predict import prediction_record
+from ..runtime import resolve_precision, select_device
+from .flags import override_flags, positive, resize_flag, runtime_flags
+
+HELP: dict[str, tuple[str, str | None]] = {
+    "zeroshot": ("Classify images by class names, with no training, with the text tower of an image-text checkpoint.",
+                 "examples:\n"
+                 "  vitkit zeroshot clip-dir --images cat.jpg photos/ --classes cat dog bird\n"
+                 "  vitkit zeroshot siglip2-dir --images 'img/*.jpg' --classes-file names.txt --templates simple --json\n"
+                 "  vitkit zeroshot siglip-dir --images x.jpg --classes cat dog --multi-label   (independent sigmoids)"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the command to ``sub``, the subparsers of ``vitkit``."""
+    zeroshot = sub.add_parser("zeroshot", help="classify images by class names with CLIP or SigLIP")
+    zeroshot.add_argument("checkpoint", metavar="CHECKPOINT",
+                          help="an HF CLIPModel, SiglipModel or Siglip2Model directory, or an open_clip hub directory "
+                               "of CLIP (or hf-hub:ORG/NAME of one)")
+    override_flags(zeroshot, help="image tower config override, as vitkit predict takes it (repeatable)")
+    zeroshot.add_argument("--images", nargs="+", required=True, metavar="IMAGE",
+                          help="image files, folders (every image below them) or quoted glob patterns")
+    names = zeroshot.add_mutually_exclusive_group(required=True)
+    names.add_argument("--classes", nargs="+", metavar="NAME", help="the class names, verbatim")
+    names.add_argument("--classes-file", metavar="FILE", help="a text file of class names, one a line")
+    zeroshot.add_argument("--templates", nargs="+", metavar="T",
+                          help="prompt templates with one {} where the class name goes ('a photo of a {}.'), or a "
+                               "set: openai (open_clip's 80 OpenAI ImageNet templates, the default) or simple (the "
+                               "class name alone)")
+    zeroshot.add_argument("--top-k", type=positive, default=5, metavar="K",
+                          help="how many of the most probable classes to list for each image (default: 5)")
+    zeroshot.add_argument("--multi-label", action="store_true",
+                          help="SigLIP: each class's own sigmoid(exp(scale) * cosine + bias) instead of a softmax "
+                               "over the classes")
+    zeroshot.add_argument("--tokenizer", metavar="DIR",
+                          help="a folder holding the tokenizer files (tokenizer.json) where the checkpoint lacks them")
+    zeroshot.add_argument("--json", action="store_true", help="the predictions as a JSON list on stdout")
+    resize_flag(zeroshot)
+    runtime_flags(zeroshot)
+    zeroshot.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Top-k class names with their probabilities for each image."""
+    from ..text import load_clip
+    from ..text.zeroshot import check_multi_label, read_classes_file, resolve_templates, check_classes, zeroshot_files
+
+    classes = read_classes_file(args.classes_file) if args.classes_file else check_classes(args.classes)
+    templates = resolve_templates(args.templates)  # refused before the checkpoint is read
+    model = load_clip(args.checkpoint, tokenizer=args.tokenizer, **args.overrides)
+    if args.multi_label:
+        check_multi_label(model)
+    device = select_device(args.device)
+    dtype = resolve_precision(args.precision, device)
+    predictions = zeroshot_files(model.to(device), args.images, classes, templates, args.top_k, args.multi_label,
+                                 device, dtype, args.resize)
+    if args.json:
+        print(json.dumps([prediction_record(prediction) for prediction in predictions], indent=1))
+        return 0
+    for prediction in predictions:
+        ranked = ", ".join(f"{escape_name(label)} {100 * p:.1f}%"
+                           for label, p in zip(prediction.labels, prediction.probabilities))
+        print(f"{prediction.path}: {ranked}")
+    return 0

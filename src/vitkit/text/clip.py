@@ -1,0 +1,94 @@
+"""``vitkit.load_clip``: an image-text checkpoint as one object, the image tower vitkit's ``VisionTransformer`` (as
+``vitkit.load`` gives it) beside the text tower and the tokenizer of the checkpoint's own files."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoints import hub
+from ..checkpoints.files import read_json_object
+from ..checkpoints.hf import CONFIG_FILE
+from ..checkpoints.hf_families import WHOLE
+from ..checkpoints.loading import load, load_state_strict
+from ..checkpoints.open_clip import HUB_CONFIG, is_open_clip_directory
+from ..errors import CheckpointError, ConfigError
+from ..models.vit import VisionTransformer
+from .model import TextTransformer
+from .readers import TextTower, read_hf_text, read_open_clip_text
+from .tokenize import Tokenizer, tokenizer_for
+
+TEXT_FAMILIES = ("HF transformers' CLIPModel, SiglipModel and Siglip2Model directories, open_clip hub directories "
+                 "of CLIP")
+
+
+class NoTextTower(ConfigError, CheckpointError):
+    """The checkpoint holds an image tower alone (or one vitkit reads without its text tower)."""
+
+
+class ImageTextModel(nn.Module):
+    """An image tower and a text tower embedding into one space, as CLIP and SigLIP are trained.
+
+    ``encode_image(images)``: (B, C, H, W) images, normalised as the checkpoint wants (``visual.config``), ->
+    (B, E) embeddings; ``encode_text(texts)``: a list of strings -> (B, E) embeddings, both unnormalised as
+    open_clip returns them. ``logit_scale`` is the stored log of the scale (the logits are ``exp(logit_scale)``
+    times the cosine), ``logit_bias`` SigLIP's bias (None for CLIP)."""
+
+    def __init__(self, visual: VisionTransformer, text: TextTransformer, tokenizer: Tokenizer,
+                 logit_scale: torch.Tensor, logit_bias: torch.Tensor | None, family: str, source: str):
+        super().__init__()
+        self.visual, self.text, self.tokenizer = visual, text, tokenizer
+        self.register_buffer("logit_scale", logit_scale)
+        self.register_buffer("logit_bias", logit_bias)
+        self.family, self.source = family, source
+
+    @property
+    def sigmoid(self) -> bool:
+        """Whether the model was trained with SigLIP's sigmoid loss (it has a ``logit_bias``)."""
+        return self.logit_bias is not None
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, E) embeddings of (B, C, H, W) images normalised as ``visual.config`` says, unnormalised."""
+        return self.visual(images)
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        """The (B, T) token ids of ``texts``, as the checkpoint's tokenizer gives them (see ``text.tokenize``)."""
+        return self.tokenizer(texts)
+
+    def encode_text(self, texts: list[str]) -> torch.Tensor:
+        """(B, E) embeddings of a list of strings, tokenized as the checkpoint's tokenizer does, unnormalised."""
+        return self.text(self.tokenize(texts).to(self.logit_scale.device))
+
+
+def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **overrides: Any) -> ImageTextModel:
+    """The image-text model of ``checkpoint``: an HF ``CLIPModel``, ``SiglipModel`` or ``Siglip2Model`` directory,
+    or an open_clip hub directory of CLIP (or ``hf-hub:ORG/NAME`` of one), in eval mode. ``tokenizer``: a folder
+    holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold them; ``overrides`` go to
+    the image tower as in ``vitkit.load``. A checkpoint without a text tower is a ``CheckpointError`` naming it."""
+    path = hub.resolve(checkpoint) if isinstance(checkpoint, str) and hub.is_remote(checkpoint) else Path(checkpoint)
+    tower = read_text_tower(path)
+    with warnings.catch_warnings():  # the image tower's reader warns that it leaves the text tower out
+        warnings.filterwarnings("ignore", message=".*its text tower .* is left out")
+        visual = load(path, **overrides)
+    with torch.device("meta"):
+        text = TextTransformer(tower.config)
+    load_state_strict(text, tower.state, f"{path} (text tower)")
+    return ImageTextModel(visual, text.eval(), tokenizer_for(tower.tokenizer, tokenizer), tower.logit_scale,
+                          tower.logit_bias, tower.family, str(path)).eval()
+
+
+def read_text_tower(path: Path) -> TextTower:
+    """The text tower ``path`` holds, or a ``NoTextTower`` error naming what vitkit reads text towers from."""
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}")
+    if path.is_dir() and is_open_clip_directory(path):
+        return read_open_clip_text(path, read_json_object(path / HUB_CONFIG))
+    hf = read_json_object(path / CONFIG_FILE) if path.is_dir() else None
+    if hf is not None and hf.get("model_type") in WHOLE:
+        return read_hf_text(path, hf)
+    what = f"model_type={hf.get('model_type')!r}" if hf is not None and "model_type" in hf else "an image tower"
+    raise NoTextTower(f"{path}: no text tower ({what}); zero-shot takes a checkpoint with one: {TEXT_FAMILIES}")
