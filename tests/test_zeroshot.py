@@ -88,6 +88,27 @@ def hf_siglip2(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def hf_siglip(tmp_path_factory):
+    """A SiglipModel with a SentencePiece model trained here (what SigLIP's hub folders hold: spiece.model)."""
+    spm = pytest.importorskip("sentencepiece")
+    folder = tmp_path_factory.mktemp("siglip") / "hf"
+    folder.mkdir()
+    corpus = folder.parent / "corpus.txt"
+    corpus.write_text("\n".join(["a photo of a cat", "a photo of a dog", "the quick brown fox jumps over the lazy dog",
+                                  "a bird on a tree", "an image of a car on the road"] * 20))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder.parent / "tiny"), vocab_size=32,
+                                   pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    tokenizer = transformers.SiglipTokenizer(str(folder.parent / "tiny.model"))
+    config = transformers.SiglipConfig(text_config=dict(TEXT, vocab_size=32, max_position_embeddings=16),
+                                       vision_config=dict(VISION, image_size=32, patch_size=8))
+    torch.manual_seed(0)
+    peer = randomised(transformers.SiglipModel(config))
+    peer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return peer, transformers.AutoTokenizer.from_pretrained(folder), folder
+
+
+@pytest.fixture(scope="module")
 def open_clip_hub(tmp_path_factory):
     """A CLIP as open_clip's push_to_hf_hub writes it: open_clip_config.json + open_clip_model.safetensors; the
     vocabulary is the full CLIP BPE's, which open_clip's tokenizer emits."""
@@ -146,6 +167,22 @@ def test_siglip2_text_tower_lower_cases_and_pads_as_its_processor(hf_siglip2):
         assert_close(model.encode_text(CAPTIONS), peer.get_text_features(input_ids=theirs["input_ids"]).pooler_output)
     assert (model.logit_scale.item(), model.logit_bias.item()) == (peer.logit_scale.item(), peer.logit_bias.item())
     assert (model.text.config.causal, model.text.config.pool, model.text.config.gelu) == (False, "last", "tanh")
+
+
+def test_siglip_text_tower_canonicalises_and_pads_as_its_tokenizer(hf_siglip):
+    """transformers' SiglipTokenizer: punctuation removed, lower-cased, whitespace collapsed, </s> appended (kept
+    when the text is cut), padded with </s> to the full context."""
+    peer, tokenizer, folder = hf_siglip
+    model = vitkit.load_clip(folder)
+    texts = [*CAPTIONS, "zebra, XYLOPHONE?"]
+    theirs = tokenizer(texts, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+    ids = model.tokenize(texts)
+    assert torch.equal(ids, theirs.input_ids) and ids.shape == (5, 16) and ids[3, -1] == tokenizer.eos_token_id
+    with torch.no_grad():
+        assert_close(model.encode_text(texts), peer.get_text_features(input_ids=theirs.input_ids).pooler_output)
+        images = torch.randn(2, 3, 32, 32)
+        assert_close(model.encode_image(images), peer.get_image_features(pixel_values=images).pooler_output)
+    assert (model.logit_scale.item(), model.logit_bias.item()) == (peer.logit_scale.item(), peer.logit_bias.item())
 
 
 def test_open_clip_text_tower_gives_open_clips_embeddings(open_clip_hub):
@@ -315,3 +352,14 @@ def test_a_missing_or_broken_tokenizer_is_one_line_and_tokenizer_dir_mends_it(hf
     with pytest.raises(vitkit.CheckpointError, match="tokenizer.json: not a tokenizers file"):
         vitkit.load_clip(bare)
 
+
+
+def test_a_broken_sentencepiece_model_is_one_line(hf_siglip, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_siglip[2], bare)
+    (bare / "spiece.model").write_text("not a model")
+    with pytest.raises(vitkit.CheckpointError, match="spiece.model: not a SentencePiece model"):
+        vitkit.load_clip(bare)
+    (bare / "spiece.model").unlink()
+    with pytest.raises(vitkit.CheckpointError, match="no spiece.model; pass tokenizer=DIR"):
+        vitkit.load_clip(bare)

@@ -1,5 +1,6 @@
 """Tokenizers of image-text checkpoints, built from the checkpoint's own files with the libraries that define them:
-HF ``tokenizers`` for an HF directory's ``tokenizer.json``, open_clip's CLIP BPE for an open_clip directory.
+HF ``tokenizers`` for an HF directory's ``tokenizer.json``, ``sentencepiece`` for SigLIP's ``spiece.model``,
+open_clip's CLIP BPE for an open_clip directory.
 
 A tokenizer turns a list of strings into a (B, T) tensor of token ids as the family's own processor does:
 - the context length is the checkpoint's (its position table), never a constant; longer texts are cut as the peer
@@ -17,6 +18,7 @@ A tokenizer turns a list of strings into a (B, T) tensor of token ids as the fam
 from __future__ import annotations
 
 import logging
+import string
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,10 @@ from ..errors import CheckpointError, ConfigError, abridged
 log = logging.getLogger("vitkit")
 
 TOKENIZER_FILE = "tokenizer.json"
+SENTENCEPIECE_FILE = "spiece.model"  # SigLIP's
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # HF family -> (its tokenizer class's pad token and padding side, where tokenizer_config.json says neither).
-HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "siglip": ("</s>", "right"), "siglip2": ("<pad>", "left")}
+HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "siglip2": ("<pad>", "left")}
 
 
 class MissingTokenizer(ConfigError, CheckpointError):
@@ -107,6 +110,50 @@ class HFTokenizer(Tokenizer):
         return torch.tensor([encoding.ids for encoding in encodings], dtype=torch.long), cut
 
 
+class SentencePieceTokenizer(Tokenizer):
+    """SigLIP's ``spiece.model`` run by ``sentencepiece`` with the rules of transformers' ``SiglipTokenizer``: the
+    text canonicalised first (lower-cased unless ``do_lower_case`` is false, ASCII punctuation removed, runs of
+    whitespace made one space), the end-of-sequence token appended (the words cut to leave it room), padded to the
+    full context with the pad token (``</s>``, the end-of-sequence token itself)."""
+
+    def __init__(self, file: Path, context_length: int):
+        super().__init__(context_length, str(file.parent))
+        try:
+            import sentencepiece
+        except ImportError:
+            raise ImportError("SigLIP's spiece.model is read by sentencepiece: pip install 'vitkit[text]'") from None
+        self.model = sentencepiece.SentencePieceProcessor()
+        try:
+            self.model.Load(str(file))
+        except (OSError, RuntimeError) as error:
+            raise CheckpointError(f"{file}: not a SentencePiece model ({str(error).splitlines()[0]})") from None
+        settings = read_json_object(file.parent / TOKENIZER_CONFIG) or {}
+        self.lower = settings.get("do_lower_case", True) is not False
+        self.eos, self.pad = (self._id(_token(settings.get(name, "</s>")), file) for name in ("eos_token", "pad_token"))
+        self.unpunctuate = str.maketrans("", "", string.punctuation)
+
+    def _id(self, token: Any, file: Path) -> int:
+        found = self.model.piece_to_id(token) if isinstance(token, str) else -1
+        if not 0 <= found < self.model.get_piece_size() or self.model.id_to_piece(found) != token:
+            raise CheckpointError(f"{file}: the special token {abridged(token)} ({TOKENIZER_CONFIG}) is not one of "
+                                  f"its pieces")
+        return found
+
+    def canonical(self, text: str) -> str:
+        """The text as SigLIP's tokenizer sees it (big_vision's canonicalisation)."""
+        text = (text.lower() if self.lower else text).translate(self.unpunctuate)
+        return " ".join(text.split())
+
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, list[str]]:
+        room = self.context_length - 1
+        pieces = [self.model.encode(self.canonical(text)) for text in texts]
+        ids = torch.full((len(texts), self.context_length), self.pad, dtype=torch.long)
+        for row, words in enumerate(pieces):
+            kept = words[:room] + [self.eos]
+            ids[row, :len(kept)] = torch.tensor(kept, dtype=torch.long)
+        return ids, [text for text, words in zip(texts, pieces) if len(words) > room]
+
+
 class OpenClipTokenizer(Tokenizer):
     """open_clip's CLIP BPE (``SimpleTokenizer``, with the ``tokenizer_kwargs`` of the folder's config: the cleaning
     of the text), padded with zeros to the context length."""
@@ -137,17 +184,21 @@ def tokenizer_for(spec: dict[str, Any], tokenizer: str | Path | None = None) -> 
         if tokenizer is not None:
             raise ConfigError(f"tokenizer={tokenizer}: an open_clip CLIP folder is tokenized by open_clip's own BPE")
         return OpenClipTokenizer(context, spec["options"], "the checkpoint")
+    family = spec["family"]
+    name = SENTENCEPIECE_FILE if family == "siglip" else TOKENIZER_FILE
     where = Path(tokenizer) if tokenizer is not None else spec["directory"]
-    file = where if where.is_file() else where / TOKENIZER_FILE
+    file = where if where.is_file() else where / name
     if tokenizer is not None and not where.exists():
         raise MissingTokenizer(f"tokenizer={where}: no such file or folder")
     if not file.is_file():
         repo = spec.get("name")
         fetch = f" (the tokenizer files of {repo})" if isinstance(repo, str) and repo else ""
         told = "" if tokenizer is None else "the tokenizer folder given, "
-        raise MissingTokenizer(f"{told}{where}: no {TOKENIZER_FILE}; pass tokenizer=DIR (--tokenizer DIR), a folder "
-                               f"holding the checkpoint's {TOKENIZER_FILE}{fetch}")
-    return HFTokenizer(file, spec["family"], context)
+        raise MissingTokenizer(f"{told}{where}: no {name}; pass tokenizer=DIR (--tokenizer DIR), a folder holding "
+                               f"the checkpoint's {name}{fetch}")
+    if family == "siglip":
+        return SentencePieceTokenizer(file, context)
+    return HFTokenizer(file, family, context)
 
 
 def _token(value: Any) -> str | None:
