@@ -318,6 +318,7 @@ def test_a_checkpoint_without_a_text_tower_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
+    (["--templates", "simple"], "no class names: give them"),
     (["--classes", "cat", "", "--templates", "simple"], "class 2: an empty class name"),
     (["--classes", "cat", "cat", "--templates", "simple"], "given more than once: 'cat'"),
     (["--classes", "cat", "--templates", "a photo"], "template 'a photo': expected one '{}'"),
@@ -363,3 +364,40 @@ def test_a_broken_sentencepiece_model_is_one_line(hf_siglip, tmp_path):
     (bare / "spiece.model").unlink()
     with pytest.raises(vitkit.CheckpointError, match="no spiece.model; pass tokenizer=DIR"):
         vitkit.load_clip(bare)
+
+
+def test_dataset_top1_top5_are_those_of_the_peers_classifier(open_clip_hub, tmp_path, capsys):
+    """--dataset imagefolder:DIR: the classes named by its folders; top-1, per-class accuracy and the loss from
+    open_clip's model and its own zero-shot classifier, on the images as vitkit's loader prepares them."""
+    from open_clip import build_zero_shot_classifier
+    from vitkit.data import evaluation_loader, load_dataset
+    from vitkit.evaluate.preprocessing import checkpoint_transform
+
+    peer, tokenizer, folder = open_clip_hub
+    classes = ["bird", "cat", "dog"]
+    for name in classes:
+        (tmp_path / "data" / name).mkdir(parents=True)
+        image_files(tmp_path / "data" / name, 3)
+    report = cli_json(capsys, folder, "--dataset", f"imagefolder:{tmp_path / 'data'}", "--templates",
+                      "a photo of a {}.", "{}")
+    model = vitkit.load_clip(folder)
+    data = load_dataset(f"imagefolder:{tmp_path / 'data'}", report["split"])
+    images, labels = zip(*evaluation_loader(data, checkpoint_transform(model.visual.config), 64))
+    images, labels = torch.cat(images), torch.cat(labels)
+    with torch.no_grad():
+        classifier = build_zero_shot_classifier(peer, tokenizer, classes, ["a photo of a {}.", "{}"])
+        logits = peer.logit_scale.exp() * F.normalize(peer.encode_image(images), dim=-1) @ classifier
+    predicted = logits.argmax(dim=-1)
+    confusion = torch.bincount(labels * 3 + predicted, minlength=9).reshape(3, 3)
+    assert report["images"] == 9 and report["top5"] == 1.0 and report["confusion"] == confusion.tolist()
+    assert report["top1"] == pytest.approx((predicted == labels).float().mean().item())
+    assert report["loss"] == pytest.approx(F.cross_entropy(logits, labels).item(), abs=1e-5)  # every logit counts
+
+
+def test_dataset_class_names_must_match_its_classes(open_clip_hub, tmp_path, capsys):
+    for name in ("a", "b"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        image_files(tmp_path / "data" / name, 1)
+    code, err = cli_error(capsys, open_clip_hub[2], "--dataset", f"imagefolder:{tmp_path / 'data'}", "--classes",
+                          "x", "y", "z", "--templates", "simple")
+    assert code == 2 and "3 class names for the 2 classes of imagefolder:" in err

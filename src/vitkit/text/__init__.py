@@ -3,7 +3,8 @@
 
 from .clip import ImageTextModel, load_clip
 from .model import TextConfig, TextTransformer
-from .zeroshot import class_embeddings, class_probabilities, resolve_templates, zeroshot_files
+from .zeroshot import (ZeroShotClassifier, class_embeddings, class_probabilities, resolve_templates, zeroshot_dataset,
+                       zeroshot_files)
 
-__all__ = ["ImageTextModel", "TextConfig", "TextTransformer", "load_clip", "class_embeddings", "class_probabilities",
-           "resolve_templates", "zeroshot_files"]
+__all__ = ["ImageTextModel", "TextConfig", "TextTransformer", "ZeroShotClassifier", "load_clip", "class_embeddings",
+           "class_probabilities", "resolve_templates", "zeroshot_dataset", "zeroshot_files"]

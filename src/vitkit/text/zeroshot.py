@@ -12,9 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from ..analysis.inputs import image_files
+from ..data import SplitSpec, default_split, evaluation_loader, load_dataset
 from ..data.images import read_image
 from ..errors import ConfigError, abridged
+from ..evaluate.metrics import evaluate, write_report
 from ..evaluate.predict import Prediction, image_transform, most_probable
+from ..evaluate.preprocessing import checkpoint_transform
 from ..paths import read_text, reason
 from ..runtime import autocast
 from .clip import ImageTextModel
@@ -128,3 +131,41 @@ def zeroshot_files(model: ImageTextModel, images: Sequence[str | Path], classes:
                                                top_k)
         results.append(Prediction(Path(path), [classes[i] for i in indices], probabilities))
     return results
+
+
+class ZeroShotClassifier(torch.nn.Module):
+    """An image-text model as a classifier of fixed classes: images -> (B, K) logits, exp(logit_scale) times the
+    cosine of each image's embedding with each class's (``class_embeddings``); what ``vitkit eval``'s loop runs."""
+
+    def __init__(self, model: ImageTextModel, classifier: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("classifier", classifier)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        embedded = F.normalize(self.model.encode_image(images).float(), dim=-1)
+        return self.model.logit_scale.exp() * embedded @ self.classifier.T
+
+
+@torch.no_grad()
+def zeroshot_dataset(model: ImageTextModel, dataset: str, split: str | None = None, *,
+                     classes: Sequence[str] | None = None, templates: Sequence[str] | str | None = None,
+                     data_dir: str | Path | None = None, val_fraction: float = 0.1, corrupt: str = "fail",
+                     batch_size: int = 64, num_workers: int = 0, out: str | Path | None = None, resize: str = "crop",
+                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """Top-1/top-5 (and per-class accuracy, the confusion matrix) of zero-shot classification on ``split`` of
+    ``dataset`` (default: its test split, else its validation split, else all of it), the classes named by the
+    dataset's own class names or by ``classes`` (as many, in the dataset's order); the report of ``vitkit eval``,
+    written as ``eval-<split>.json`` into ``out`` when given. ``model`` already on ``device``."""
+    device = torch.device(device)
+    chosen = split or default_split(dataset)
+    data = load_dataset(dataset, chosen, data_dir, SplitSpec(val_fraction), corrupt)
+    names = check_classes(data.classes if classes is None else classes)
+    if len(names) != len(data.classes):
+        raise ConfigError(f"{len(names)} class names for the {len(data.classes)} classes of {dataset}")
+    with autocast(device, dtype):
+        classifier = class_embeddings(model, names, templates)
+    loader = evaluation_loader(data, checkpoint_transform(model.visual.config, resize), batch_size, num_workers,
+                               corrupt, device=device)
+    evaluation = evaluate(ZeroShotClassifier(model, classifier), loader, len(names), device, dtype)
+    return write_report(evaluation, names, out, chosen)
