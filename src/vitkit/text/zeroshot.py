@@ -143,6 +143,7 @@ class ZeroShotClassifier(torch.nn.Module):
         self.register_buffer("classifier", classifier)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) normalised images -> (B, K) logits."""
         embedded = F.normalize(self.model.encode_image(images).float(), dim=-1)
         return self.model.logit_scale.exp() * embedded @ self.classifier.T
 
