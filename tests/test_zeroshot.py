@@ -401,3 +401,26 @@ def test_dataset_class_names_must_match_its_classes(open_clip_hub, tmp_path, cap
     code, err = cli_error(capsys, open_clip_hub[2], "--dataset", f"imagefolder:{tmp_path / 'data'}", "--classes",
                           "x", "y", "z", "--templates", "simple")
     assert code == 2 and "3 class names for the 2 classes of imagefolder:" in err
+
+
+def test_a_hub_name_fetches_the_tokenizer_files_too(hf_siglip, monkeypatch):
+    """hf-hub:ORG/NAME: huggingface_hub is asked for the tokenizer's files beside the weights (its download
+    stood in for by the folder, filtered by the patterns asked for, as snapshot_download filters)."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from fnmatch import fnmatch
+
+    folder = hf_siglip[2]
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        assert repo_id == "google/tiny-siglip"
+        copy = folder.parent / "snapshot"
+        shutil.rmtree(copy, ignore_errors=True)
+        copy.mkdir()
+        for path in folder.iterdir():
+            if any(fnmatch(path.name, pattern) for pattern in allow_patterns):
+                shutil.copy(path, copy / path.name)
+        return str(copy)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    model = vitkit.load_clip("hf-hub:google/tiny-siglip")
+    assert torch.equal(model.tokenize(CAPTIONS), vitkit.load_clip(folder).tokenize(CAPTIONS))

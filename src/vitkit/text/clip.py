@@ -20,8 +20,11 @@ from ..errors import CheckpointError, ConfigError
 from ..models.vit import VisionTransformer
 from .model import TextTransformer
 from .readers import TextTower, read_hf_text, read_open_clip_text
-from .tokenize import Tokenizer, tokenizer_for
+from .tokenize import SENTENCEPIECE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, Tokenizer, tokenizer_for
 
+# What a hub repository holds of an image-text model beyond the image tower's files.
+TEXT_FILES = (HUB_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG, SENTENCEPIECE_FILE,
+              "special_tokens_map.json")
 TEXT_FAMILIES = ("HF transformers' CLIPModel, SiglipModel and Siglip2Model directories, open_clip hub directories "
                  "of CLIP")
 
@@ -69,7 +72,8 @@ def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **ove
     or an open_clip hub directory of CLIP (or ``hf-hub:ORG/NAME`` of one), in eval mode. ``tokenizer``: a folder
     holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold them; ``overrides`` go to
     the image tower as in ``vitkit.load``. A checkpoint without a text tower is a ``CheckpointError`` naming it."""
-    path = hub.resolve(checkpoint) if isinstance(checkpoint, str) and hub.is_remote(checkpoint) else Path(checkpoint)
+    remote = isinstance(checkpoint, str) and hub.is_remote(checkpoint)
+    path = hub.resolve(checkpoint, TEXT_FILES) if remote else Path(checkpoint)
     tower = read_text_tower(path)
     with warnings.catch_warnings():  # the image tower's reader warns that it leaves the text tower out
         warnings.filterwarnings("ignore", message=".*its text tower .* is left out")
