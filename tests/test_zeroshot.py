@@ -197,6 +197,32 @@ def test_open_clip_text_tower_gives_open_clips_embeddings(open_clip_hub):
     assert model.logit_scale.item() == peer.logit_scale.item()
 
 
+@pytest.mark.parametrize("custom,text,bias", [
+    (True, dict(ls_init_value=0.1, proj_bias=True), None),  # LayerScale, a projection with bias, under text.*
+    (True, dict(pool_type="last", no_causal_mask=True, norm_kwargs={"eps": 1e-6}), -10.0),  # SigLIP-like
+    (False, dict(pool_type="eos", eos_id=49407), None),
+])
+def test_open_clip_text_tower_options(tmp_path, custom, text, bias):
+    """The text_cfg options of open_clip's own TextTransformer, in CLIP and CustomTextCLIP (weights under text.)."""
+    from open_clip.push_to_hf_hub import save_config_for_hf
+
+    config = dict(embed_dim=16, vision_cfg=dict(image_size=32, layers=1, width=64, patch_size=8, head_width=16),
+                  text_cfg=dict(context_length=12, vocab_size=49408, width=32, heads=2, layers=2, **text),
+                  init_logit_bias=bias, **({"custom_text": True} if custom else {}))
+    built = {key: value for key, value in config.items() if key != "custom_text"}
+    peer = randomised((open_clip.CustomTextCLIP if custom else open_clip.CLIP)(**built))
+    peer.visual.image_mean, peer.visual.image_std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    (tmp_path / "hub").mkdir()
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, tmp_path / "hub" / "open_clip_model.safetensors")
+    save_config_for_hf(peer, tmp_path / "hub" / "open_clip_config.json", model_config=config)
+    model = vitkit.load_clip(tmp_path / "hub")
+    ids = open_clip.get_tokenizer(f"local-dir:{tmp_path / 'hub'}")(CAPTIONS)
+    assert torch.equal(model.tokenize(CAPTIONS), ids)
+    with torch.no_grad():
+        assert_close(model.encode_text(CAPTIONS), peer.encode_text(ids))
+    assert (model.logit_bias is None) == (bias is None)
+
+
 def image_files(folder, count=2):
     paths = []
     for index in range(count):
