@@ -450,3 +450,17 @@ def test_a_hub_name_fetches_the_tokenizer_files_too(hf_siglip, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     model = vitkit.load_clip("hf-hub:google/tiny-siglip")
     assert torch.equal(model.tokenize(CAPTIONS), vitkit.load_clip(folder).tokenize(CAPTIONS))
+
+
+def test_a_malformed_open_clip_text_config_is_one_error(open_clip_hub, tmp_path):
+    bare = tmp_path / "hub"
+    shutil.copytree(open_clip_hub[2], bare)
+    config = json.loads((bare / "open_clip_config.json").read_text())
+    config["model_cfg"]["text_cfg"]["norm_kwargs"] = "eps"
+    (bare / "open_clip_config.json").write_text(json.dumps(config))
+    with pytest.raises(vitkit.CheckpointError, match="malformed text tower"):
+        vitkit.load_clip(bare)
+    config["model_cfg"]["text_cfg"] = None
+    (bare / "open_clip_config.json").write_text(json.dumps(config))
+    with pytest.raises(vitkit.CheckpointError, match="no model_cfg.text_cfg"):
+        vitkit.load_clip(bare)

@@ -16,7 +16,7 @@ from ..checkpoints.hf import CONFIG_FILE
 from ..checkpoints.hf_families import WHOLE
 from ..checkpoints.loading import load, load_state_strict
 from ..checkpoints.open_clip import HUB_CONFIG, is_open_clip_directory
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, VitkitError
 from ..models.vit import VisionTransformer
 from .model import TextTransformer
 from .readers import TextTower, read_hf_text, read_open_clip_text
@@ -75,18 +75,29 @@ def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **ove
     remote = isinstance(checkpoint, str) and hub.is_remote(checkpoint)
     path = hub.resolve(checkpoint, TEXT_FILES) if remote else Path(checkpoint)
     tower = read_text_tower(path)
+    tokenize = tokenizer_for(tower.tokenizer, tokenizer)  # a missing tokenizer is said before the image tower loads
     with warnings.catch_warnings():  # the image tower's reader warns that it leaves the text tower out
         warnings.filterwarnings("ignore", message=".*its text tower .* is left out")
         visual = load(path, **overrides)
     with torch.device("meta"):
         text = TextTransformer(tower.config)
     load_state_strict(text, tower.state, f"{path} (text tower)")
-    return ImageTextModel(visual, text.eval(), tokenizer_for(tower.tokenizer, tokenizer), tower.logit_scale,
-                          tower.logit_bias, tower.family, str(path)).eval()
+    return ImageTextModel(visual, text.eval(), tokenize, tower.logit_scale, tower.logit_bias, tower.family,
+                          str(path)).eval()
 
 
 def read_text_tower(path: Path) -> TextTower:
-    """The text tower ``path`` holds, or a ``NoTextTower`` error naming what vitkit reads text towers from."""
+    """The text tower ``path`` holds, or a ``NoTextTower`` error naming what vitkit reads text towers from; a
+    config whose fields are of the wrong kind, met deep inside a reader, is a CheckpointError."""
+    try:
+        return _read_text_tower(path)
+    except VitkitError:
+        raise
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as error:
+        raise CheckpointError(f"{path}: malformed text tower ({type(error).__name__}: {error})") from error
+
+
+def _read_text_tower(path: Path) -> TextTower:
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     if path.is_dir() and is_open_clip_directory(path):
@@ -94,5 +105,6 @@ def read_text_tower(path: Path) -> TextTower:
     hf = read_json_object(path / CONFIG_FILE) if path.is_dir() else None
     if hf is not None and hf.get("model_type") in WHOLE:
         return read_hf_text(path, hf)
-    what = f"model_type={hf.get('model_type')!r}" if hf is not None and "model_type" in hf else "an image tower"
+    what = f"model_type={hf.get('model_type')!r}" if hf is not None and "model_type" in hf else \
+        "a weights file, without the config its text tower needs" if path.is_file() else "an image tower"
     raise NoTextTower(f"{path}: no text tower ({what}); zero-shot takes a checkpoint with one: {TEXT_FAMILIES}")

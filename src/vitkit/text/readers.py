@@ -115,10 +115,10 @@ def read_open_clip_text(directory: Path, hub: dict[str, Any]) -> TextTower:
     """The text tower of an open_clip hub directory of CLIP, whose ``open_clip_config.json`` is ``hub`` (its image
     tower read by ``checkpoints.open_clip``)."""
     path = directory / HUB_CONFIG
-    model = hub["model_cfg"]
-    text = model.get("text_cfg")
+    model = (hub or {}).get("model_cfg")
+    text = model.get("text_cfg") if isinstance(model, dict) else None
     if not isinstance(text, dict):
-        raise CheckpointError(f"{path}: no model_cfg.text_cfg; expected the text tower's settings")
+        raise CheckpointError(f"{path}: no model_cfg.text_cfg; expected a JSON object of the text tower's settings")
     check_fields(text, {"width": "count", "heads": "count"}, path, within="model_cfg.text_cfg.")
     other = [f"text_cfg.{key}={abridged(text[key])}" for key, plain in PLAIN_TEXT.items()
              if text.get(key, plain) != plain]
