@@ -71,8 +71,11 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, file: Path, family: str, context_length: int):
         super().__init__(context_length, str(file.parent))
-        from tokenizers import Tokenizer as Backend
-        from tokenizers import normalizers, processors
+        try:
+            from tokenizers import Tokenizer as Backend
+            from tokenizers import normalizers, processors
+        except ImportError:
+            raise ImportError("HF checkpoints' tokenizer.json is read by tokenizers: pip install 'vitkit[text]'") from None
 
         try:
             backend = Backend.from_file(str(file))
@@ -80,7 +83,7 @@ class HFTokenizer(Tokenizer):
             raise CheckpointError(f"{file}: not a tokenizers file ({str(error).splitlines()[0]})") from None
         settings = read_json_object(file.parent / TOKENIZER_CONFIG) or {}
         pad, side = HF_DEFAULTS[family]
-        pad = _token(settings.get("pad_token", pad))
+        pad = _token(settings.get("pad_token")) or pad
         if family == "siglip2":
             steps = [normalizers.Lowercase()] + ([backend.normalizer] if backend.normalizer is not None else [])
             backend.normalizer = normalizers.Sequence(steps)
@@ -129,7 +132,7 @@ class SentencePieceTokenizer(Tokenizer):
             raise CheckpointError(f"{file}: not a SentencePiece model ({str(error).splitlines()[0]})") from None
         settings = read_json_object(file.parent / TOKENIZER_CONFIG) or {}
         self.lower = settings.get("do_lower_case", True) is not False
-        self.eos, self.pad = (self._id(_token(settings.get(name, "</s>")), file) for name in ("eos_token", "pad_token"))
+        self.eos, self.pad = (self._id(_token(settings.get(name)) or "</s>", file) for name in ("eos_token", "pad_token"))
         self.unpunctuate = str.maketrans("", "", string.punctuation)
 
     def _id(self, token: Any, file: Path) -> int:
