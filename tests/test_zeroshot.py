@@ -154,6 +154,29 @@ def test_the_long_caption_is_cut_as_the_peer_cuts_and_said_once(hf_clip, caplog)
     assert len([r for r in caplog.records if "truncated" in r.getMessage()]) == 1
 
 
+def test_metaclip2_text_tower_pools_its_first_end_token(tmp_path):
+    """MetaCLIP 2 (XLM-V's Unigram tokenizer, </s> = 2): pooled at the first end token even with id 2, where CLIP's
+    configs of eos_token_id 2 pool the largest id."""
+    vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("<mask>", 0.0)]
+    for piece in ["▁a", "▁photo", "▁of", "▁cat", "▁dog", "▁", *"actdoghprunixyAD", ",", "!"]:
+        vocab.append((piece, -float(len(vocab))))
+    tokenizer = transformers.XLMRobertaTokenizer(vocab=vocab)
+    text = dict(TEXT, vocab_size=len(vocab), max_position_embeddings=16, eos_token_id=2, bos_token_id=0,
+                pad_token_id=1)
+    peer = randomised(transformers.MetaClip2Model(transformers.MetaClip2Config(
+        text_config=text, vision_config=dict(VISION, image_size=32, patch_size=8), projection_dim=24)))
+    peer.save_pretrained(tmp_path / "hf")
+    tokenizer.save_pretrained(tmp_path / "hf")
+    model = vitkit.load_clip(tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(CAPTIONS, padding=True, truncation=True,
+                                                                          max_length=16, return_tensors="pt")
+    assert torch.equal(model.tokenize(CAPTIONS), theirs.input_ids) and model.text.config.pool == "eos"
+    with torch.no_grad():
+        assert_close(model.encode_text(CAPTIONS), peer.get_text_features(**theirs).pooler_output)
+        images = torch.randn(2, 3, 32, 32)
+        assert_close(model.encode_image(images), peer.get_image_features(pixel_values=images).pooler_output)
+
+
 def test_siglip2_text_tower_lower_cases_and_pads_as_its_processor(hf_siglip2):
     """transformers' Siglip2Tokenizer lower-cases before the Gemma tokenizer.json (which does not): 'A DOG' has the
     ids of 'a dog'; every text is padded to the 64 positions and the last one pooled, with no attention mask."""
@@ -337,7 +360,7 @@ def cli_error(capsys, *argv):
 
 def test_a_checkpoint_without_a_text_tower_is_one_line(tmp_path, capsys):
     vitkit.create_model("ViT-Ti/16", image_size=32, num_classes=3).save(tmp_path / "model")
-    with pytest.raises(vitkit.CheckpointError, match="no text tower .*CLIPModel, SiglipModel and Siglip2Model"):
+    with pytest.raises(vitkit.CheckpointError, match="no text tower .*CLIPModel, MetaClip2Model, SiglipModel and Siglip2Model"):
         vitkit.load_clip(tmp_path / "model")
     code, err = cli_error(capsys, tmp_path / "model", "--images", *image_files(tmp_path, 1), "--classes", "a", "b")
     assert code == 2 and "no text tower" in err

@@ -25,8 +25,8 @@ from .tokenize import SENTENCEPIECE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, Toke
 # What a hub repository holds of an image-text model beyond the image tower's files.
 TEXT_FILES = (HUB_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG, SENTENCEPIECE_FILE,
               "special_tokens_map.json")
-TEXT_FAMILIES = ("HF transformers' CLIPModel, SiglipModel and Siglip2Model directories, open_clip hub directories "
-                 "of CLIP")
+TEXT_FAMILIES = ("HF transformers' CLIPModel, MetaClip2Model, SiglipModel and Siglip2Model directories, open_clip "
+                 "hub directories of CLIP")
 
 
 class NoTextTower(ConfigError, CheckpointError):
@@ -68,10 +68,10 @@ class ImageTextModel(nn.Module):
 
 
 def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **overrides: Any) -> ImageTextModel:
-    """The image-text model of ``checkpoint``: an HF ``CLIPModel``, ``SiglipModel`` or ``Siglip2Model`` directory,
-    or an open_clip hub directory of CLIP (or ``hf-hub:ORG/NAME`` of one), in eval mode. ``tokenizer``: a folder
-    holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold them; ``overrides`` go to
-    the image tower as in ``vitkit.load``. A checkpoint without a text tower is a ``CheckpointError`` naming it."""
+    """The image-text model of ``checkpoint``: an HF ``CLIPModel``, ``MetaClip2Model``, ``SiglipModel`` or
+    ``Siglip2Model`` directory, or an open_clip hub directory of CLIP (or ``hf-hub:ORG/NAME`` of one), in eval mode.
+    ``tokenizer``: a folder holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold
+    them; ``overrides`` go to the image tower as in ``vitkit.load``. A checkpoint without a text tower is a ``CheckpointError`` naming it."""
     remote = isinstance(checkpoint, str) and hub.is_remote(checkpoint)
     path = hub.resolve(checkpoint, TEXT_FILES) if remote else Path(checkpoint)
     tower = read_text_tower(path)

@@ -1,5 +1,5 @@
-"""Readers of the text towers beside the image towers vitkit reads: HF transformers' ``CLIPModel``, ``SiglipModel``
-and ``Siglip2Model`` directories, and open_clip hub directories of CLIP (``open_clip_config.json`` + weights).
+"""Readers of the text towers beside the image towers vitkit reads: HF transformers' ``CLIPModel``,
+``MetaClip2Model``, ``SiglipModel`` and ``Siglip2Model`` directories, and open_clip hub directories of CLIP (``open_clip_config.json`` + weights).
 
 Each gives the tower's :class:`TextConfig`, its weights under :class:`TextTransformer`'s names, the stored
 ``logit_scale`` (the log of the scale, as both libraries keep it) and SigLIP's ``logit_bias`` (None for CLIP).
@@ -25,9 +25,12 @@ from .model import TextConfig
 # model_type -> HF's text defaults: heads, hidden_act, layer_norm_eps, and where the tower's projection is.
 HF_TEXT = {
     "clip": dict(num_attention_heads=8, hidden_act="quick_gelu", layer_norm_eps=1e-5, eos_token_id=49407),
+    "metaclip_2": dict(num_attention_heads=8, hidden_act="quick_gelu", layer_norm_eps=1e-5, eos_token_id=49407),
     "siglip": dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
     "siglip2": dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
 }
+
+CAUSAL = ("clip", "metaclip_2")  # the HF families whose text tower attends causally and pools the end token
 
 _LAYER = "text_model.encoder.layers.{i}."
 HF_NAMES = Names([
@@ -77,7 +80,8 @@ class TextTower:
 
 
 def read_hf_text(directory: Path, hf: dict[str, Any]) -> TextTower:
-    """The text tower of an HF ``clip``, ``siglip`` or ``siglip2`` directory whose ``config.json`` is ``hf``."""
+    """The text tower of an HF ``clip``, ``metaclip_2``, ``siglip`` or ``siglip2`` directory whose ``config.json`` is
+    ``hf``."""
     family = hf["model_type"]
     text = hf.get("text_config", {})
     check_fields(text, {"num_attention_heads": "count", "layer_norm_eps": "positive", "eos_token_id": "whole"},
@@ -95,9 +99,9 @@ def read_hf_text(directory: Path, hf: dict[str, Any]) -> TextTower:
     if not kept:
         raise CheckpointError(f"{weights}: no text tower (no text_model.* weights) in this {family} checkpoint")
     state = fuse_qkv(rename(kept, HF_NAMES, str(weights)))
-    if family == "clip":  # HF's rule: eos_token_id 2 marks configs older than the fix; those pool the largest id
-        eos = settings.get("eos_token_id")
-        pool = dict(pool="argmax") if eos == 2 else dict(pool="eos", eos_token_id=eos)
+    if family in CAUSAL:  # HF's CLIP: eos_token_id 2 marks configs older than the fix, which pool the largest id;
+        eos = settings.get("eos_token_id")  # MetaCLIP 2 pools the first end token whatever its id (2 in XLM-V)
+        pool = dict(pool="argmax") if eos == 2 and family == "clip" else dict(pool="eos", eos_token_id=eos)
         pool.update(causal=True)
     else:
         pool = dict(pool="last", causal=False)

@@ -6,9 +6,9 @@ A tokenizer turns a list of strings into a (B, T) tensor of token ids as the fam
 - the context length is the checkpoint's (its position table), never a constant; longer texts are cut as the peer
   cuts them (HF: the words past the length go, the special tokens stay; open_clip: cut, the last id set to the
   end-of-text token), and the first time it happens a warning says so;
-- HF CLIP pads with the tokenizer's pad token to the longest text (its causal mask keeps padding out of the
-  end-of-text state, so any padding gives the same embedding); SigLIP and SigLIP 2 pad to the full context, as
-  they were trained, on the side ``tokenizer_config.json`` names;
+- HF CLIP and MetaCLIP 2 pad with the tokenizer's pad token to the longest text (their causal mask keeps padding
+  out of the end-of-text state, so any padding gives the same embedding); SigLIP and SigLIP 2 pad to the full
+  context, as they were trained, on the side ``tokenizer_config.json`` names;
 - SigLIP 2: transformers' ``Siglip2Tokenizer`` lower-cases before the Gemma tokenizer its ``tokenizer.json``
   holds (which does not), since the model was trained on lower-cased text: so does vitkit;
 - ``add_bos_token`` / ``add_eos_token`` in ``tokenizer_config.json`` set the special tokens as transformers
@@ -33,7 +33,7 @@ TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "spiece.model"  # SigLIP's
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # HF family -> (its tokenizer class's pad token and padding side, where tokenizer_config.json says neither).
-HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "siglip2": ("<pad>", "left")}
+HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "metaclip_2": ("<pad>", "right"), "siglip2": ("<pad>", "left")}
 
 
 class MissingTokenizer(ConfigError, CheckpointError):
@@ -95,7 +95,7 @@ class HFTokenizer(Tokenizer):
             backend.post_processor = processors.TemplateProcessing(
                 single=single, special_tokens=[(token, self._id(backend, token, file)) for token in (bos, eos) if token])
         backend.enable_truncation(max_length=context_length, direction=settings.get("truncation_side", "right"))
-        full = family != "clip"
+        full = family == "siglip2"  # the causal families' padding cannot reach their end token
         backend.enable_padding(direction=settings.get("padding_side", side), pad_id=self._id(backend, pad, file),
                                pad_token=pad, length=context_length if full else None)
         self.backend = backend
