@@ -18,8 +18,8 @@ HELP: dict[str, tuple[str, str | None]] = {
     "zeroshot": ("Classify images by class names, with no training, with the text tower of an image-text checkpoint.",
                  "examples:\n"
                  "  vitkit zeroshot clip-dir --images cat.jpg photos/ --classes cat dog bird\n"
-                 "  vitkit zeroshot siglip2-dir --images 'img/*.jpg' --classes-file names.txt --templates simple --json\n"
-                 "  vitkit zeroshot siglip-dir --images x.jpg --classes cat dog --multi-label   (independent sigmoids)\n"
+                 "  vitkit zeroshot siglip2-dir --images 'img/*.jpg' --classes-file names.txt --json\n"
+                 "  vitkit zeroshot siglip-dir --images x.jpg --classes cat dog --multi-label  (sigmoids)\n"
                  "  vitkit zeroshot clip-dir --dataset cifar10 --data-dir data   (top-1/top-5 by its class names)"),
 }
 
@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the command to ``sub``, the subparsers of ``vitkit``."""
     zeroshot = sub.add_parser("zeroshot", help="classify images by class names with CLIP or SigLIP")
     zeroshot.add_argument("checkpoint", metavar="CHECKPOINT",
-                          help="an HF CLIPModel, MetaClip2Model, SiglipModel or Siglip2Model directory, or an open_clip "
-                               "hub directory of CLIP (or hf-hub:ORG/NAME of one)")
+                          help="an HF CLIPModel, MetaClip2Model, SiglipModel or Siglip2Model directory, or an "
+                               "open_clip hub directory of CLIP (or hf-hub:ORG/NAME of one)")
     override_flags(zeroshot, help="image tower config override, as vitkit predict takes it (repeatable)")
     inputs = zeroshot.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--images", nargs="+", metavar="IMAGE",

@@ -30,7 +30,7 @@ TEXT_FAMILIES = ("HF transformers' CLIPModel, MetaClip2Model, SiglipModel and Si
 
 
 class NoTextTower(ConfigError, CheckpointError):
-    """The checkpoint holds an image tower alone (or one vitkit reads without its text tower)."""
+    """The checkpoint holds an image tower alone, or a text tower vitkit does not read (TIPSv2's, say)."""
 
 
 class ImageTextModel(nn.Module):
@@ -71,7 +71,8 @@ def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **ove
     """The image-text model of ``checkpoint``: an HF ``CLIPModel``, ``MetaClip2Model``, ``SiglipModel`` or
     ``Siglip2Model`` directory, or an open_clip hub directory of CLIP (or ``hf-hub:ORG/NAME`` of one), in eval mode.
     ``tokenizer``: a folder holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold
-    them; ``overrides`` go to the image tower as in ``vitkit.load``. A checkpoint without a text tower is a ``CheckpointError`` naming it."""
+    them; ``overrides`` go to the image tower as in ``vitkit.load``. A checkpoint without a text tower is a
+    ``CheckpointError`` naming it."""
     remote = isinstance(checkpoint, str) and hub.is_remote(checkpoint)
     path = hub.resolve(checkpoint, TEXT_FILES) if remote else Path(checkpoint)
     tower = read_text_tower(path)
@@ -107,4 +108,5 @@ def _read_text_tower(path: Path) -> TextTower:
         return read_hf_text(path, hf)
     what = f"model_type={hf.get('model_type')!r}" if hf is not None and "model_type" in hf else \
         "a weights file, without the config its text tower needs" if path.is_file() else "an image tower"
-    raise NoTextTower(f"{path}: no text tower ({what}); zero-shot takes a checkpoint with one: {TEXT_FAMILIES}")
+    raise NoTextTower(f"{path}: no text tower vitkit reads ({what}); zero-shot takes a checkpoint with one: "
+                      f"{TEXT_FAMILIES}")

@@ -1,5 +1,6 @@
 """Readers of the text towers beside the image towers vitkit reads: HF transformers' ``CLIPModel``,
-``MetaClip2Model``, ``SiglipModel`` and ``Siglip2Model`` directories, and open_clip hub directories of CLIP (``open_clip_config.json`` + weights).
+``MetaClip2Model``, ``SiglipModel`` and ``Siglip2Model`` directories, and open_clip hub directories of CLIP
+(``open_clip_config.json`` + weights).
 
 Each gives the tower's :class:`TextConfig`, its weights under :class:`TextTransformer`'s names, the stored
 ``logit_scale`` (the log of the scale, as both libraries keep it) and SigLIP's ``logit_bias`` (None for CLIP).

@@ -37,7 +37,7 @@ HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "metaclip_2": ("<pad>", "righ
 
 
 class MissingTokenizer(ConfigError, CheckpointError):
-    """The checkpoint names a tokenizer it does not hold: the user passes its files (``tokenizer=`` / ``--tokenizer``)."""
+    """The checkpoint lacks its tokenizer's files: the user passes them (``tokenizer=`` / ``--tokenizer``)."""
 
 
 class Tokenizer:
@@ -75,7 +75,8 @@ class HFTokenizer(Tokenizer):
             from tokenizers import Tokenizer as Backend
             from tokenizers import normalizers, processors
         except ImportError:
-            raise ImportError("HF checkpoints' tokenizer.json is read by tokenizers: pip install 'vitkit[text]'") from None
+            raise ImportError("HF checkpoints' tokenizer.json is read by tokenizers: pip install 'vitkit[text]'") \
+                from None
 
         try:
             backend = Backend.from_file(str(file))
@@ -92,8 +93,8 @@ class HFTokenizer(Tokenizer):
                         (("bos_token", settings.get("add_bos_token")), ("eos_token", settings.get("add_eos_token")))]
             bos, eos = (token if flag and token else None for token, flag in specials)
             single = " ".join([f"{bos}:0"] * bool(bos) + ["$A:0"] + [f"{eos}:0"] * bool(eos))
-            backend.post_processor = processors.TemplateProcessing(
-                single=single, special_tokens=[(token, self._id(backend, token, file)) for token in (bos, eos) if token])
+            specials = [(token, self._id(backend, token, file)) for token in (bos, eos) if token]
+            backend.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
         backend.enable_truncation(max_length=context_length, direction=settings.get("truncation_side", "right"))
         full = family == "siglip2"  # the causal families' padding cannot reach their end token
         backend.enable_padding(direction=settings.get("padding_side", side), pad_id=self._id(backend, pad, file),
@@ -132,7 +133,8 @@ class SentencePieceTokenizer(Tokenizer):
             raise CheckpointError(f"{file}: not a SentencePiece model ({str(error).splitlines()[0]})") from None
         settings = read_json_object(file.parent / TOKENIZER_CONFIG) or {}
         self.lower = settings.get("do_lower_case", True) is not False
-        self.eos, self.pad = (self._id(_token(settings.get(name)) or "</s>", file) for name in ("eos_token", "pad_token"))
+        self.eos, self.pad = (self._id(_token(settings.get(name)) or "</s>", file)
+                              for name in ("eos_token", "pad_token"))
         self.unpunctuate = str.maketrans("", "", string.punctuation)
 
     def _id(self, token: Any, file: Path) -> int:
