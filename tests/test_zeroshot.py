@@ -376,6 +376,7 @@ def test_a_checkpoint_without_a_text_tower_is_one_line(tmp_path, capsys):
     (["--classes", "cat", "--templates", "a photo"], "template 'a photo': expected one '{}'"),
     (["--classes", "cat", "--templates", "{} and {}"], "expected one '{}'"),
     (["--classes", "cat", "dog", "--templates", "simple", "--multi-label"], r"--multi-label: .* \(no logit_bias\)"),
+    (["--classes", "cat", "--templates", "simple", "--out", "x"], "--out: for --dataset"),
 ])
 def test_bad_classes_and_templates_are_one_line(hf_clip, tmp_path, capsys, argv, message):
     code, err = cli_error(capsys, hf_clip[2], "--images", *image_files(tmp_path, 1), *argv)

@@ -75,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.dataset and args.multi_label:
         raise ConfigError("--multi-label: for --images; top-1/top-5 on --dataset rank the classes alike either way")
+    unused = [flag for flag, value in (("--data-dir", args.data_dir), ("--split", args.split), ("--out", args.out))
+              if value and args.images]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)}: for --dataset; --images classifies the files named")
     classes = read_classes_file(args.classes_file) if args.classes_file else \
         None if args.dataset and not args.classes else check_classes(args.classes or [])
     templates = resolve_templates(args.templates)  # refused before the checkpoint is read
