@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "vitkit"
 # The public API: the package's exports and the __all__ of these modules (what docs/reference/api.md renders).
 PUBLIC_MODULES = ("vitkit", "vitkit.models", "vitkit.checkpoints", "vitkit.train", "vitkit.data", "vitkit.evaluate",
-                  "vitkit.analysis", "vitkit.transfer")
+                  "vitkit.analysis", "vitkit.transfer", "vitkit.text")
 
 
 def documented_constants() -> set[str]:
@@ -197,7 +197,7 @@ def test_every_command_help_reads_well_in_a_terminal():
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
                 commands += [(f"{name} {sub}", choice) for sub, choice in action.choices.items()]
-    assert len(commands) == 18  # vitkit, its 14 commands and data's 3, counted by hand from vitkit --help
+    assert len(commands) == 19  # vitkit, its 15 commands and data's 3, counted by hand from vitkit --help
     for name, command in commands:
         text = command.format_help()
         assert "``" not in text and ":func:" not in text, f"{name}: reStructuredText markup in its help"

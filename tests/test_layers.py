@@ -16,7 +16,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "vitkit"
 TIERS = {"models": 1, "checkpoints": 2, "vitkit": 3, "data": 3, "train": 3, "evaluate": 3, "analysis": 3,
-         "benchmark": 3, "memory": 3, "transfer": 3, "serve": 3, "cli": 4, "__main__": 5}  # "vitkit": the package's own __init__ (the public API)
+         "benchmark": 3, "memory": 3, "transfer": 3, "serve": 3, "text": 3, "cli": 4, "__main__": 5}  # "vitkit": the package's own __init__ (the public API)
 LEAF_ONLY = {"models", "data"}  # besides the leaf utilities, which import only each other
 
 

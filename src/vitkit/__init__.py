@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # loading a checkpoint (evaluation brings in the data pipeline and torchvision).
 LAZY = {"predict": "vitkit.evaluate", "predict_files": "vitkit.evaluate", "evaluate_dataset": "vitkit.evaluate",
         "probe_dataset": "vitkit.evaluate", "analyze_checkpoint": "vitkit.evaluate",
-        "bench_checkpoint": "vitkit.benchmark"}
+        "bench_checkpoint": "vitkit.benchmark", "load_clip": "vitkit.text"}
 __all__ = ["ViTConfig", "VisionTransformer", "create_model", "list_models", "load", "VitkitError", "CheckpointError",
            "ConfigError", "DatasetError", "DeviceError", "InputError", "TrainingDiverged", *LAZY]
 

@@ -29,14 +29,15 @@ def is_remote(name: str) -> bool:
     return name.startswith((HF_PREFIX, GS_PREFIX))
 
 
-def resolve(name: str) -> Path:
-    """The local path of a remote checkpoint, downloading it first unless it is cached."""
+def resolve(name: str, also: tuple[str, ...] = ()) -> Path:
+    """The local path of a remote checkpoint, downloading it first unless it is cached; ``also``: patterns of the
+    hub repository's files fetched beside the weights and configs (a text tower's tokenizer files)."""
     if name.startswith(HF_PREFIX):
-        return _from_hf_hub(name.removeprefix(HF_PREFIX))
+        return _from_hf_hub(name.removeprefix(HF_PREFIX), also)
     return _from_bucket(name.removeprefix(GS_PREFIX))
 
 
-def _from_hf_hub(repo: str) -> Path:
+def _from_hf_hub(repo: str, also: tuple[str, ...] = ()) -> Path:
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -47,7 +48,7 @@ def _from_hf_hub(repo: str) -> Path:
     if revision:
         id_segments(revision, f"{HF_PREFIX}{repo_id}@", CheckpointError)
     try:
-        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HF_FILES))
+        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=[*HF_FILES, *also]))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise CheckpointError(f"{HF_PREFIX}{repo}: not in the local cache and not downloadable ({error})") from error
 

@@ -18,11 +18,11 @@ import torch
 
 from .. import __version__
 from ..errors import ConfigError, VitkitError
-from . import analyze, bench, convert, data, fewshot, models, predict, serve, train, transfer
+from . import analyze, bench, convert, data, fewshot, models, predict, serve, train, transfer, zeroshot
 from . import eval as eval_
 
 # The command modules in the order ``vitkit --help`` lists their commands; a new command is a new module here.
-COMMANDS = (models, convert, analyze, train, eval_, fewshot, transfer, data, predict, serve, bench)
+COMMANDS = (models, convert, analyze, train, eval_, fewshot, transfer, data, predict, zeroshot, serve, bench)
 
 # What `vitkit COMMAND --help` says above and below the flags: one line, and examples for the main commands.
 HELP: dict[str, tuple[str, str | None]] = {

@@ -1,0 +1,10 @@
+"""Text towers of image-text checkpoints (CLIP, SigLIP, SigLIP 2), their tokenizers, and zero-shot classification:
+``load_clip`` gives the image tower vitkit reads beside the text tower the same checkpoint holds."""
+
+from .clip import ImageTextModel, load_clip
+from .model import TextConfig, TextTransformer
+from .zeroshot import (ZeroShotClassifier, class_embeddings, class_probabilities, resolve_templates, zeroshot_dataset,
+                       zeroshot_files)
+
+__all__ = ["ImageTextModel", "TextConfig", "TextTransformer", "ZeroShotClassifier", "load_clip", "class_embeddings",
+           "class_probabilities", "resolve_templates", "zeroshot_dataset", "zeroshot_files"]
