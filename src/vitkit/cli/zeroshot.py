@@ -20,7 +20,8 @@ HELP: dict[str, tuple[str, str | None]] = {
                  "  vitkit zeroshot clip-dir --images cat.jpg photos/ --classes cat dog bird\n"
                  "  vitkit zeroshot siglip2-dir --images 'img/*.jpg' --classes-file names.txt --json\n"
                  "  vitkit zeroshot siglip-dir --images x.jpg --classes cat dog --multi-label  (sigmoids)\n"
-                 "  vitkit zeroshot clip-dir --dataset cifar10 --data-dir data   (top-1/top-5 by its class names)"),
+                 "  vitkit zeroshot clip-dir --dataset cifar10 --data-dir data   (top-1/top-5 by its class names)\n"
+                 "  vitkit zeroshot clip-dir --retrieval captions.tsv --out runs/r   (recall@1/5/10 both ways)"),
 }
 
 
@@ -36,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="image files, folders (every image below them) or quoted glob patterns")
     inputs.add_argument("--dataset", help=f"top-1/top-5 on a labelled dataset, its classes named by its own class "
                         f"names unless --classes says otherwise: {DATASET_FORMS}")
+    inputs.add_argument("--retrieval", metavar="TSV", help="image->text and text->image recall@1/5/10 over a "
+                        "captions file: image path<TAB>caption a line, the path relative to the file's folder, an "
+                        "image on as many lines as it has captions")
     names = zeroshot.add_mutually_exclusive_group()
     names.add_argument("--classes", nargs="+", metavar="NAME", help="the class names, verbatim (with --dataset: one "
                        "for each of its classes, in its order)")
@@ -61,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     zeroshot.add_argument("--batch-size", "-b", type=positive, default=64)
     zeroshot.add_argument("--num-workers", "-j", type=count, default=0)
     zeroshot.add_argument("--out", metavar="DIR", help="with --dataset: a folder for eval-<split>.json and "
-                          "confusion-<split>.png")
+                          "confusion-<split>.png; with --retrieval: for retrieval-<captions file stem>.json")
     resize_flag(zeroshot)
     runtime_flags(zeroshot)
     zeroshot.set_defaults(run=run)
@@ -73,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from ..text.zeroshot import (check_classes, check_multi_label, read_classes_file, resolve_templates,
                                  zeroshot_dataset, zeroshot_files)
 
+    if args.retrieval:
+        return run_retrieval(args)
     if args.dataset and args.multi_label:
         raise ConfigError("--multi-label: for --images; top-1/top-5 on --dataset rank the classes alike either way")
     unused = [flag for flag, value in (("--data-dir", args.data_dir), ("--split", args.split), ("--out", args.out))
@@ -100,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{len(templates)} templates)")
         return 0
     predictions = zeroshot_files(model.to(device), args.images, classes, templates, args.top_k, args.multi_label,
-                                 device, dtype, args.resize)
+                                 device, dtype, args.resize, args.batch_size)
     if args.json:
         print(json.dumps([prediction_record(prediction) for prediction in predictions], indent=1))
         return 0
@@ -108,4 +114,29 @@ def run(args: argparse.Namespace) -> int:
         ranked = ", ".join(f"{escape_name(label)} {100 * p:.1f}%"
                            for label, p in zip(prediction.labels, prediction.probabilities))
         print(f"{prediction.path}: {ranked}")
+    return 0
+
+
+def run_retrieval(args: argparse.Namespace) -> int:
+    """Image->text and text->image recall@1/5/10 over the captions file ``--retrieval``."""
+    from ..text import load_clip
+    from ..text.retrieval import RECALL_AT, retrieval
+
+    unused = [flag for flag, value in (("--classes", args.classes), ("--classes-file", args.classes_file),
+                                       ("--templates", args.templates), ("--multi-label", args.multi_label),
+                                       ("--data-dir", args.data_dir), ("--split", args.split)) if value]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)}: not for --retrieval, which ranks the captions of its file as written")
+    model = load_clip(args.checkpoint, tokenizer=args.tokenizer, **args.overrides)
+    device = select_device(args.device)
+    report = retrieval(model.to(device), args.retrieval, args.batch_size, args.resize, args.out, device,
+                       resolve_precision(args.precision, device))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"{args.retrieval}: {report['images']} images, {report['texts']} captions")
+    for direction, key in (("image->text", "image_to_text"), ("text->image", "text_to_image")):
+        print(f"{direction}  " + "  ".join(f"R@{k} {percent(report[key][f'recall@{k}'])}" for k in RECALL_AT))
+    if args.out:
+        print(f"report in {args.out}")
     return 0

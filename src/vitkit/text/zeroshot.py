@@ -16,7 +16,7 @@ from ..data import SplitSpec, default_split, evaluation_loader, load_dataset
 from ..data.images import read_image
 from ..errors import ConfigError, abridged
 from ..evaluate.metrics import evaluate, write_report
-from ..evaluate.predict import Prediction, image_transform, most_probable
+from ..evaluate.predict import Prediction, most_probable
 from ..evaluate.preprocessing import checkpoint_transform
 from ..paths import read_text, reason
 from ..runtime import autocast
@@ -85,9 +85,30 @@ def class_embeddings(model: ImageTextModel, classes: Sequence[str], templates: S
     normalised, the prompts averaged and the mean normalised again."""
     classes, templates = check_classes(classes), resolve_templates(templates)
     prompts = [template.replace(SLOT, name) for name in classes for template in templates]
-    embedded = torch.cat([F.normalize(model.encode_text(prompts[start:start + batch_size]).float(), dim=-1)
-                          for start in range(0, len(prompts), batch_size)])
+    embedded = F.normalize(encode_texts(model, prompts, batch_size), dim=-1)
     return F.normalize(embedded.reshape(len(classes), len(templates), -1).mean(dim=1), dim=-1)
+
+
+def encode_texts(model: ImageTextModel, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+    """(N, E) float embeddings of ``texts``, unnormalised, ``batch_size`` texts at a time."""
+    return torch.cat([model.encode_text(list(texts[start:start + batch_size])).float()
+                      for start in range(0, len(texts), batch_size)])
+
+
+def encode_files(model: ImageTextModel, paths: Sequence[Path], resize: str = "crop",
+                 device: torch.device | str = "cpu", batch_size: int = 64,
+                 names: Sequence[str] | None = None) -> torch.Tensor:
+    """(N, E) float embeddings of the image files ``paths``, unnormalised, each image prepared as ``vitkit
+    predict`` prepares it (the checkpoint's evaluation transform, ``resize`` its geometry) and embedded
+    ``batch_size`` at a time on ``device``; an image that cannot be read is named by ``names`` (default: its path)."""
+    transform = checkpoint_transform(model.visual.config, resize)
+    names = names or [str(path) for path in paths]
+    embedded = []
+    for start in range(0, len(paths), batch_size):
+        batch = [transform(read_image(Path(path), name)) for path, name in
+                 zip(paths[start:start + batch_size], names[start:start + batch_size])]
+        embedded.append(model.encode_image(torch.stack(batch).to(device)).float())
+    return torch.cat(embedded)
 
 
 def class_probabilities(model: ImageTextModel, images: torch.Tensor, classifier: torch.Tensor,
@@ -113,22 +134,19 @@ def check_multi_label(model: ImageTextModel) -> None:
 def zeroshot_files(model: ImageTextModel, images: Sequence[str | Path], classes: Sequence[str],
                    templates: Sequence[str] | str | None = None, top_k: int = 5, multi_label: bool = False,
                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                   resize: str = "crop") -> list[Prediction]:
+                   resize: str = "crop", batch_size: int = 64) -> list[Prediction]:
     """The ``top_k`` classes of each image file that ``images`` names (files, folders, glob patterns), each image
     prepared as the checkpoint wants it (``vitkit predict``'s transform), ``model`` already on ``device``."""
     if multi_label:
         check_multi_label(model)
     device = torch.device(device)
+    files = image_files(images)
     with autocast(device, dtype):
         classifier = class_embeddings(model, classes, templates)
+        embedded = encode_files(model, files, resize, device, batch_size)
     results = []
-    for path in image_files(images):
-        pixels = read_image(Path(path))
-        image = image_transform(model.visual, pixels, resize, keep_aspect=False)(pixels)[None].to(device)
-        with autocast(device, dtype):
-            embedded = model.encode_image(image)
-        indices, probabilities = most_probable(class_probabilities(model, embedded, classifier, multi_label)[0].cpu(),
-                                               top_k)
+    for path, row in zip(files, class_probabilities(model, embedded, classifier, multi_label).cpu()):
+        indices, probabilities = most_probable(row, top_k)
         results.append(Prediction(Path(path), [classes[i] for i in indices], probabilities))
     return results
 
