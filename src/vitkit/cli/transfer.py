@@ -19,7 +19,8 @@ HELP: dict[str, tuple[str, str | None]] = {
                  "mean of the group means, the PEFT papers' average.",
                  "examples:\n  vitkit transfer ViT-B_16.npz --suite paper --data-dir /data --out runs/suite\n"
                  "  vitkit transfer runs/x/model --suite mnist cifar10 --data-dir data --budget small --fewshot\n"
-                 "  vitkit transfer ViT-B_16.npz --suite vtab1k --data-dir /data --peft lora --lora-rank 8"),
+                 "  vitkit transfer ViT-B_16.npz --suite vtab1k --data-dir /data --peft lora --lora-rank 8\n"
+                 "  vitkit transfer clip-dir --suite cifar10 pets --data-dir /data --zeroshot --no-finetune"),
 }
 
 
@@ -35,7 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="small: steps and resolution scaled down for a CPU (not the paper's protocol)")
     transfer.add_argument("--fewshot", action="store_true", help="also few-shot linear rows (appendix B.1.2)")
     transfer.add_argument("--no-finetune", action="store_true",
-                          help="evaluate the checkpoint as it is (its head must have each task's classes)")
+                          help="evaluate the checkpoint as it is (its head must have each task's classes); with "
+                               "--zeroshot: the zero-shot row alone")
+    transfer.add_argument("--zeroshot", action="store_true",
+                          help="also a zero-shot row: each task's test split classified by the dataset's class names "
+                               "and open_clip's 80 templates with the checkpoint's text tower (an image-text "
+                               "checkpoint that vitkit zeroshot reads), as vitkit zeroshot --dataset does")
     transfer.add_argument("--real-labels", metavar="JSON", help="ImageNet's ReaL labels (default: imagenet/real.json "
                           "under --data-dir where it is there)")
     transfer.add_argument("--recipe", type=override_pair, action=Overrides, default={}, metavar="SECTION.FIELD=VALUE",
@@ -53,5 +59,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """The paper's evaluation suite, run by ``vitkit.transfer.run_transfer``, which prints the table."""
     run_transfer(args.checkpoint, args.suite, args.data_dir, args.out, args.budget, args.fewshot, not args.no_finetune,
-                 args.real_labels, args.device, args.recipe, flag_values(args).get("peft"))
+                 args.real_labels, args.device, args.recipe, flag_values(args).get("peft"), zeroshot=args.zeroshot)
     return 0

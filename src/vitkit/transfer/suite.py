@@ -41,6 +41,7 @@ TABLE_JSON, TABLE_MARKDOWN = "transfer.json", "transfer.md"
 SUITE_ENTRIES = re.compile("|".join(map(re.escape, (*TASKS, TABLE_JSON, TABLE_MARKDOWN))))
 REAL_FILE = "real.json"  # ImageNet's ReaL labels, looked for in the ImageNet folder when none are named
 FEWSHOT_SEEDS = (0, 1, 2)
+ZEROSHOT = "zero-shot"  # the row of each task's zero-shot top-1 (an image-text checkpoint's text tower)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
                  budget: str = "paper", fewshot: bool = False, finetune: bool = True,
                  real_labels: str | Path | None = None, device: str | None = None,
                  recipe: dict[str, Any] | None = None, peft: str | dict[str, Any] | None = None,
-                 say: Callable[[str], None] = print) -> dict[str, Any]:
+                 zeroshot: bool = False, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the transfer protocol of ``checkpoint`` on the tasks of ``suite`` (``paper``, ``vtab1k`` or task
     names, see ``transfer.tasks``) found under ``data_dir``, each in its own folder under ``out``; say which
     tasks of a suite are absent, and return the table (also written to ``out/transfer.json`` and
@@ -85,8 +86,11 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
     adds ImageNet's ReaL top-1; ``recipe`` fields override every fine-tuning run's (e.g.
     ``schedule.accum_steps``). ``peft`` (a method, ``"lora"``, or the recipe's ``peft`` fields, ``{"method":
     "lora", "lora_rank": 4}``) fine-tunes every task with that method, VTAB-1k's at the PEFT papers' protocol
-    (``transfer.tasks.PEFT_PROTOCOL``); the table says each task's trained share of the parameters. Run again
-    with the same ``out``, it skips the finished tasks and resumes the others."""
+    (``transfer.tasks.PEFT_PROTOCOL``); the table says each task's trained share of the parameters. ``zeroshot``
+    adds a zero-shot row: each task's test split classified by its class names and open_clip's 80 templates with
+    the text tower of the image-text ``checkpoint`` (``vitkit zeroshot --dataset``); with ``finetune=False`` it is
+    the only row measured (the image tower has no head to evaluate as it is). Run again with the same ``out``, it
+    skips the finished tasks and resumes the others."""
     if budget not in BUDGETS:
         raise ConfigError(f"--budget {budget}: expected one of {', '.join(BUDGETS)}")
     chosen = BUDGETS[budget]
@@ -103,6 +107,8 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
     given = {"method": peft} if isinstance(peft, str) else dict(peft or {})
     overrides = merge(nested_fields(recipe or {}), {"peft": given} if given else {})
     method = peft_method(checkpoint, overrides.get("peft", {}), finetune)
+    if zeroshot:
+        check_text_tower(checkpoint)  # before any task trains
     found, absent = present_tasks(suite, root)
     if method != "none":
         found = [replace(where, task=peft_protocol(where.task)) for where in found]
@@ -113,6 +119,8 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
                 "recipe": recipe or {}}
     if given:  # as suite.json holds it (lists, not tuples), to compare with when the suite resumes
         settings["peft"] = parse_json(json.dumps(given))
+    if zeroshot:  # only when asked, so that a suite begun before the option resumes as it was
+        settings["zeroshot"] = True
     if main:
         start_suite(out, settings)
     tell(f"suite folder {out} (the same --out resumes it)")
@@ -123,7 +131,7 @@ def run_transfer(checkpoint: str, suite: Sequence[str], data_dir: str | Path, ou
         for where in found:
             real = imagenet_real_labels(where, real_labels)
             results[where.task.name] = task_result(where, checkpoint, chosen, out / where.task.name, finetune,
-                                                   fewshot, real, device, overrides, tell)
+                                                   fewshot, real, device, overrides, tell, zeroshot)
     if not main:
         return {}
     report = suite_table(results, settings, absent, note, method)
@@ -220,15 +228,15 @@ def imagenet_real_labels(where: Found, asked: str | Path | None) -> Path | None:
 
 
 def task_result(where: Found, checkpoint: str, budget: Budget, folder: Path, finetune: bool, fewshot: bool,
-                real: Path | None, device: str | None, recipe: dict[str, Any], tell: Callable[[str], None]
-                ) -> dict[str, Any]:
+                real: Path | None, device: str | None, recipe: dict[str, Any], tell: Callable[[str], None],
+                zeroshot: bool = False) -> dict[str, Any]:
     """The numbers of one task (read back from its ``result.json`` where an earlier run finished it), written
-    atomically once the task is done."""
+    atomically once the task is done. Without fine-tuning a zero-shot suite measures the zero-shot row alone."""
     task = where.task
     done = folder / RESULT_FILE
     if done.is_file():
         result = parse_json(read_text(done, "task result"))
-        tell(f"{task.name}: finished earlier, {100 * result['accuracy']:.2f}% (from {done})")
+        tell(f"{task.name}: finished earlier, {accuracies_said(result)} (from {done})")
         return result
     tell(f"{task.name}: {where.spec} ({where.where})")
     result: dict[str, Any] = {"task": task.name, "dataset": where.spec, "data_dir": where.data_dir,
@@ -240,18 +248,29 @@ def task_result(where: Found, checkpoint: str, budget: Budget, folder: Path, fin
     if finetune:
         measured = folder / "final" / "model" if real else None
     else:
-        measured = checkpoint
+        measured = None if zeroshot else checkpoint
     if measured is not None:
         result.update(measure(where, measured, real, device))
     if fewshot:
         result["fewshot"] = fewshot_task(where, checkpoint, device)
-    tell(f"{task.name}: top-1 {100 * result['accuracy']:.2f}% on {task.test_split} ({result['images']} images)"
+    if zeroshot:
+        result["zeroshot"] = zeroshot_task(where, checkpoint, device)
+    images = result["images"] if "images" in result else result["zeroshot"]["images"]
+    tell(f"{task.name}: {accuracies_said(result, 'top-1 ')} on {task.test_split} ({images} images)"
          + (f", ReaL top-1 {100 * result['real_top1']:.2f}%" if "real_top1" in result else "")
          + (f", {100 * result['trained_share']:.2f}% of the parameters trained" if "trained_share" in result else ""))
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_file(done) as handle:
         json.dump(result, handle, indent=1)
     return result
+
+
+def accuracies_said(result: dict[str, Any], measure: str = "") -> str:
+    """A task's top-1 and zero-shot top-1, those of them its ``result`` holds, in %, each after ``measure``."""
+    said = [f"{measure}{100 * result['accuracy']:.2f}%"] if "accuracy" in result else []
+    if "zeroshot" in result:
+        said.append(f"zero-shot {measure}{100 * result['zeroshot']['accuracy']:.2f}%")
+    return ", ".join(said)
 
 
 def finetune_task(where: Found, checkpoint: str, budget: Budget, folder: Path, device: str | None,
@@ -382,16 +401,40 @@ def fewshot_task(where: Found, checkpoint: str, device: str | None) -> dict[str,
     return {str(result.shots): result.mean for result in results}
 
 
+def check_text_tower(checkpoint: str) -> None:
+    """Refuse, in one line naming the families that have one, a checkpoint without a text tower to classify by
+    class names with, or without the tokenizer files it needs."""
+    from ..text import load_clip
+
+    load_clip(checkpoint)
+
+
+def zeroshot_task(where: Found, checkpoint: str, device: str | None) -> dict[str, Any]:
+    """Zero-shot top-1 of the image-text ``checkpoint`` on the task's test split, its classes named by the
+    dataset's class names, with open_clip's 80 templates: what ``vitkit zeroshot --dataset`` measures."""
+    from ..text import load_clip
+    from ..text.zeroshot import zeroshot_dataset
+
+    on = select_device(device)
+    report = zeroshot_dataset(load_clip(checkpoint).to(on), where.spec, where.task.test_split,
+                              data_dir=where.data_dir, val_fraction=0.0, device=on)
+    return {"accuracy": report["top1"], "top5": report["top5"], "images": report["images"]}
+
+
 def suite_table(results: dict[str, dict[str, Any]], settings: dict[str, Any], absent: list[str], note: str,
                 method: str = "none") -> dict[str, Any]:
     """The table of the suite's ``results`` (fine-tuned with the PEFT ``method``): a row of the fine-tuned (or
     as-is) accuracies, one per few-shot count, VTAB-1k's group means (with how many tasks each averages), each
     row's two VTAB-1k averages (``table.vtab_averages``), each task's trained share of the parameters where its
-    run said it, and a table of each VTAB-1k task."""
-    accuracies = {name: result["accuracy"] for name, result in results.items()}
+    run said it, a zero-shot row where the suite measured one, and a table of each VTAB-1k task (the first row's,
+    and the zero-shot row's)."""
+    accuracies = {name: result["accuracy"] for name, result in results.items() if "accuracy" in result}
     real = results.get("imagenet", {}).get("real_top1")
     label = "fine-tuned" if settings["finetune"] else "as is"
-    measured = {label: accuracies}
+    zeroshot = {name: result["zeroshot"]["accuracy"] for name, result in results.items() if "zeroshot" in result}
+    measured = {label: accuracies} if accuracies else {}
+    if zeroshot:
+        measured[ZEROSHOT] = zeroshot
     for shot in DEFAULT_SHOTS:
         shot_accuracies = {name: result["fewshot"][str(shot)] for name, result in results.items()
                            if str(shot) in result.get("fewshot", {})}
@@ -399,10 +442,11 @@ def suite_table(results: dict[str, dict[str, Any]], settings: dict[str, Any], ab
             measured[f"{shot}-shot linear"] = shot_accuracies
     rows = {row: table_row(values, real if row == label else None) for row, values in measured.items()}
     averages = {row: found for row, values in measured.items() if (found := vtab_averages(values))}
-    counts = {column: count for column, (_, count) in group_means(accuracies).items()}
-    vtab = {label: {name.removeprefix("vtab-"): value for name, value in accuracies.items() if TASKS[name].vtab}}
+    counts = {column: count for column, (_, count) in group_means(accuracies or zeroshot).items()}
+    vtab = {row: {name.removeprefix("vtab-"): value for name, value in values.items() if TASKS[name].vtab}
+            for row, values in measured.items() if row in (label, ZEROSHOT)}
     protocol = note.strip(" []") or "the paper's (appendix B.1.1)"
     return {**settings, "protocol": protocol + (f"; {PEFT_PROTOCOL}" if method != "none" else ""),
             "peft_method": method, "absent": absent, "rows": rows, "counts": counts, "vtab_averages": averages,
             "trained": {name: result["trained_share"] for name, result in results.items() if "trained_share" in result},
-            "vtab": vtab if vtab[label] else {}, "tasks": results}
+            "vtab": {row: values for row, values in vtab.items() if values}, "tasks": results}
