@@ -1,12 +1,14 @@
 """Dense patch features: the final state of every patch token laid out on the image's patch grid, at any image
 size the model runs (what DINOv3 users take for segmentation, depth and retrieval), and their principal
-components as colours."""
+components as colours; an image-text model's patches embedded into its joint space, and their cosine with texts."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .embeddings import principal_components
 
 
@@ -44,3 +46,29 @@ def feature_colours(features: torch.Tensor, components: int = 3) -> torch.Tensor
     low, high = projected.amin(0), projected.amax(0)
     scaled = (projected - low) / torch.where(high > low, high - low, torch.ones_like(high))
     return scaled.reshape(rows, cols, -1).float()
+
+
+def patch_embeddings(model: nn.Module, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(B, E, rows, cols): each patch token of ``tokens`` (B, T, D, after the final norm) put through what the
+    model does to its pooled state, as if that patch were the only token pooled: the attention pool over it alone
+    (pool='map': SigLIP's), the norm on the pooled output, the pre-logits layer and the head; for an image-text
+    model's image tower the head is its projection into the space the texts embed into (CLIP's: final norm and
+    projection)."""
+    c = model.config
+    if model.soft_pool is not None or c.summary_tokens or model.head_dist is not None:
+        raise ConfigError("patch embeddings: the model pools several outputs (soft tokens, summary tokens or a "
+                          "distillation head), not one vector a patch could stand in for")
+    patches = grid_features(tokens, grid, c.num_prefix_tokens)
+    batch, dim, rows, cols = patches.shape
+    alone = patches.flatten(2).transpose(1, 2).reshape(-1, 1, dim)  # every patch a sequence of one token
+    pooled = model.attn_pool(alone) if model.attn_pool is not None else alone[:, 0]
+    embedded = model.head(model.pre_logits(model.fc_norm(pooled)))
+    return embedded.reshape(batch, rows * cols, -1).transpose(1, 2).reshape(batch, -1, rows, cols)
+
+
+def text_similarity(model: nn.Module, tokens: torch.Tensor, grid: tuple[int, int],
+                    texts: torch.Tensor) -> torch.Tensor:
+    """(B, K, rows, cols): the cosine of each patch's embedding (``patch_embeddings``) with each of the ``texts``
+    (K, E) embedded by the text tower of the same image-text model."""
+    patches = F.normalize(patch_embeddings(model, tokens, grid).float(), dim=1)
+    return torch.einsum("berc,ke->bkrc", patches, F.normalize(texts.float(), dim=-1))

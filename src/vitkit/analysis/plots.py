@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_file
+from ..classnames import escape_name
 
 
 def _matplotlib():
@@ -132,4 +133,24 @@ def features_figure(image: np.ndarray, colours: torch.Tensor, title: str = ""):
     right.set_title(f"PCA of the {colours.shape[0]}x{colours.shape[1]} patch features as RGB", fontsize=9)
     if title:
         figure.suptitle(title, fontsize=10)
+    return figure
+
+
+def text_similarity_figure(image: np.ndarray, maps: torch.Tensor, prompts: list[str], title: str = ""):
+    """The input image, then for each prompt the image with the (K, rows, cols) cosine ``maps`` of its patches
+    with that prompt laid over it (upsampled bilinearly), on one colour scale for all prompts."""
+    Figure, _ = _matplotlib()
+    height, width = image.shape[:2]
+    low, high = float(maps.min()), float(maps.max())
+    figure = Figure(figsize=(3 * (len(prompts) + 1) + 0.6, 3.2), dpi=100)
+    panels = figure.subplots(1, len(prompts) + 1, squeeze=False)[0]
+    for axes in panels:
+        axes.imshow(image, cmap="gray" if image.ndim == 2 else None)
+        axes.set_axis_off()
+    panels[0].set_title(title or "input", fontsize=9)
+    for axes, prompt, heat in zip(panels[1:], prompts, maps):
+        shown = axes.imshow(heat.numpy(), cmap="jet", alpha=0.5, extent=(-0.5, width - 0.5, height - 0.5, -0.5),
+                            interpolation="bilinear", vmin=low, vmax=high if high > low else low + 1e-6)
+        axes.set_title(f"{escape_name(prompt)[:40]!r}: max {float(heat.max()):.3f}", fontsize=9)
+    figure.colorbar(shown, ax=list(panels[1:]), fraction=0.03, pad=0.02, label="cosine with the prompt")
     return figure

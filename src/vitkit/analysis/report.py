@@ -19,6 +19,7 @@ from ..runtime import autocast
 from . import plots
 from .attention import READOUTS, attention_rollout, mean_attention_distance, output_readout, readout_weights
 from .embeddings import filter_components, patch_filters, position_similarity, position_table, rope_phases
+from .features import text_similarity
 from .inputs import Sample
 
 REPORT_FILE = "index.html"
@@ -51,25 +52,30 @@ class Analysis:
 def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pictures: Sequence[np.ndarray],
             out: str | Path, *, batch_size: int = 8, head_fusion: str = "mean", discard_ratio: float = 0.0,
             overlays: int = 8, filters: int = 28, title: str = "", dtype: torch.dtype = torch.float32,
-            readout: str | None = None, about: Sequence[Sample] | None = None) -> Analysis:
+            readout: str | None = None, about: Sequence[Sample] | None = None, prompts: Sequence[str] = (),
+            text_embeddings: torch.Tensor | None = None) -> Analysis:
     """Analyse ``model`` on ``images`` (prepared input, (B, C, H, W), or a list of (1, C, H, W) images of their
     own sizes, each at its aspect ratio) whose uint8 crops are ``pictures`` and write the results into ``out``;
     the model runs where its weights are, computing in ``dtype``. The rollout is read out where the model's head
     reads (``attention_rollout``'s rule) unless ``readout`` names another output (see ``output_readout``).
     ``about`` names each image and its label, where known (default: its index); the figures and the page show
-    them beside the model's prediction."""
+    them beside the model's prediction. ``prompts`` with their ``text_embeddings`` (K, E) by the text tower of the
+    image-text model whose image tower ``model`` is: a map per image and prompt of the cosine of each patch's
+    embedding with the prompt's (``features.text_similarity``)."""
     device = next(model.parameters()).device
     config = model.config
     readout = output_readout(model, readout)
     batches = [images[start:start + batch_size] for start in range(0, len(images), batch_size)] \
         if isinstance(images, torch.Tensor) else list(images)  # batches bound the memory attention maps take
-    rollouts, sizes, logits, distance_sum = [], [], [], 0.0
+    rollouts, sizes, logits, distance_sum, similarities = [], [], [], 0.0, []
     for batch in batches:
         with torch.no_grad(), autocast(device, dtype):
             seen = model.forward_intermediates(batch.to(device), attention=True)
             weights = readout_weights(model, seen.features, readout).cpu()
-            if config.num_classes:
+            if config.num_classes and not prompts:  # an image-text tower's head embeds; it does not classify
                 logits.extend(model.forward_head(seen.features).float().cpu())
+            if prompts:
+                similarities.extend(text_similarity(model, seen.features, seen.grid, text_embeddings.to(device)).cpu())
         attn, grid = torch.stack(seen.attentions).float().cpu(), tuple(seen.grid)
         stride = (batch.shape[-2] / grid[0], batch.shape[-1] / grid[1])  # pixels per token, hybrids too
         rollouts.extend(attention_rollout(attn, grid, head_fusion, discard_ratio, weights))
@@ -102,6 +108,8 @@ def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pic
                                                    READOUTS[readout]),
                              f"Attention rollout ({head_fusion} over heads) from {READOUTS[readout]} of "
                              f"{caption(entry)}.")
+    if prompts:
+        text_figures(analysis, prompts, similarities, pictures, overlays, one_size)
     analysis.save_numbers("mean_attention_distance", distances)
     analysis.save_figure("attention_distance.png", plots.distance_figure(distances, stride[0]),
                          f"Mean attention distance per head and depth over {count} images (figure 7 right).")
@@ -111,6 +119,28 @@ def analyze(model: nn.Module, images: torch.Tensor | Sequence[torch.Tensor], pic
         json.dump(analysis.summary, handle, indent=2)
     write_page(analysis)
     return analysis
+
+
+def text_figures(analysis: Analysis, prompts: Sequence[str], similarities: list[torch.Tensor],
+                 pictures: Sequence[np.ndarray], overlays: int, one_size: bool) -> None:
+    """The text-conditioned maps: numbers (``text_similarity.npy``, (images, prompts, rows, cols), or one file an
+    image where sizes differ), a figure for each of the first ``overlays`` images, and the summary's entry."""
+    if one_size:
+        analysis.save_numbers("text_similarity", torch.stack(similarities))
+    else:
+        for index, maps in enumerate(similarities):
+            analysis.save_numbers(f"text_similarity_{index:03d}", maps)
+    analysis.summary["text_similarity"] = {
+        "prompts": list(prompts), "measure": "cosine of each patch's embedding (final norm, then the pooling and "
+        "projection of the image embedding applied to the patch alone) with the prompt's text embedding",
+        "max": [[round(float(m.max()), 5) for m in maps] for maps in similarities]}
+    for index in range(min(overlays, len(pictures))):
+        entry = analysis.summary["inputs"][index]
+        analysis.save_figure(f"text_similarity_{index:03d}.png",
+                             plots.text_similarity_figure(pictures[index], similarities[index], list(prompts),
+                                                          figure_title(entry)),
+                             f"Cosine of each patch's embedding with the text embedding of each prompt, "
+                             f"{caption(entry)}.")
 
 
 def described(about: Sequence[Sample], logits: Sequence[torch.Tensor], config) -> list[dict]:
@@ -227,6 +257,15 @@ def image_row(entry: dict) -> str:
             + f"<td>{probability}</td></tr>")
 
 
+def text_paragraph(summary: dict) -> str:
+    """The page's words on the text-conditioned maps, where there are any."""
+    if "text_similarity" not in summary:
+        return ""
+    prompts = ", ".join(f"'{html.escape(prompt)}'" for prompt in summary["text_similarity"]["prompts"])
+    return (f"<p>Text-conditioned maps for {prompts}: the {html.escape(summary['text_similarity']['measure'])}."
+            "</p>\n")
+
+
 def write_page(analysis: Analysis) -> Path:
     """One HTML file with every figure inlined, so it can be mailed or archived as it is."""
     summary = analysis.summary
@@ -257,8 +296,8 @@ td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }} td
 '{html.escape(config['pool'])}', position embeddings '{html.escape(config['pos_embed'])}', rotary embeddings
 '{html.escape(config['rope'])}'. {summary['images']} images {describe_sizes(summary)}, behind the patches
 {describe_prefix(summary['prefix_tokens'])}.</p>
-<p>Attention rollout from {html.escape(summary['rollout']['output_token'])}; prefix tokens are kept out of the
-patch grid and out of the attention distances. Position similarity drawn from:
+{text_paragraph(summary)}<p>Attention rollout from {html.escape(summary['rollout']['output_token'])}; prefix tokens are
+kept out of the patch grid and out of the attention distances. Position similarity drawn from:
 {html.escape(describe_positions(summary['position_similarity']))}.</p>
 <div class="figures">{''.join(figures)}</div>
 <h2>Images</h2>

@@ -7,6 +7,7 @@ import argparse
 from ..analysis.attention import HEAD_FUSIONS, READOUTS
 from ..analysis.report import REPORT_FILE
 from ..data.datasets import DATASET_FORMS
+from ..errors import ConfigError
 from ..evaluate.analyze import analyze_checkpoint
 from .flags import (checkpoint_flags, count, finite_number, image_size_type, max_patches_flag, positive,
                     positive_number, resize_flag, runtime_flags, unit_fraction)
@@ -15,7 +16,8 @@ HELP: dict[str, tuple[str, str | None]] = {
     "analyze": ("Attention rollout, attention distance, position similarity and filter figures, with an HTML page.",
                 "examples:\n"
                 "  vitkit analyze runs/x/model --out analysis\n"
-                "  vitkit analyze runs/x/model --images cat.jpg photos/ --out analysis"),
+                "  vitkit analyze runs/x/model --images cat.jpg photos/ --out analysis\n"
+                "  vitkit analyze clip-dir --images dog.jpg --text 'a dog' 'grass' --out analysis"),
 }
 
 
@@ -51,6 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "'map'; prefix and register tokens are never on the image grid)")
     analyze.add_argument("--overlays", type=count, default=8, help="how many rollout overlays to draw")
     analyze.add_argument("--filters", type=positive, default=28, help="principal components of the patch filters")
+    analyze.add_argument("--text", nargs="+", metavar="PROMPT",
+                         help="an image-text checkpoint (CLIP, SigLIP, ...): also a map per image and prompt of the "
+                              "cosine of each patch's embedding (its final state through the image tower's final "
+                              "norm and projection) with the prompt's text embedding, the prompt taken verbatim")
+    analyze.add_argument("--tokenizer", metavar="DIR",
+                         help="with --text: a folder holding the tokenizer files the checkpoint lacks")
     resize_flag(analyze)
     max_patches_flag(analyze)
     runtime_flags(analyze)
@@ -60,13 +68,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of a
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
+    if args.tokenizer and not args.text:
+        raise ConfigError("--tokenizer: for --text, whose prompts it tokenizes")
     done = analyze_checkpoint(args.checkpoint, args.out, images=args.images, dataset=args.dataset,
                               data_dir=args.data_dir, num_images=args.num_images, seed=args.seed,
                               image_size=args.image_size, mean=args.mean, std=args.std, resize=args.resize,
                               max_patches=args.max_patches, device=args.device, precision=args.precision,
                               overrides=args.overrides, adapter=args.adapter, batch_size=args.batch_size,
                               head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, overlays=args.overlays,
-                              filters=args.filters, readout=args.readout)
+                              filters=args.filters, readout=args.readout, texts=args.text or (),
+                              tokenizer=args.tokenizer)
     sizes = f"at {done.size[0]}x{done.size[1]}" if done.size else "each at its own aspect ratio"
     print(f"analysed {done.images} images {sizes}: {len(done.analysis.figures)} figures, report "
           f"{done.analysis.out / REPORT_FILE}")
