@@ -197,16 +197,16 @@ def probe_logits(model: VisionTransformer, naflex: bool, device: torch.device
 
 
 def checked_difference(run, probes: list[tuple[torch.Tensor | PatchBatch, np.ndarray]], path: Path,
-                       runtime: str) -> float:
-    """The largest |logit difference| of ``run`` (inputs -> logits array) from PyTorch's over the probes; one
-    beyond the tolerance is refused, naming the probe."""
+                       runtime: str, what: str = "logits") -> float:
+    """The largest |difference| of ``run`` (inputs -> an array of ``what``: logits) from PyTorch's over the
+    probes; one beyond the tolerance is refused, naming the probe."""
     largest = 0.0
     for inputs, reference in probes:
         difference = float(np.abs(run(inputs) - reference).max())
         scale = max(1.0, float(np.abs(reference).max()))
         if difference > TOLERANCE * scale:
             shape = tuple((inputs.patches if isinstance(inputs, PatchBatch) else inputs).shape)
-            raise CheckpointError(f"{path}: {runtime}'s logits differ from PyTorch's by {difference:.3g} on a probe "
+            raise CheckpointError(f"{path}: {runtime}'s {what} differ from PyTorch's by {difference:.3g} on a probe "
                                   f"of shape {shape} (allowed {TOLERANCE:g} x {scale:.3g}); nothing was written")
         largest = max(largest, difference)
     return largest

@@ -9,6 +9,7 @@ from ..checkpoints.convert import FORMATS, check_quantizable, output_format
 from ..checkpoints.quantize import QUANTIZATIONS
 from ..evaluate.calibration import CALIBRATION_IMAGES, calibration_batches
 from ..models.stats import count_parameters
+from ..errors import ConfigError
 from ..runtime import select_device
 from .flags import checkpoint_flags, load_checkpoint, positive, runtime_flags
 
@@ -18,7 +19,8 @@ HELP: dict[str, tuple[str, str | None]] = {
                 "  vitkit convert ViT-B_16.npz runs/vit-b --to native\n"
                 "  vitkit convert runs/x/model model.onnx --to onnx --quantize int8\n"
                 "  vitkit convert runs/x/model model.xml --quantize int8 --calibration mnist --data-dir data\n"
-                "  vitkit convert runs/x/model model.xml --to openvino"),
+                "  vitkit convert runs/x/model model.xml --to openvino\n"
+                "  vitkit convert clip-dir text.onnx --text   (the text tower: token ids in, embeddings out)"),
 }
 
 
@@ -40,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("--naflex", action="store_true",
                       help="ONNX and OpenVINO: a graph taking NaFlex batches (patches, coords, mask, grids: images at "
                            "their own aspect ratio, run with --max-patches) instead of image tensors")
+    conv.add_argument("--text", action="store_true",
+                      help="ONNX: the text tower of an image-text checkpoint (CLIP, SigLIP, ...) instead: token ids "
+                           "(batch, tokens) in, text embeddings (batch, E) out, any batch; the tokenizer is not in "
+                           "the graph: tokenize with the checkpoint's own (vitkit.load_clip(CHECKPOINT).tokenize)")
     runtime_flags(conv, precision=False)
     conv.set_defaults(run=run)
 
@@ -48,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     """Read a checkpoint in any format and write it as a vitkit directory, a Google .npz, an HF directory, a
     timm state dict, ONNX (checked by ONNX Runtime after writing) or OpenVINO IR (checked by OpenVINO)."""
     args.to = output_format(args.dst, args.to)
+    if args.text:
+        return run_text(args)
     check_quantizable(args.to, args.dst, args.quantize, args.calibration is not None)
     model = load_checkpoint(args)
     calibration = None if args.calibration is None else calibration_batches(
@@ -66,4 +74,22 @@ def run(args: argparse.Namespace) -> int:
         inputs = "NaFlex batches of any size" if args.naflex else "images of any batch and size"
         print(f"opset {written.opset}, takes {inputs}; ONNX Runtime vs PyTorch on probe batches: max |difference| "
               f"{written.max_difference:.2g}")
+    return 0
+
+
+def run_text(args: argparse.Namespace) -> int:
+    """The text tower of an image-text checkpoint to ONNX, checked by ONNX Runtime after writing."""
+    from ..text.onnx import export_text_onnx
+
+    if args.to != "onnx":
+        raise ConfigError(f"--text: the text tower is exported to ONNX; {args.dst} is {args.to} (write a .onnx file)")
+    unused = [flag for flag, value in (("--quantize", args.quantize), ("--calibration", args.calibration),
+                                       ("--naflex", args.naflex), ("--adapter", args.adapter),
+                                       ("--set", args.overrides)) if value]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)}: for the image tower; --text exports the text tower as it is stored")
+    written = export_text_onnx(args.checkpoint, args.dst, select_device(args.device))
+    print(f"wrote {args.dst} (onnx): the text tower of {args.checkpoint}, opset {written.opset}, token ids of any "
+          f"batch in, embeddings out (the tokenizer is not in the graph); ONNX Runtime vs PyTorch on probe batches: "
+          f"max |difference| {written.max_difference:.2g}")
     return 0

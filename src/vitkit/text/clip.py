@@ -73,18 +73,28 @@ def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **ove
     ``tokenizer``: a folder holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold
     them; ``overrides`` go to the image tower as in ``vitkit.load``. A checkpoint without a text tower is a
     ``CheckpointError`` naming it."""
-    remote = isinstance(checkpoint, str) and hub.is_remote(checkpoint)
-    path = hub.resolve(checkpoint, TEXT_FILES) if remote else Path(checkpoint)
+    path = checkpoint_path(checkpoint)
     tower = read_text_tower(path)
     tokenize = tokenizer_for(tower.tokenizer, tokenizer)  # a missing tokenizer is said before the image tower loads
     with warnings.catch_warnings():  # the image tower's reader warns that it leaves the text tower out
         warnings.filterwarnings("ignore", message=".*its text tower .* is left out")
         visual = load(path, **overrides)
+    return ImageTextModel(visual, text_transformer(tower, path), tokenize, tower.logit_scale, tower.logit_bias,
+                          tower.family, str(path)).eval()
+
+
+def checkpoint_path(checkpoint: str | Path) -> Path:
+    """The local folder of ``checkpoint``: a path, or an ``hf-hub:ORG/NAME`` fetched with its text tower's files."""
+    remote = isinstance(checkpoint, str) and hub.is_remote(checkpoint)
+    return hub.resolve(checkpoint, TEXT_FILES) if remote else Path(checkpoint)
+
+
+def text_transformer(tower: TextTower, path: Path) -> TextTransformer:
+    """The text tower ``read_text_tower`` read from ``path`` as a :class:`TextTransformer` in eval mode."""
     with torch.device("meta"):
         text = TextTransformer(tower.config)
     load_state_strict(text, tower.state, f"{path} (text tower)")
-    return ImageTextModel(visual, text.eval(), tokenize, tower.logit_scale, tower.logit_bias, tower.family,
-                          str(path)).eval()
+    return text.eval()
 
 
 def read_text_tower(path: Path) -> TextTower:
