@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 def run_retrieval(args: argparse.Namespace) -> int:
     """Image->text and text->image recall@1/5/10 over the captions file ``--retrieval``."""
     from ..text import load_clip
-    from ..text.retrieval import RECALL_AT, retrieval
+    from ..text.retrieval import RECALL_AT, evaluate_retrieval
 
     unused = [flag for flag, value in (("--classes", args.classes), ("--classes-file", args.classes_file),
                                        ("--templates", args.templates), ("--multi-label", args.multi_label),
@@ -129,7 +129,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join(unused)}: not for --retrieval, which ranks the captions of its file as written")
     model = load_clip(args.checkpoint, tokenizer=args.tokenizer, **args.overrides)
     device = select_device(args.device)
-    report = retrieval(model.to(device), args.retrieval, args.batch_size, args.resize, args.out, device,
+    report = evaluate_retrieval(model.to(device), args.retrieval, args.batch_size, args.resize, args.out, device,
                        resolve_precision(args.precision, device))
     if args.json:
         print(json.dumps(report, indent=1))

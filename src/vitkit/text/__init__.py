@@ -4,10 +4,10 @@ holds."""
 
 from .clip import ImageTextModel, load_clip
 from .model import TextConfig, TextTransformer
-from .retrieval import read_captions, retrieval
+from .retrieval import evaluate_retrieval, read_captions
 from .zeroshot import (ZeroShotClassifier, class_embeddings, class_probabilities, resolve_templates, zeroshot_dataset,
                        zeroshot_files)
 
 __all__ = ["ImageTextModel", "TextConfig", "TextTransformer", "ZeroShotClassifier", "load_clip", "class_embeddings",
-           "class_probabilities", "read_captions", "resolve_templates", "retrieval", "zeroshot_dataset",
+           "class_probabilities", "evaluate_retrieval", "read_captions", "resolve_templates", "zeroshot_dataset",
            "zeroshot_files"]

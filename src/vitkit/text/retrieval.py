@@ -91,9 +91,9 @@ def recall(scores: torch.Tensor, right: torch.Tensor, ks: Sequence[int] = RECALL
 
 
 @torch.no_grad()
-def retrieval(model: ImageTextModel, captions: str | Path, batch_size: int = 64, resize: str = "crop",
-              out: str | Path | None = None, device: torch.device | str = "cpu",
-              dtype: torch.dtype = torch.float32) -> dict:
+def evaluate_retrieval(model: ImageTextModel, captions: str | Path, batch_size: int = 64, resize: str = "crop",
+                       out: str | Path | None = None, device: torch.device | str = "cpu",
+                       dtype: torch.dtype = torch.float32) -> dict:
     """Image->text and text->image recall@1/5/10 of ``model`` (already on ``device``) on the captions file
     ``captions`` (``read_captions``), each image prepared as ``vitkit predict`` prepares it; the report, also
     written as ``retrieval-<file stem>.json`` into ``out`` when given."""
