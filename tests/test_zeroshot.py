@@ -491,3 +491,50 @@ def test_a_malformed_open_clip_text_config_is_one_error(open_clip_hub, tmp_path)
     (bare / "open_clip_config.json").write_text(json.dumps(config))
     with pytest.raises(vitkit.CheckpointError, match="no model_cfg.text_cfg"):
         vitkit.load_clip(bare)
+
+
+def test_a_task_clip_benchmark_knows_is_prompted_with_its_names_and_templates(open_clip_hub, tmp_path):
+    """VTAB-1k's KITTI distance (classes 0-3 on disk): clip-benchmark's four class names and its templates, as
+    open_clip's classifier builds them from clip-benchmark's own files; the report says where the prompts came from."""
+    from importlib.resources import files
+
+    from open_clip import build_zero_shot_classifier
+    from vitkit.data import evaluation_loader, load_dataset
+    from vitkit.evaluate.preprocessing import checkpoint_transform
+    from vitkit.text.zeroshot import zeroshot_dataset
+
+    folder = files("clip_benchmark") / "datasets"
+    names = json.loads((folder / "en_classnames.json").read_text())["kitti_closest_vehicle_distance"]
+    templates = json.loads((folder / "en_zeroshot_classification_templates.json").read_text())[
+        "kitti_closest_vehicle_distance"]
+    peer, tokenizer, checkpoint = open_clip_hub
+    for label in range(4):
+        (tmp_path / "data" / str(label)).mkdir(parents=True)
+        image_files(tmp_path / "data" / str(label), 2)
+    model = vitkit.load_clip(checkpoint)
+    report = zeroshot_dataset(model, f"imagefolder:{tmp_path / 'data'}", "all", task="vtab-kitti_distance")
+    assert report["prompts"] == {"class_names": "clip-benchmark", "templates": "clip-benchmark"}
+    assert list(report["per_class"]) == names
+    data = load_dataset(f"imagefolder:{tmp_path / 'data'}", "all")
+    images, labels = zip(*evaluation_loader(data, checkpoint_transform(model.visual.config), 64))
+    images, labels = torch.cat(images), torch.cat(labels)
+    with torch.no_grad():
+        classifier = build_zero_shot_classifier(peer, tokenizer, names,
+                                                [lambda c, t=t: t.replace("{c}", c) for t in templates])
+        predicted = (F.normalize(peer.encode_image(images), dim=-1) @ classifier).argmax(dim=-1)
+    assert report["confusion"] == torch.bincount(labels * 4 + predicted, minlength=16).reshape(4, 4).tolist()
+    given = zeroshot_dataset(model, f"imagefolder:{tmp_path / 'data'}", "all", task="vtab-kitti_distance",
+                             templates=["{}"])  # the user's templates win; the names stay clip-benchmark's
+    assert given["prompts"] == {"class_names": "clip-benchmark", "templates": "given"}
+    plain = zeroshot_dataset(model, f"imagefolder:{tmp_path / 'data'}", "all", task="digits")
+    assert plain["prompts"] == {"class_names": "dataset", "templates": "openai"}
+
+
+@pytest.mark.parametrize("spec, task", [("cifar10", "cifar10"), ("CIFAR-100", "cifar100"), ("pets:/data/pets", "pets"),
+                                        ("flowers102:/d", "flowers102"), ("vtab:/data/vtab-1k/clevr_dist",
+                                                                          "vtab-clevr_distance"),
+                                        ("vtab:/d/eurosat/", "vtab-eurosat"), ("imagefolder:/x", None)])
+def test_the_dataset_spec_names_the_task_whose_prompts_are_used(spec, task):
+    from vitkit.cli.zeroshot import benchmark_task
+
+    assert benchmark_task(spec) == task

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from ..classnames import escape_name
 from ..data import CORRUPT
-from ..data.datasets import DATASET_FORMS
+from ..data.datasets import DATASET_FORMS, dataset_name
 from ..errors import ConfigError
 from ..evaluate.predict import prediction_record
 from ..runtime import resolve_precision, select_device
@@ -94,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
     device = select_device(args.device)
     dtype = resolve_precision(args.precision, device)
     if args.dataset:
-        report = zeroshot_dataset(model.to(device), args.dataset, args.split, classes=classes, templates=templates,
-                                  data_dir=args.data_dir, val_fraction=args.val_fraction, corrupt=args.corrupt,
-                                  batch_size=args.batch_size, num_workers=args.num_workers, out=args.out,
-                                  resize=args.resize, device=device, dtype=dtype)
+        report = zeroshot_dataset(model.to(device), args.dataset, args.split, classes=classes,
+                                  templates=templates if args.templates else None, data_dir=args.data_dir,
+                                  val_fraction=args.val_fraction, corrupt=args.corrupt, batch_size=args.batch_size,
+                                  num_workers=args.num_workers, out=args.out, resize=args.resize, device=device,
+                                  dtype=dtype, task=benchmark_task(args.dataset))
         if args.json:
             print(json.dumps(report, indent=1))
         else:
@@ -140,3 +142,17 @@ def run_retrieval(args: argparse.Namespace) -> int:
     if args.out:
         print(f"report in {args.out}")
     return 0
+
+
+def benchmark_task(dataset: str) -> str | None:
+    """The suite's task a dataset spec holds, whose clip-benchmark prompts ``--dataset`` uses by default: the named
+    datasets and ``pets:``, ``flowers102:``, ``imagenet:`` by kind, ``vtab:DIR`` by its folder's name (VTAB-1k's
+    task, or the VPT code base's folder name for it); None for any other dataset."""
+    from ..transfer.tasks import TASKS, VTAB_FOLDERS, VTAB_PREFIX
+
+    kind, colon, path = dataset_name(dataset).partition(":")
+    if kind == "vtab" and colon:
+        folder = Path(path.rstrip("/")).name
+        name = {short: task for task, short in VTAB_FOLDERS.items()}.get(folder, folder)
+        return VTAB_PREFIX + name if VTAB_PREFIX + name in TASKS else None
+    return kind if kind in TASKS else None

@@ -194,15 +194,16 @@ def confusion_plot(confusion: torch.Tensor, classes: list[str], title: str = "")
 
 
 def write_report(evaluation: Evaluation, classes: list[str], out_dir: str | Path | None, split: str,
-                 real: dict | None = None) -> dict:
-    """``eval-<split>.json`` (top-1, top-5, loss, per-class accuracy, confusion matrix, and ``real``: ReaL top-1
-    where measured) and ``confusion-<split>.png`` in ``out_dir`` (None: nowhere); returns the JSON content."""
+                 extra: dict | None = None) -> dict:
+    """``eval-<split>.json`` (top-1, top-5, loss, per-class accuracy, confusion matrix, and the ``extra`` fields:
+    ReaL top-1 where measured, a zero-shot run's prompts) and ``confusion-<split>.png`` in ``out_dir`` (None:
+    nowhere); returns the JSON content."""
     import json
 
     from ..atomic import atomic_file
 
     report = {"split": split, "images": evaluation.count, "top1": evaluation.top1, "top5": evaluation.top5,
-              "loss": evaluation.loss, **(real or {}),
+              "loss": evaluation.loss, **(extra or {}),
               "per_class": {name: (None if acc != acc else acc)
                             for name, acc in zip(classes, evaluation.per_class.tolist())},
               "confusion": evaluation.confusion.tolist()}

@@ -5,6 +5,7 @@ model asked for independent labels, the sigmoid of that plus ``logit_bias`` (wha
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +25,23 @@ from .clip import ImageTextModel
 
 TEMPLATE_SETS = ("openai", "simple")
 SLOT = "{}"
+# clip-benchmark's keys of its English class names and templates for the tasks vitkit names (the suite's, VTAB-1k's
+# as ``vtab-<name>``); None: it has no class names for the task (CIFAR's and DTD's are the datasets' own).
+BENCHMARK = {
+    "imagenet": ("imagenet1k", "imagenet1k"), "cifar10": (None, "cifar10"), "cifar100": (None, "cifar100"),
+    "pets": ("pets", "pets"), "flowers102": ("flowers", "flowers"), "mnist": ("mnist", "mnist"),
+    "vtab-caltech101": ("caltech101_vtab", "caltech101"), "vtab-cifar100": (None, "cifar100"),
+    "vtab-dtd": (None, "dtd"), "vtab-oxford_flowers102": ("flowers", "flowers"),
+    "vtab-oxford_iiit_pet": ("pets", "pets"), "vtab-svhn": ("svhn", "svhn"), "vtab-sun397": (None, "sun397"),
+    "vtab-patch_camelyon": ("pcam", "pcam"), "vtab-eurosat": ("eurosat", "eurosat"),
+    "vtab-resisc45": (None, "resisc45"), "vtab-diabetic_retinopathy": ("diabetic_retinopathy",) * 2,
+    "vtab-clevr_count": ("clevr_count_all",) * 2, "vtab-clevr_distance": ("clevr_closest_object_distance",) * 2,
+    "vtab-dmlab": ("dmlab", "dmlab"), "vtab-kitti_distance": ("kitti_closest_vehicle_distance",) * 2,
+    "vtab-dsprites_location": (None, "dsprites_label_x_position"),
+    "vtab-dsprites_orientation": (None, "dsprites_label_orientation"),
+    "vtab-smallnorb_azimuth": (None, "smallnorb_label_azimuth"),
+    "vtab-smallnorb_elevation": (None, "smallnorb_label_elevation"),
+}
 
 
 def openai_templates() -> list[str]:
@@ -34,6 +52,27 @@ def openai_templates() -> list[str]:
         raise ImportError("the default templates are open_clip's OpenAI ImageNet templates: pip install "
                           "'vitkit[text]' (open_clip_torch), or pass --templates simple or your own") from None
     return [template(SLOT) for template in OPENAI_IMAGENET_TEMPLATES]
+
+
+def benchmark_prompts(task: str, count: int) -> tuple[list[str] | None, list[str] | None]:
+    """clip-benchmark's English class names and templates for ``task`` (a key of ``BENCHMARK``), as its zero-shot
+    evaluation prompts them: (names, templates), names None where it has none or not ``count`` of them, both None
+    for a task it does not know or where clip-benchmark is not installed (``vitkit[text]``)."""
+    keys = BENCHMARK.get(task)
+    try:
+        from importlib.resources import files
+
+        folder = files("clip_benchmark") / "datasets"
+    except ModuleNotFoundError:
+        return None, None
+    if keys is None:
+        return None, None
+    names_key, templates_key = keys
+    names = json.loads((folder / "en_classnames.json").read_text(encoding="utf-8")).get(names_key) if names_key \
+        else None
+    templates = json.loads((folder / "en_zeroshot_classification_templates.json").read_text(encoding="utf-8"))
+    templates = [template.replace("{c}", SLOT) for template in templates[templates_key]]  # its slot is {c}
+    return (names if names is not None and len(names) == count else None), templates
 
 
 def resolve_templates(templates: str | Sequence[str] | None = None) -> list[str]:
@@ -171,15 +210,24 @@ def zeroshot_dataset(model: ImageTextModel, dataset: str, split: str | None = No
                      classes: Sequence[str] | None = None, templates: Sequence[str] | str | None = None,
                      data_dir: str | Path | None = None, val_fraction: float = 0.1, corrupt: str = "fail",
                      batch_size: int = 64, num_workers: int = 0, out: str | Path | None = None, resize: str = "crop",
-                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                     task: str | None = None) -> dict:
     """Top-1/top-5 (and per-class accuracy, the confusion matrix) of zero-shot classification on ``split`` of
-    ``dataset`` (default: its test split, else its validation split, else all of it), the classes named by the
-    dataset's own class names or by ``classes`` (as many, in the dataset's order); the report of ``vitkit eval``,
-    written as ``eval-<split>.json`` into ``out`` when given. ``model`` already on ``device``."""
+    ``dataset`` (default: its test split, else its validation split, else all of it), the classes named by
+    ``classes`` (as many, in the dataset's order), else for a ``task`` clip-benchmark knows by its class names
+    (``benchmark_prompts``), else by the dataset's own; prompted by ``templates``, else the task's
+    clip-benchmark templates, else open_clip's OpenAI ones. The report of ``vitkit eval``, written as
+    ``eval-<split>.json`` into ``out`` when given, says which names and templates it used. ``model`` already on
+    ``device``."""
     device = torch.device(device)
     chosen = split or default_split(dataset)
     data = load_dataset(dataset, chosen, data_dir, SplitSpec(val_fraction), corrupt)
-    names = check_classes(data.classes if classes is None else classes)
+    benchmark_names, benchmark_templates = benchmark_prompts(task, len(data.classes)) if task else (None, None)
+    prompts = {"class_names": "given" if classes is not None else "clip-benchmark" if benchmark_names else "dataset",
+               "templates": "given" if templates is not None else "clip-benchmark" if benchmark_templates
+               else "openai"}
+    templates = templates if templates is not None else benchmark_templates  # None: the OpenAI set
+    names = check_classes(classes if classes is not None else benchmark_names or data.classes)
     if len(names) != len(data.classes):
         raise ConfigError(f"{len(names)} class names for the {len(data.classes)} classes of {dataset}")
     with autocast(device, dtype):
@@ -187,4 +235,4 @@ def zeroshot_dataset(model: ImageTextModel, dataset: str, split: str | None = No
     loader = evaluation_loader(data, checkpoint_transform(model.visual.config, resize), batch_size, num_workers,
                                corrupt, device=device)
     evaluation = evaluate(ZeroShotClassifier(model, classifier), loader, len(names), device, dtype)
-    return write_report(evaluation, names, out, chosen)
+    return write_report(evaluation, names, out, chosen, extra={"prompts": prompts})

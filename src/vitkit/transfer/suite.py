@@ -410,14 +410,15 @@ def check_text_tower(checkpoint: str) -> None:
 
 
 def zeroshot_task(where: Found, checkpoint: str, device: str | None) -> dict[str, Any]:
-    """Zero-shot top-1 of the image-text ``checkpoint`` on the task's test split, its classes named by the
-    dataset's class names, with open_clip's 80 templates: what ``vitkit zeroshot --dataset`` measures."""
+    """Zero-shot top-1 of the image-text ``checkpoint`` on the task's test split, prompted as clip-benchmark prompts
+    the task (its class names and templates where it has them; else the dataset's names and open_clip's 80
+    templates): what ``vitkit zeroshot --dataset`` measures."""
     from ..text import load_clip
     from ..text.zeroshot import zeroshot_dataset
 
     on = select_device(device)
     report = zeroshot_dataset(load_clip(checkpoint).to(on), where.spec, where.task.test_split,
-                              data_dir=where.data_dir, val_fraction=0.0, device=on)
+                              data_dir=where.data_dir, val_fraction=0.0, device=on, task=where.task.name)
     return {"accuracy": report["top1"], "top5": report["top5"], "images": report["images"]}
 
 
