@@ -308,3 +308,45 @@ def test_a_packed_batch_whose_grids_miss_its_patches_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"^packed image 1 has 32 patches for its grid \(8, 6\); expected 48, one per "
                                          r"cell$"):
         model(batch)
+
+
+def test_qwen2_5_vl_onnx_gives_pytorchs_merger_tokens_at_any_size_and_timm_refuses_it(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from vitkit.checkpoints import export
+    from vitkit.checkpoints.onnx import OnnxModel
+    from vitkit.errors import FormatError
+
+    hf_tower().save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf", image_size=64)
+    assert export(model, tmp_path / "m.onnx", "onnx").max_difference <= 1e-4
+    run = OnnxModel(tmp_path / "m.onnx")
+    for size in ((64, 64), (48, 80), (96, 32)):  # windows of 4 x 4 patches whole and cut
+        images = torch.rand(2, 3, *size)
+        with torch.no_grad():
+            expected = model(images)
+        torch.testing.assert_close(run(images), expected, atol=2e-5, rtol=2e-6)
+    with pytest.raises(FormatError, match=r"^cannot write .*: timm's Qwen ViT is Qwen3's .* it cannot hold this "
+                                          r"tower's window attention, RMSNorm, mlp='swiglu', pos_embed='none'; write it as 'native'"):
+        export(model, tmp_path / "timm", "timm")
+
+
+def test_timm_qwen3_takes_a_packed_batch_of_images_of_their_own_sizes(tmp_path):
+    """Packed images (any order of their patches) give timm's patch tokens and merger tokens of each image."""
+    from timm.models._hub import save_for_hf
+
+    theirs = timm_peer("qwen3_vit_88m_enc", out_features=24)
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    model = vitkit.load(tmp_path / "hub")
+    images, batch = naflex()
+    real = batch.mask
+    packed = PackedBatch(batch.patches[real], batch.coords[real], real.nonzero()[:, 0], batch.grids)
+    shuffled = torch.randperm(len(packed.images))
+    packed = PackedBatch(*(part[shuffled] for part in (packed.patches, packed.coords, packed.images)), packed.grids)
+    with torch.no_grad():
+        rows, merged = model.forward_features(packed), model(packed)
+        for i, image in enumerate(images):
+            grid = image.shape[1] // 8, image.shape[2] // 8
+            mine = packed.images == i
+            order = packed.coords[mine, 0] * grid[1] + packed.coords[mine, 1]
+            torch.testing.assert_close(rows[mine], tokens(theirs.forward_features(image[None]))[0, order], **TOL)
+        torch.testing.assert_close(merged, torch.cat([theirs(image[None])[0] for image in images]), **TOL)

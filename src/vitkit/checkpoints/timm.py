@@ -170,6 +170,13 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
         return write_timm_gemma4(model, path)
     if is_qwen3(config):  # timm's Qwen3 ViT encoder or classifier
         return write_timm_qwen3(model, path)
+    if config.merge_size or config.attn_window:  # Qwen2.5-VL's tower: no architecture of timm's holds it
+        raise FormatError(f"cannot write {path}: timm's Qwen ViT is Qwen3's (LayerNorm, a learned table, no windows); "
+                          f"it cannot hold this tower's " + ", ".join(reason for reason, bad in [
+                              ("window attention", config.attn_window), ("RMSNorm", config.norm == "rms"),
+                              (f"mlp={config.mlp!r}", config.mlp != "gelu"),
+                              (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
+                              ("prefix tokens", config.num_prefix_tokens)] if bad))
     if is_timm_family(config):  # rotary embeddings, q/v-only biases, sub-LN, RMSNorm: timm's Eva or AIMv2
         return write_timm_family(model, path)
     if config.pos_interp_crop:  # C-RADIO's cropped table: timm's naflexvit_*_radio
