@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,8 @@ from ..models.config import Provenance, ViTConfig
 from ..models.packed import PackedBatch
 from ..models.registry import QWEN3
 from .files import check_fields
-from .gemma4 import _build, _hf_tower_weights
+from .gemma4 import _build
+from .internvl import tower_config, tower_weights
 from .names import Names, rename
 from .radio import packed_gate_value
 from .timm_families import write_timm_state
@@ -228,10 +228,7 @@ def read_hf_qwen2_5_vl(directory: Path, hf: dict[str, Any], overrides: dict[str,
     left out), or of the tower alone (``qwen2_5_vl_vision``); its output is the patch merger's tokens."""
     path = directory / "config.json"
     whole = hf["model_type"] == "qwen2_5_vl"
-    tower = hf.get("vision_config") if whole else hf
-    if whole and not isinstance(tower, dict):
-        raise CheckpointError(f"{path}: a Qwen2.5-VL model without a vision_config; vitkit reads its vision tower")
-    within = "vision_config." if whole else ""
+    tower, within = tower_config(hf, whole, "a Qwen2.5-VL", path)
     check_fields(tower, HF_FIELDS, path, required=("hidden_size", "intermediate_size", "depth", "num_heads",
                                                    "out_hidden_size"), within=within)
     act, rope = tower.get("hidden_act", "silu"), tower.get("rope_parameters") or {}
@@ -253,17 +250,7 @@ def read_hf_qwen2_5_vl(directory: Path, hf: dict[str, Any], overrides: dict[str,
                   dim=tower["hidden_size"], depth=tower["depth"], num_heads=tower["num_heads"],
                   mlp_dim=tower["intermediate_size"], patch_size=patch, in_chans=tower.get("in_channels", 3),
                   image_size=32 * patch)  # HF's config names no image size: 448 px for 14 px patches
-    state, prefix = {}, ""
-    for prefix in HF_PREFIXES if whole else ("",):
-        state = _hf_tower_weights(directory, prefix)
-        if state:
-            break
-    if not state:
-        raise CheckpointError(f"{directory}: no tensors of a Qwen2.5-VL vision tower (expected "
-                              f"{' or '.join(p + '*' for p in HF_PREFIXES) if whole else 'blocks.*, merger.*'})")
-    if whole:
-        warnings.warn(f"{directory}: a whole Qwen2.5-VL model; its vision tower ({prefix}*) is read, its language "
-                      f"model is left out", stacklevel=4)
+    state = tower_weights(directory, HF_PREFIXES if whole else None, "Qwen2.5-VL", "its language model is")
     provenance = Provenance(format="hf-qwen2_5_vl", source=str(directory), normalization="clip", crop_pct=1.0)
     config = _build(fields, overrides, provenance, path)
     return config, _hf_layout(rename(state, HF_NAMES, str(path)), tower.get("temporal_patch_size", 2), path)
