@@ -350,3 +350,17 @@ def test_timm_qwen3_takes_a_packed_batch_of_images_of_their_own_sizes(tmp_path):
             order = packed.coords[mine, 0] * grid[1] + packed.coords[mine, 1]
             torch.testing.assert_close(rows[mine], tokens(theirs.forward_features(image[None]))[0, order], **TOL)
         torch.testing.assert_close(merged, torch.cat([theirs(image[None])[0] for image in images]), **TOL)
+
+
+def test_a_packed_batch_is_pooled_by_a_merger_alone():
+    """A model without prefix tokens takes a packed batch's rows, but pools them only through a patch merger."""
+    model = vitkit.create_model("AIMv2-L/14", image_size=28, depth=1, dim=32, num_heads=2, mlp_dim=40).eval()
+    batch = PackedBatch(torch.rand(4, 588), torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]]), torch.zeros(4).long(),
+                        torch.tensor([[2, 2]]))
+    with torch.no_grad():
+        assert model.forward_features(batch).shape == (4, 32)
+        with pytest.raises(InputError, match=r"^pool='gap' of features of shape \(4, 32\), a packed batch's rows: a "
+                                             r"packed batch is pooled by a patch merger .* alone"):
+            model(batch)
+        with pytest.raises(InputError, match="^forward_intermediates takes .* run a packed batch's images"):
+            model.forward_intermediates(batch)

@@ -336,9 +336,10 @@ class VisionTransformer(nn.Module):
         """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
         computed from the same weights as the fused forward pass; of image tensors (a NaFlex batch's images one
         at a time, each at its size)."""
-        if isinstance(images, PatchBatch):
-            raise InputError("forward_intermediates takes (B, C, H, W) images; run a NaFlex batch's images one at a "
-                             "time, each at its own size")
+        if isinstance(images, PatchBatch | PackedBatch):
+            raise InputError(f"forward_intermediates takes (B, C, H, W) images; run a "
+                             f"{'NaFlex' if isinstance(images, PatchBatch) else 'packed'} batch's images one at a "
+                             f"time, each at its own size")
         z, grid = self.embed(images)
         outputs, attentions = [], []
         masks = self.grid_masks(grid) or [None] * len(self.blocks)
@@ -356,9 +357,10 @@ class VisionTransformer(nn.Module):
         """What the dense head reads (``models.dense``): for each of its blocks, the (B, D, rows, cols) map of the
         patch tokens after the final norm, and the (B, D) state of the [class] token (None without one); the
         other prefix tokens and VPT's prompts are left out."""
-        if isinstance(images, PatchBatch):
-            raise InputError("a dense head takes (B, C, H, W) images, not a NaFlex batch: its outputs are maps of "
-                             "one grid; run each image at its own size")
+        if isinstance(images, PatchBatch | PackedBatch):
+            raise InputError(f"a dense head takes (B, C, H, W) images, not a "
+                             f"{'NaFlex' if isinstance(images, PatchBatch) else 'packed'} batch: its outputs are maps "
+                             f"of one grid; run each image at its own size")
         z, grid = self.embed(images)
         wanted = dense_layers(self.config)
         kept = {}
@@ -388,6 +390,10 @@ class VisionTransformer(nn.Module):
         c = self.config
         if c.prompt_tokens:
             features = torch.cat([features[:, :c.learned_prefix_tokens], features[:, c.num_prefix_tokens:]], dim=1)
+        if features.ndim == 2 and self.merger is None:
+            raise InputError(f"pool={c.pool!r} of features of shape {tuple(features.shape)}, a packed batch's rows: "
+                             f"a packed batch is pooled by a patch merger (Qwen VL's towers) alone; run its images as "
+                             f"a tensor or a NaFlex batch")
         if self.merger is not None:  # Option merge_size (Qwen VL): pooling reads the merged tokens
             layout = self._layout_of(features) if grid is None else grid
             merged, mask = self._merged(features, layout, mask)
