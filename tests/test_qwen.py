@@ -364,3 +364,34 @@ def test_a_packed_batch_is_pooled_by_a_merger_alone():
             model(batch)
         with pytest.raises(InputError, match="^forward_intermediates takes .* run a packed batch's images"):
             model.forward_intermediates(batch)
+
+
+# ------------------------------------------------------------------------------------------ Qwen3-VL (transformers)
+def test_transformers_qwen3_vl_tower_gives_its_rows_and_merger_tokens(tmp_path):
+    """Qwen3-VL's tower (timm's Qwen3 ViT with a Conv3d with bias and DeepStack mergers) on its processor's packed
+    patches of two images: the last block's rows (in the patches' order) and the last merger's tokens."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from vitkit.checkpoints.qwen import packed_batch_from_hf
+
+    config = transformers.Qwen3VLVisionConfig(depth=3, hidden_size=32, intermediate_size=48, num_heads=2,
+                                              patch_size=8, out_hidden_size=24, num_position_embeddings=36,
+                                              deepstack_visual_indexes=[1])
+    torch.manual_seed(0)
+    peer = randomised(Qwen3VLVisionModel(config), std=0.3)
+    peer.save_pretrained(tmp_path / "hf")
+    with pytest.warns(UserWarning, match=r"Qwen3-VL's 1 DeepStack mergers .* are left out"):
+        model = vitkit.load(tmp_path / "hf")
+    c = model.config
+    assert (c.pos_grid, c.gelu, c.merge_dim, c.patch_bias, c.provenance.format) == ((6, 6), "tanh", 24, True,
+                                                                                    "hf-qwen3_vl")
+    pixels, grid = processed()
+    batch = packed_batch_from_hf(pixels, grid)
+    for dtype in (torch.float64, torch.float32):
+        with torch.no_grad():
+            out = peer.to(dtype)(hidden_states=pixels.to(dtype), grid_thw=grid)
+            features = model.to(dtype).forward_features(batch.to("cpu", dtype))
+            torch.testing.assert_close(features, out.last_hidden_state, **TOL_OF[dtype])
+            torch.testing.assert_close(model.forward_head(features, pre_logits=True), out.pooler_output,
+                                       **TOL_OF[dtype])
+        assert out.last_hidden_state.abs().max() > 5

@@ -27,7 +27,7 @@ from .internvl import MODEL_TYPES as INTERNVL_TYPES
 from .internvl import read_internvl
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .qwen import HF_TYPES as QWEN_TYPES
-from .qwen import is_qwen3_state, read_bare_qwen3, read_hf_qwen2_5_vl
+from .qwen import is_qwen3_state, read_bare_qwen3, read_hf_qwen_vl
 from .radio import MODEL_TYPES as RADIO_TYPES
 from .radio import read_radio
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
@@ -136,7 +136,7 @@ HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
               **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent),
               **dict.fromkeys(TIPSV2_TYPES, read_tipsv2), **dict.fromkeys(RADIO_TYPES, read_radio),
               **dict.fromkeys(("gemma4_vision", "gemma4"), read_hf_gemma4),
-              **dict.fromkeys(QWEN_TYPES, read_hf_qwen2_5_vl), **dict.fromkeys(INTERNVL_TYPES, read_internvl)}
+              **dict.fromkeys(QWEN_TYPES, read_hf_qwen_vl), **dict.fromkeys(INTERNVL_TYPES, read_internvl)}
 
 
 # Families vitkit does not read yet whose HF model_type (or config) names them: refused in one line naming the

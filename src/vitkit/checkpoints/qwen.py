@@ -1,6 +1,7 @@
 """The Qwen VL vision towers: timm's ``qwen3_vit_*`` (88m, 306m, 416m; the ``_enc`` encoders and ``_merge``
 classifiers; hub directories and bare state dicts), written back to timm, and transformers' Qwen2.5-VL tower
-(``Qwen2_5_VisionTransformerPretrainedModel``, read from a whole ``qwen2_5_vl`` folder: the tower's tensors only).
+(``Qwen2_5_VisionTransformerPretrainedModel``, read from a whole ``qwen2_5_vl`` folder: the tower's tensors only) and
+Qwen3-VL tower (``Qwen3VLVisionModel``, ``qwen3_vl``: timm's Qwen3 ViT with a Conv3d; its DeepStack mergers left out).
 
 timm's Qwen3 ViT, as vitkit's config options: a pre-norm ViT of LayerNorms with a tanh-GELU MLP and a patch
 projection with bias, no prefix tokens and no final norm; a learned 48 x 48 table resampled bilinearly with corners
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from ..models.packed import PackedBatch
 from ..models.registry import QWEN3
 from .files import check_fields
 from .gemma4 import _build
+from .hf import GELUS
 from .internvl import tower_config, tower_weights
 from .names import Names, rename
 from .radio import packed_gate_value
@@ -56,7 +59,7 @@ TIMM_NAMES = Names([
     ("{rest}", "{rest}"),
 ])
 
-HF_TYPES = ("qwen2_5_vl", "qwen2_5_vl_vision")
+HF_TYPES = ("qwen2_5_vl", "qwen2_5_vl_vision", "qwen3_vl", "qwen3_vl_vision")
 HF_PREFIXES = ("model.visual.", "visual.")  # transformers 5's and earlier names of the tower in a whole model
 HF_FIELDS = dict(depth="count", hidden_size="count", intermediate_size="count", num_heads="count",
                  in_channels="count", patch_size="count", spatial_merge_size="count", temporal_patch_size="count",
@@ -68,6 +71,16 @@ HF_NAMES = Names([
     ("merger.ln_q.weight", "merger.norm.weight"),
     ("merger.mlp.0.{rest}", "merger.fc1.{rest}"),
     ("merger.mlp.2.{rest}", "merger.fc2.{rest}"),
+])
+HF3_NAMES = Names([  # Qwen3-VL's tower: timm's Qwen3 ViT with a Conv3d
+    ("patch_embed.proj.{rest}", "patch_embed.proj.{rest}"),
+    ("pos_embed.weight", "pos_embed.weight"),
+    ("blocks.{i}.mlp.linear_fc1.{rest}", "blocks.{i}.mlp.fc1.{rest}"),
+    ("blocks.{i}.mlp.linear_fc2.{rest}", "blocks.{i}.mlp.fc2.{rest}"),
+    ("blocks.{i}.{rest}", "blocks.{i}.{rest}"),
+    ("merger.norm.{rest}", "merger.norm.{rest}"),
+    ("merger.linear_fc1.{rest}", "merger.fc1.{rest}"),
+    ("merger.linear_fc2.{rest}", "merger.fc2.{rest}"),
 ])
 
 
@@ -222,6 +235,47 @@ def write_timm_qwen3(model: torch.nn.Module, path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- transformers
+def read_hf_qwen_vl(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
+                    ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """An HF directory of a Qwen2.5-VL or Qwen3-VL model, or of its vision tower alone, read by its model_type."""
+    read = read_hf_qwen3_vl if hf["model_type"].startswith("qwen3_vl") else read_hf_qwen2_5_vl
+    return read(directory, hf, overrides)
+
+
+def read_hf_qwen3_vl(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
+                     ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """An HF directory of a whole Qwen3-VL model (``qwen3_vl``), whose vision tower is read (the language model
+    left out), or of the tower alone (``qwen3_vl_vision``): timm's Qwen3 ViT with the Conv3d summed over its frames;
+    its DeepStack mergers (tokens of middle blocks for the language model) are left out with a warning."""
+    path = directory / "config.json"
+    whole = hf["model_type"] == "qwen3_vl"
+    tower, within = tower_config(hf, whole, "a Qwen3-VL", path)
+    check_fields(tower, {**HF_FIELDS, "num_position_embeddings": "count"}, path, required=(
+        "hidden_size", "intermediate_size", "depth", "num_heads", "out_hidden_size"), within=within)
+    act, rope = tower.get("hidden_act", "gelu_pytorch_tanh"), tower.get("rope_parameters") or {}
+    cells = tower.get("num_position_embeddings", 2304)
+    if act not in GELUS or rope.get("rope_type", "axial") != "axial" or math.isqrt(cells) ** 2 != cells:
+        raise CheckpointError(f"{path}: {within}hidden_act={act!r}, rope_parameters={rope}, num_position_embeddings="
+                              f"{cells}; vitkit computes a GELU, axial rope and a square table")
+    patch, side = tower.get("patch_size", 16), math.isqrt(cells)
+    fields = dict(QWEN3, gelu=GELUS[act], rope_theta=float(rope.get("rope_theta", 10000.0)), pos_grid=(side, side),
+                  merge_size=tower.get("spatial_merge_size", 2), merge_dim=tower["out_hidden_size"], pool="merge",
+                  dim=tower["hidden_size"], depth=tower["depth"], num_heads=tower["num_heads"],
+                  mlp_dim=tower["intermediate_size"], patch_size=patch, in_chans=tower.get("in_channels", 3),
+                  image_size=side * patch)
+    state = tower_weights(directory, HF_PREFIXES if whole else None, "Qwen3-VL", "its language model is")
+    deepstack = sorted({key.split(".")[1] for key in state if key.startswith("deepstack_merger_list.")})
+    if deepstack:
+        warnings.warn(f"{directory}: Qwen3-VL's {len(deepstack)} DeepStack mergers (deepstack_merger_list.*, tokens "
+                      f"of middle blocks) are left out; vitkit reads the tower and its last merger", stacklevel=4)
+    state = {key: value for key, value in state.items() if not key.startswith("deepstack_merger_list.")}
+    state = _hf_layout(rename(state, HF3_NAMES, str(path)), tower.get("temporal_patch_size", 2), path)
+    if "pos_embed.weight" in state:
+        state["pos_embed.weight"] = state["pos_embed.weight"][None]
+    provenance = Provenance(format="hf-qwen3_vl", source=str(directory), normalization="google", crop_pct=1.0)
+    return _build(fields, overrides, provenance, path), state
+
+
 def read_hf_qwen2_5_vl(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
                        ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF directory of a whole Qwen2.5-VL model (``qwen2_5_vl``), whose vision tower is read (the language model
