@@ -395,3 +395,22 @@ def test_transformers_qwen3_vl_tower_gives_its_rows_and_merger_tokens(tmp_path):
             torch.testing.assert_close(model.forward_head(features, pre_logits=True), out.pooler_output,
                                        **TOL_OF[dtype])
         assert out.last_hidden_state.abs().max() > 5
+
+
+def test_the_analyses_read_the_windows_and_the_merger(tmp_path):
+    """The explicit softmax the analyses read gives the fused pass's tokens; a windowed block attends within its 4 x 4
+    window alone, a global block across the image; rollout reads the merger's output as the mean of the patches."""
+    from vitkit.analysis.attention import output_readout, rollout
+
+    hf_tower().save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf")
+    images = torch.rand(1, 3, 32, 48)  # 4 x 6 patches: a whole window and a cut one side by side
+    with torch.no_grad():
+        seen = model.forward_intermediates(images, attention=True)
+        torch.testing.assert_close(seen.features, model.forward_features(images), **TOL)
+        heat = rollout(model, images)
+    rows, cols = torch.meshgrid(torch.arange(4), torch.arange(6), indexing="ij")
+    window = (cols.flatten() // 4)[:, None] == (cols.flatten() // 4)[None, :]
+    assert (seen.attentions[0][0, :, ~window] == 0).all() and (seen.attentions[0][0, :, window] > 0).all()
+    assert (seen.attentions[1][0] > 0).all()  # block 1 is global
+    assert output_readout(model) == "mean" and heat.shape == (1, 4, 6) and torch.isfinite(heat).all()
