@@ -414,3 +414,23 @@ def test_the_analyses_read_the_windows_and_the_merger(tmp_path):
     assert (seen.attentions[0][0, :, ~window] == 0).all() and (seen.attentions[0][0, :, window] > 0).all()
     assert (seen.attentions[1][0] > 0).all()  # block 1 is global
     assert output_readout(model) == "mean" and heat.shape == (1, 4, 6) and torch.isfinite(heat).all()
+
+
+def test_bench_twin_is_timms_qwen3_and_qwen2_5_vl_has_none(tmp_path):
+    """`vitkit bench` compares a Qwen3 ViT with timm's own model of the same weights; Qwen2.5-VL's tower, which no
+    timm architecture holds, is refused by name."""
+    from timm.models._hub import save_for_hf
+
+    from vitkit.benchmark import timm_twin
+
+    theirs = timm_peer("qwen3_vit_88m_enc", out_features=24)
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    model = vitkit.load(tmp_path / "hub")
+    twin = timm_twin(model)
+    images = torch.rand(2, 3, 16, 48)
+    with torch.no_grad():
+        assert type(twin).__name__ == "Qwen3VitEncoder"
+        torch.testing.assert_close(twin(images), theirs(images), atol=0, rtol=0)
+    hf_tower().save_pretrained(tmp_path / "hf")
+    with pytest.raises(ValueError, match="timm's Qwen ViT is Qwen3's"):
+        timm_twin(vitkit.load(tmp_path / "hf"))
