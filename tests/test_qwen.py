@@ -434,3 +434,23 @@ def test_bench_twin_is_timms_qwen3_and_qwen2_5_vl_has_none(tmp_path):
     hf_tower().save_pretrained(tmp_path / "hf")
     with pytest.raises(ValueError, match="timm's Qwen ViT is Qwen3's"):
         timm_twin(vitkit.load(tmp_path / "hf"))
+
+
+def test_lora_merges_exactly_on_the_qwen2_5_vl_tower(tmp_path):
+    """LoRA on the windowed tower merges into the weights with the adapted merger tokens, on a packed batch too."""
+    pytest.importorskip("peft")
+    from vitkit.checkpoints.adapters import AdapterSpec, adapt, merged
+    from vitkit.checkpoints.qwen import packed_batch_from_hf
+
+    hf_tower().save_pretrained(tmp_path / "hf")
+    model = vitkit.load(tmp_path / "hf")
+    adapt(model, AdapterSpec("lora", lora_rank=2))
+    batch = packed_batch_from_hf(*processed())
+    with torch.no_grad():
+        before = vitkit.load(tmp_path / "hf")(batch)
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.3)  # a trained update, not LoRA's zero start
+        adapted = model.eval()(batch)
+        assert (adapted - before).abs().max() > 0.1
+        torch.testing.assert_close(merged(model)(batch), adapted, **TOL_OF[torch.float32])
