@@ -454,3 +454,35 @@ def test_lora_merges_exactly_on_the_qwen2_5_vl_tower(tmp_path):
         adapted = model.eval()(batch)
         assert (adapted - before).abs().max() > 0.1
         torch.testing.assert_close(merged(model)(batch), adapted, **TOL_OF[torch.float32])
+
+
+def test_timm_qwen3_without_pooling_or_merger_is_refused_in_one_line(tmp_path):
+    from timm.models._hub import save_for_hf
+
+    from vitkit.errors import CheckpointError
+
+    theirs = timm_peer("qwen3_vit_88m_enc", global_pool="")
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    with pytest.raises(CheckpointError, match=r"a Qwen3 ViT with global_pool='' \(no pooling; the patch tokens are "
+                                              r"forward_features\), which vitkit does not compute$"):
+        vitkit.load(tmp_path / "hub")
+    encoder = timm_peer("qwen3_vit_88m_enc", global_pool="avg")
+    save_file({f"encoder.{k}": v.contiguous() for k, v in encoder.state_dict().items()}, tmp_path / "enc.safetensors")
+    model = vitkit.load(tmp_path / "enc.safetensors", num_heads=2)  # timm's classifier without a head: its pooling
+    assert (model.config.pool, model.config.fc_norm, model.config.merge_size) == ("gap", True, 0)
+    odd = timm_peer("qwen3_vit_88m_enc", out_features=24, embed_dim=48, num_heads=3)
+    save_file({k: v.contiguous() for k, v in odd.state_dict().items()}, tmp_path / "odd.safetensors")
+    with pytest.raises(CheckpointError, match="none of timm's sizes .* pass num_heads=...$"):
+        vitkit.load(tmp_path / "odd.safetensors")
+
+
+def test_a_bare_qwen3_encoder_pooling_the_mean_is_told_from_a_plain_vit_or_refused(tmp_path):
+    from vitkit.errors import CheckpointError
+
+    theirs = timm_peer("qwen3_vit_88m_enc", global_pool="avg")
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, tmp_path / "enc.safetensors")
+    with pytest.raises(CheckpointError, match=r"as both timm's plain ViT and its Qwen3 ViT encoder pooling the mean .* "
+                                              r"pass rope='none' to read a plain ViT$"):
+        vitkit.load(tmp_path / "enc.safetensors")
+    plain = vitkit.load(tmp_path / "enc.safetensors", rope="none", num_heads=2, pool="gap", final_norm=False)
+    assert plain.config.rope == "none"

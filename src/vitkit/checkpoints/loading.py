@@ -27,7 +27,7 @@ from .internvl import MODEL_TYPES as INTERNVL_TYPES
 from .internvl import read_internvl
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
 from .qwen import HF_TYPES as QWEN_TYPES
-from .qwen import is_qwen3_state, read_bare_qwen3, read_hf_qwen_vl
+from .qwen import is_qwen3_state, read_bare_qwen3, read_hf_qwen_vl, refuse_unmerged_qwen3
 from .radio import MODEL_TYPES as RADIO_TYPES
 from .radio import read_radio
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
@@ -117,6 +117,7 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
                               f"summary only its config.json tells; load its transformers directory (RadioModel) or "
                               f"timm's hub directory (vit_*_radio, naflexvit_*_radio)")
     refuse_unsupported(state, source)
+    refuse_unmerged_qwen3(state, overrides, source)
     timm_like = {"patch_embed.proj.weight", "embeds.proj.weight"} & state.keys()
     family = family_of_keys(state, source, overrides) if timm_like else None
     if family is not None:  # timm's layout of a family whose rotary settings are not in the weights

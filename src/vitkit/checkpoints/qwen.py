@@ -94,6 +94,19 @@ def is_qwen3_state(state: dict[str, Any]) -> bool:
     return any(key.endswith("merger.fc1.weight") for key in state) or "encoder.pos_embed" in state
 
 
+def refuse_unmerged_qwen3(state: dict[str, Any], overrides: dict[str, Any], source: str) -> None:
+    """Refuse a bare state dict that is timm's plain ViT without prefix tokens or any norm, or timm's Qwen3 ViT
+    encoder pooling the mean (no merger): their keys are the same, and Qwen3's RoPE is not in the weights; told by
+    ``rope`` in ``overrides`` (rope='none': the plain ViT)."""
+    if "rope" in overrides or "pos_embed" not in state or not any(key.startswith("blocks.") for key in state):
+        return
+    if not {"cls_token", "reg_token", "norm.weight", "fc_norm.weight", "norm_pre.weight"} & state.keys():
+        raise CheckpointError(f"{source}: a timm state dict without prefix tokens or norms after the blocks, as both "
+                              f"timm's plain ViT and its Qwen3 ViT encoder pooling the mean (qwen3_vit_*_enc, "
+                              f"global_pool='avg': rotary embeddings not saved in the weights) have; load the Qwen3 "
+                              f"ViT from its timm hub directory, or pass rope='none' to read a plain ViT")
+
+
 # ---------------------------------------------------------------------------------------------- timm
 def qwen3_fields(args: dict[str, Any], encoder: bool, source: Any) -> dict[str, Any]:
     """vitkit's config fields for timm's Qwen3 ViT built with ``args`` (its definition's, then ``model_args``): the
