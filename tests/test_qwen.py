@@ -162,7 +162,7 @@ def test_info_names_the_options_and_the_merger(tmp_path, capsys):
     assert main(["info", str(tmp_path / "hub")]) == 0
     out = capsys.readouterr().out
     for part in ("qwen3_vit_88m_enc", "merge_size=2", "GELU tanh, LayerNorm eps 1e-06", "normalised 'google'",
-                 "pooling 'merge'"):
+                 "pooling 'merge' of the patch merger's 24-wide tokens, one per 2x2 cell"):
         assert part in out, part
 
 
