@@ -86,7 +86,7 @@ def test_rules_between_fields_take_the_same_shape():
 @pytest.mark.parametrize("field,value,expected", [
     ("depth", "deep", "expected an int in [1, 4096], got 'deep'"),  # wrong type
     ("depth", 0, "expected an int in [1, 4096], got 0"),  # out of range
-    ("pool", "max", "expected one of ['token', 'gap', 'map', 'soft'], got 'max'"),
+    ("pool", "max", "expected one of ['token', 'gap', 'map', 'soft', 'merge'], got 'max'"),
 ])
 def test_a_model_field_is_refused_alike_from_config_json_python_and_the_command_line(tmp_path, capsys, field, value,
                                                                                    expected):

@@ -29,7 +29,7 @@ TINY = dict(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=3
     ("layer_scale", math.nan, "layer_scale: expected a finite number, or null, got nan"),
     ("qkv_bias", 1, "qkv_bias: expected true or false, got 1"),
     ("class_token", "yes", "class_token: expected true or false, got 'yes'"),
-    ("pool", "max", "pool: expected one of ['token', 'gap', 'map', 'soft'], got 'max'"),
+    ("pool", "max", "pool: expected one of ['token', 'gap', 'map', 'soft', 'merge'], got 'max'"),
     ("gelu", "relu", "gelu: expected one of ['exact', 'tanh', 'quick'], got 'relu'"),
     ("mlp", "reglu", "mlp: expected one of ['gelu', 'swiglu', 'geglu'], got 'reglu'"),
     ("pos_interp", "cubic", "pos_interp: expected one of ['nearest', 'nearest-exact', 'bilinear', 'bicubic', "

@@ -34,8 +34,9 @@ from torch import nn
 from .atomic import atomic_file
 from .checkpoints.adapters import merged
 from .checkpoints.runnable import load_model, refuse_dense, source_config
-from .checkpoints.gemma4 import is_gemma4, write_timm_gemma4
-from .checkpoints.timm_families import is_timm_family, write_timm_family
+from .checkpoints.gemma4 import is_gemma4
+from .checkpoints.timm import write_timm
+from .checkpoints.timm_families import is_timm_family
 from .errors import CheckpointError
 from .memory import Plan, check, estimate
 from .models.config import pair
@@ -139,7 +140,7 @@ def _torch_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, d
 
 def timm_twin(model: VisionTransformer) -> nn.Module:
     """timm's ``VisionTransformer`` holding ``model``'s weights (plain ViTs with timm's numerics), or for the
-    rotary and RMSNorm families the ``Eva`` (or AIMv2, or Gemma 4's encoder) that vitkit's timm writer describes,
+    rotary and RMSNorm families the ``Eva`` (or AIMv2, Gemma 4's or Qwen3's encoder) that vitkit's timm writer describes,
     built by timm from that hub directory; raises ValueError for a model timm cannot mirror."""
     import timm
     import timm.models.vision_transformer as timm_vit
@@ -147,11 +148,10 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
     config = model.config
     if config.prompt_tokens or config.adapter_dim:
         raise ValueError("timm's models hold no VPT prompts or AdaptFormer adapters")
-    if is_timm_family(config) or is_gemma4(config):
-        write = write_timm_gemma4 if is_gemma4(config) else write_timm_family
+    if is_timm_family(config) or is_gemma4(config) or config.merge_size:
         with tempfile.TemporaryDirectory() as folder:
             try:
-                write(model, Path(folder) / "twin")
+                write_timm(model, Path(folder) / "twin")
             except CheckpointError as error:
                 raise ValueError(str(error)) from None
             twin = timm.create_model(f"local-dir:{Path(folder) / 'twin'}", pretrained=True)

@@ -21,7 +21,7 @@ HEAD_FUSIONS = ("mean", "max", "min")
 # pool='token', 'gap' and 'map' (the attention pool's probe weighs the last layer's tokens by its attention).
 READOUTS = {"token": "the [class] token", "mean": "the mean of the patch tokens",
             "probe": "the attention pool's probe"}
-POOL_READOUTS = {"token": "token", "gap": "mean", "map": "probe", "soft": "mean"}
+POOL_READOUTS = {"token": "token", "gap": "mean", "map": "probe", "soft": "mean", "merge": "mean"}
 
 
 def capture_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[int] | None = None
@@ -101,7 +101,8 @@ def output_readout(model: nn.Module, readout: str | None = None) -> str:
     """The output of ``model``'s rollout: ``readout`` if given (checked against the model), else what its head
     reads (``POOL_READOUTS``): the [class] token (``"token"``) under pool='token', the mean of the patch tokens
     (``"mean"``) under pool='gap', the attention pool's probe (``"probe"``) under pool='map', the mean again under
-    pool='soft' (Gemma 4's soft tokens are means of patches)."""
+    pool='soft' (Gemma 4's soft tokens are means of patches) and pool='merge' (Qwen's merger tokens read every patch,
+    each its own cell's)."""
     config = model.config
     chosen = readout or POOL_READOUTS[config.pool]
     if chosen not in READOUTS:

@@ -15,7 +15,7 @@ from .embeddings import principal_components
 def encode(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
     """All (B, T, D) tokens after the final norm (``forward_features``) and the (rows, cols) patch grid."""
     z, grid = model.embed(images)
-    return model.encode(z, model.rope_tables(grid, z.device)), grid
+    return model.encode(z, model.rope_tables(grid, z.device), model.grid_masks(grid)), grid
 
 
 def grid_features(tokens: torch.Tensor, grid: tuple[int, int], prefix: int) -> torch.Tensor:

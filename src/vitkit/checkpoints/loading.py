@@ -23,7 +23,11 @@ from .hf_families import read_hf_family
 from .hf_recent import MODEL_TYPES as HF_RECENT_TYPES
 from .hf_recent import read_hf_recent
 from .inference import SURGERY, kept_overrides, refuse_unsupported
+from .internvl import MODEL_TYPES as INTERNVL_TYPES
+from .internvl import read_internvl
 from .open_clip import from_open_clip, is_open_clip, is_open_clip_directory, read_open_clip_directory
+from .qwen import HF_TYPES as QWEN_TYPES
+from .qwen import is_qwen3_state, read_bare_qwen3, read_hf_qwen_vl, refuse_unmerged_qwen3
 from .radio import MODEL_TYPES as RADIO_TYPES
 from .radio import read_radio
 from .timm import from_timm, is_timm, is_timm_config, read_timm_directory
@@ -106,11 +110,14 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
     state = read_weights(path)
     if is_gemma4_state(state):  # read by timm's definitions, or refused naming the patch layout it cannot tell
         return *read_bare_gemma4(state, overrides, source), source
+    if is_qwen3_state(state):  # timm's Qwen3 ViT: its rope and resize are the architecture's, not in the weights
+        return *read_bare_qwen3(state, overrides, source), source
     if any(key.startswith("radio_model.") for key in state):
         raise CheckpointError(f"{path}: a C-RADIO state dict in NVIDIA's layout, whose class tokens, registers and "
                               f"summary only its config.json tells; load its transformers directory (RadioModel) or "
                               f"timm's hub directory (vit_*_radio, naflexvit_*_radio)")
     refuse_unsupported(state, source)
+    refuse_unmerged_qwen3(state, overrides, source)
     timm_like = {"patch_embed.proj.weight", "embeds.proj.weight"} & state.keys()
     family = family_of_keys(state, source, overrides) if timm_like else None
     if family is not None:  # timm's layout of a family whose rotary settings are not in the weights
@@ -129,7 +136,8 @@ def _read_checkpoint(path: str | Path, overrides: dict[str, Any], weights: bool
 HF_READERS = {"vit": read_hf, **dict.fromkeys(HF_FAMILY_TYPES, read_hf_family),
               **dict.fromkeys(HF_RECENT_TYPES, read_hf_recent),
               **dict.fromkeys(TIPSV2_TYPES, read_tipsv2), **dict.fromkeys(RADIO_TYPES, read_radio),
-              **dict.fromkeys(("gemma4_vision", "gemma4"), read_hf_gemma4)}
+              **dict.fromkeys(("gemma4_vision", "gemma4"), read_hf_gemma4),
+              **dict.fromkeys(QWEN_TYPES, read_hf_qwen_vl), **dict.fromkeys(INTERNVL_TYPES, read_internvl)}
 
 
 # Families vitkit does not read yet whose HF model_type (or config) names them: refused in one line naming the

@@ -124,7 +124,7 @@ def trace(model: VisionTransformer, path: Path, device: torch.device, metadata: 
         axes = {INPUT: {0: "batch", 2: "height", 3: "width"}}
     # a dense head's outputs are maps whose size follows the image's
     outputs = {0: "batch"} if model.config.dense_head == "none" else {0: "batch", 2: "rows", 3: "cols"}
-    if model.config.pool == "soft":  # Gemma 4's soft tokens: as many as the image has pooling cells
+    if model.config.pool in ("soft", "merge"):  # Gemma 4's soft tokens, Qwen's merger's: one per cell of the image
         outputs = {0: "batch", 1: "tokens"}
     traced = io.BytesIO()
     with warnings.catch_warnings():  # the tracer's notes on shape checks, which hold at every size the graph takes
@@ -177,7 +177,8 @@ def probe_inputs(config: ViTConfig, naflex: bool = False, batch: int = _PROBE_BA
     generator = torch.Generator().manual_seed(0)
     height, width = config.image_size
     if not naflex:
-        step = config.effective_patch_size * (config.soft_pool if config.pool == "soft" else 1)  # whole cells
+        cell = config.soft_pool if config.pool == "soft" else config.merge_size or 1  # soft tokens', merger's
+        step = config.effective_patch_size * cell  # whole cells
         return [torch.randn(batch, config.in_chans, *size, generator=generator)
                 for size in ((height, width), (height + step, width + 2 * step))]
     budget = config.grid_size[0] * config.grid_size[1]
@@ -310,13 +311,16 @@ class ExportedModel(nn.Module):
 
 def output_shape(config: ViTConfig) -> tuple[str, list[int | None]]:
     """What an exported graph of ``config`` gives, in words and as sizes (None where any size goes): logits
-    (batch, classes), features (batch, D) without a head, Gemma 4's soft tokens (batch, tokens, D), or a dense
+    (batch, classes), features (batch, D) without a head, Gemma 4's soft tokens (batch, tokens, D), Qwen's merged
+    tokens (batch, tokens, merge_dim), or a dense
     head's (batch, classes or 1, rows, cols)."""
     if config.dense_head != "none":
         return "(batch, classes or 1, rows, cols)", [None, 1 if config.dense_output == "depth" else config.num_classes,
                                                      None, None]
     if config.pool == "soft":
         return "(batch, soft tokens, D)", [None, None, config.dim]
+    if config.pool == "merge":
+        return "(batch, merged tokens, width)", [None, None, config.token_dim]
     return "(batch, classes)", [None, config.num_classes or None]
 
 

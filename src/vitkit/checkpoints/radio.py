@@ -110,6 +110,12 @@ def _layout(state: dict[str, torch.Tensor], hf: dict[str, Any], source: Path) ->
     state["cls_token"] = tokens[None, :1]
     if expected > 1:
         state["reg_token"] = tokens[None, 1:]
+    return packed_gate_value(state)
+
+
+def packed_gate_value(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A SwiGLU MLP's separate ``gate_proj`` and ``up_proj`` layers (weights and any biases) packed as vitkit's
+    ``fc1``, gate first."""
     for key in [key for key in state if key.endswith(".mlp.gate_proj.weight")]:
         block = key.removesuffix("gate_proj.weight")
         for leaf in ("weight", "bias"):

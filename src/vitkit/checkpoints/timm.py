@@ -33,6 +33,7 @@ from ..models.config import CROP_PCT, Provenance, ViTConfig, is_crop_pct
 from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
 from .gemma4 import is_gemma4, is_gemma4_architecture, read_timm_gemma4_directory, write_timm_gemma4
+from .qwen import is_qwen3, is_qwen3_architecture, read_timm_qwen3_directory, write_timm_qwen3
 from .inference import infer_config, known_normalization, refuse_unsupported
 from .names import Names, rename
 from .timm_families import (family_of_architecture, is_timm_family, read_timm_hub_family, write_timm_family,
@@ -107,6 +108,9 @@ def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[st
     if is_gemma4_architecture(str(hub["architecture"])):  # its own pooling (soft tokens) and layout
         config, state = read_timm_gemma4_directory(read_weights(weights), hub, overrides, weights)
         return config.replace(provenance=config.provenance.replace(source=str(directory))), state
+    if is_qwen3_architecture(str(hub["architecture"])):  # its table, rope and merger are the architecture's
+        config, state = read_timm_qwen3_directory(read_weights(weights), hub, overrides, weights)
+        return config.replace(provenance=config.provenance.replace(source=str(directory))), state
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg", "map"):
         raise CheckpointError(f"{directory / HUB_CONFIG}: global_pool={pool!r}; vitkit pools the [class] token "
@@ -164,6 +168,15 @@ def write_timm(model: VisionTransformer, path: str | Path) -> Path:
     config, path = model.config, Path(path)
     if is_gemma4(config):  # timm's Gemma 4 encoder or classifier
         return write_timm_gemma4(model, path)
+    if is_qwen3(config):  # timm's Qwen3 ViT encoder or classifier
+        return write_timm_qwen3(model, path)
+    if config.merge_size or config.attn_window:  # Qwen2.5-VL's tower: no architecture of timm's holds it
+        raise FormatError(f"cannot write {path}: timm's Qwen ViT is Qwen3's (LayerNorm, a learned table, no windows); "
+                          f"it cannot hold this tower's " + ", ".join(reason for reason, bad in [
+                              ("window attention", config.attn_window), ("RMSNorm", config.norm == "rms"),
+                              (f"mlp={config.mlp!r}", config.mlp != "gelu"),
+                              (f"pos_embed={config.pos_embed!r}", config.pos_embed != "learned"),
+                              ("prefix tokens", config.num_prefix_tokens)] if bad))
     if is_timm_family(config):  # rotary embeddings, q/v-only biases, sub-LN, RMSNorm: timm's Eva or AIMv2
         return write_timm_family(model, path)
     if config.pos_interp_crop:  # C-RADIO's cropped table: timm's naflexvit_*_radio

@@ -87,6 +87,8 @@ def output_line(config) -> str:
     """What the model outputs: pooled class logits, or a dense head's maps (its kind and the blocks it reads)."""
     if config.dense_head == "none":
         return (f"{config.num_classes} classes, pooling '{config.pool}'"
+                + (f" of the patch merger's {config.token_dim}-wide tokens, one per {config.merge_size}x"
+                   f"{config.merge_size} cell" if config.merge_size else "")
                 + (f", pre-logits {config.representation_size}" if config.representation_size else ""))
     per_pixel = (f"depth per pixel from {config.num_classes} bins, {config.depth_min:g}-{config.depth_max:g} m"
                  if config.dense_output == "depth" else f"{config.num_classes} classes per pixel")

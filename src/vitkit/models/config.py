@@ -20,7 +20,8 @@ from ..normalization import NORMALIZATION, normalization
 
 # "map": multi-head attention pooling with a learned probe (SigLIP's head).
 # "soft" (Gemma 4): the patches averaged over k x k cells of their grid, times sqrt(D): several tokens per image.
-POOLINGS = ("token", "gap", "map", "soft")
+# "merge" (Qwen VL): the patch merger's tokens, one per k x k cell of patches: several tokens per image.
+POOLINGS = ("token", "gap", "map", "soft", "merge")
 # "learned-axes" (Gemma 4): a learned table per axis, looked up by the patch's column and row and summed.
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none", "learned-axes")
 # "quick": x * sigmoid(1.702 x), the approximation OpenAI's CLIP was trained with.
@@ -52,7 +53,9 @@ FAMILY_DEFAULTS: dict[str, Any] = dict(dist_token=False, reg_tokens=0, no_embed_
                                        summary_tokens=None,
                                        # Gemma 4's
                                        scale_pixels=False, sandwich_norm=False, v_norm=False, attn_scale=None,
-                                       clamp_linears=False, rope_split=False, fc_norm_scale=True)
+                                       clamp_linears=False, rope_split=False, fc_norm_scale=True,
+                                       # Qwen VL's
+                                       merge_size=0, attn_window=0)
 # Weight standardisation of the hybrid's convolutions: Google's (w - mean) / (std + eps), timm's
 # (w - mean) / sqrt(var + eps).
 STD_CONVS = ("std+eps", "sqrt(var+eps)")
@@ -218,6 +221,17 @@ class ViTConfig:
                                      "held with the weights (Gemma 4's 26B/31B tower)")
     fc_norm_scale: bool = setting(True, Bool(), "a learned scale in the norm after pooling (timm's Gemma 4 "
                                   "classifier: none)")
+    # Options of the Qwen VL vision towers, off by default.
+    merge_size: int = setting(0, Int(0), "Qwen VL's patch merger after the blocks: each k x k cell of patch tokens, "
+                              "normed, concatenated row by row and put through Linear, GELU, Linear (0: none); pooling "
+                              "reads its tokens")
+    merge_dim: int = setting(0, Int(0), "the width of the patch merger's output (its last Linear); 0: no last Linear, "
+                             "the k^2 D of the cells")
+    attn_window: int = setting(0, Int(0), "window attention: blocks not in global_blocks attend within squares of this "
+                               "many patches a side, from the grid's top left (Qwen2.5-VL: 8); 0: none")
+    global_blocks: tuple[int, ...] | None = setting(None, Maybe(Items(Int(0), says="a list of block indices")),
+                                                    "with attn_window: the blocks that attend over the whole image "
+                                                    "(Qwen2.5-VL's fullatt_block_indexes)")
     # Options of parameter-efficient fine-tuning, off by default: what they add is trained, the rest stays frozen.
     prompt_tokens: int = setting(0, Int(0, MOST_MODULES["prompt_tokens"]), "VPT: learned prompt tokens after the "
                                  "prefix tokens, dropped at the output (no position embedding)")
@@ -292,6 +306,16 @@ class ViTConfig:
                                             or self.num_classes and self.dense_head == "none"), SOURCE, "pool",
                 "'soft' only without prefix tokens, a classifier, representation_size or fc_norm (its output is "
                 "several tokens per image; pool='gap' puts one vector under a head)", self.pool)
+        require(self.pool != "merge" or (self.merge_size and not (self.representation_size or self.fc_norm or
+                                                                   self.num_classes and self.dense_head == "none")),
+                SOURCE, "pool", "'merge' only with a merge_size, without a classifier, representation_size or fc_norm "
+                "(its output is several tokens per image)", self.pool)
+        require(not (self.merge_size or self.attn_window) or not self.num_prefix_tokens, SOURCE, "merge_size",
+                "0 with prefix tokens, as attn_window (the merger and the windows take patches alone)",
+                self.merge_size or self.attn_window)
+        require(self.global_blocks is None or (self.attn_window and all(i < self.depth for i in self.global_blocks)),
+                SOURCE, "global_blocks", f"null without attn_window, else indices of the {self.depth} blocks",
+                self.global_blocks)
         require(not self.rope_split or self.rope_half, SOURCE, "rope_split", "false unless rope_half=True", True)
         require(self.rope == "none" or self.head_dim % 4 == 0, SOURCE, "num_heads", f"a count that leaves a head "
                 f"width (dim={self.dim} / num_heads) divisible by 4 for rope={self.rope!r}", self.num_heads)
@@ -360,9 +384,15 @@ class ViTConfig:
         return (self.image_size[0] // stride, self.image_size[1] // stride)
 
     @property
+    def token_dim(self) -> int:
+        """The width of the tokens pooling reads: D, or the patch merger's output width (Qwen VL)."""
+        return (self.merge_dim or self.merge_size ** 2 * self.dim) if self.merge_size else self.dim
+
+    @property
     def pooled_dim(self) -> int:
-        """The width of the pooled representation before any pre-logits layer: D, or D per summary token."""
-        return self.dim * len(self.summary_tokens or (0,))
+        """The width of the pooled representation before any pre-logits layer: D (the merger's width), or D per
+        summary token."""
+        return self.token_dim * len(self.summary_tokens or (0,))
 
     @property
     def head_dim(self) -> int:
@@ -389,7 +419,7 @@ class ViTConfig:
         """The config as plain JSON types (tuples as lists), as ``config.json`` holds it."""
         data = dataclasses.asdict(self)
         data["image_size"] = list(self.image_size)
-        for name in ("backbone", "pos_grid", "summary_tokens"):
+        for name in ("backbone", "pos_grid", "summary_tokens", "global_blocks"):
             if getattr(self, name) is not None:
                 data[name] = list(getattr(self, name))
         if self.provenance.classes is not None:

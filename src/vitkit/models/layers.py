@@ -375,3 +375,46 @@ class SoftPool(nn.Module):
         if self.std_bias is not None:
             pooled = (pooled - self.std_bias.float()) * self.std_scale.float()
         return pooled.to(tokens.dtype)
+
+
+def merge_order(rows: torch.Tensor, cols: torch.Tensor, grid_cols: torch.Tensor | int, k: int,
+                start: torch.Tensor | int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The (B, N) order that gathers patches at (``rows``, ``cols``) of grids ``grid_cols`` wide (all broadcast to
+    (B, N)) into their k x k cells: each cell's k^2 patches row by row, the cells row by row from ``start`` (where an
+    image's cells begin in a packed sequence); patches outside ``mask`` (padding) after all of them."""
+    cell = torch.div(rows, k, rounding_mode="floor") * torch.div(grid_cols, k, rounding_mode="floor") + torch.div(
+        cols, k, rounding_mode="floor")
+    slot = start + cell * k * k + (rows % k) * k + cols % k
+    slot = slot.expand(torch.broadcast_shapes(rows.shape, cols.shape))
+    if mask is not None:
+        slot = torch.where(mask, slot, slot.shape[-1] + torch.arange(slot.shape[-1], device=slot.device))
+    return slot.argsort(dim=-1)
+
+
+class PatchMerger(nn.Module):
+    """Option merge_size (Qwen VL's patch merger): each patch token normed, the k^2 tokens of each k x k cell of the
+    grid concatenated (row by row), then Linear(k^2 D, k^2 D), GELU, and Linear(k^2 D, merge_dim) (none with
+    merge_dim=0)."""
+
+    def __init__(self, c: ViTConfig):
+        super().__init__()
+        self.kernel, width = c.merge_size, c.merge_size ** 2 * c.dim
+        self.norm = make_norm(c, c.dim)
+        self.fc1 = nn.Linear(width, width)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(width, c.merge_dim) if c.merge_dim else nn.Identity()
+
+    def forward(self, tokens: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        """(B, N, D) patch tokens -> (B, N / k^2, merge_dim) merged tokens, the cells in the ``order`` of
+        :func:`merge_order`."""
+        x = self.norm(tokens)
+        x = x.gather(1, order.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        x = x.reshape(x.shape[0], -1, self.kernel ** 2 * x.shape[-1])
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def window_ids(rows: torch.Tensor, cols: torch.Tensor, grid_cols: torch.Tensor | int, window: int) -> torch.Tensor:
+    """The window of each patch at (``rows``, ``cols``) of a grid ``grid_cols`` wide: squares of ``window`` patches a
+    side from the grid's top left (Qwen2.5-VL's window attention), numbered row by row."""
+    across = torch.div(grid_cols + window - 1, window, rounding_mode="floor")
+    return torch.div(rows, window, rounding_mode="floor") * across + torch.div(cols, window, rounding_mode="floor")

@@ -50,6 +50,9 @@ OWN_SIZES: dict[str, tuple[int, int, int, int]] = {
     "T": (12, 192, 768, 3),
     "167M": (16, 768, 3072, 12),  # Gemma 4's towers, named by timm's parameter counts
     "570M": (27, 1152, 4304, 16),
+    "88M": (12, 768, 3072, 12),  # timm's Qwen3 ViTs, named by their parameter counts
+    "306M": (24, 1024, 4096, 16),
+    "416M": (27, 1152, 4304, 16),
 }
 # Sizes whose MLP is a SwiGLU with a gate and a value of the MLP width each. DINOv3 rounds that width up to a
 # multiple of 8 (timm's align_to), which 4 D already is for S+ and H+.
@@ -127,6 +130,14 @@ GEMMA4: dict[str, Any] = dict(
     pool="soft", soft_pool=3, final_norm=False, num_classes=0)
 FAMILIES["Gemma4"] = dict(GEMMA4, image_size=768, normalization="unit", crop_pct=1.0,
                           sizes={"167M": dict(clamp_linears=True), "570M": dict(soft_standardize=True)})
+# timm's Qwen3 ViT (qwen3_vit_*_enc: the Qwen3-VL / Qwen3.5 vision towers; ``checkpoints.qwen`` reads them with these
+# options): no prefix tokens, a 48 x 48 table resampled bilinearly with corners aligned plus axial RoPE (rows then
+# columns, rotate-half), GELU-tanh, no final norm, the 2 x 2 patch merger's tokens.
+QWEN3: dict[str, Any] = dict(class_token=False, pos_embed="learned", pos_interp="bilinear", pos_interp_antialias=False,
+                             pos_interp_align_corners=True, rope="axial", rope_half=True, gelu="tanh", qkv_bias=True,
+                             final_norm=False, num_classes=0)
+FAMILIES["Qwen3ViT"] = dict(QWEN3, pos_grid=(48, 48), merge_size=2, pool="merge", image_size=768,
+                            normalization="google", crop_pct=1.0, sizes={"88M": {}, "306M": {}, "416M": {}})
 SUFFIXES: dict[str, dict[str, Any]] = {
     "distilled": dict(dist_token=True),  # DeiT's distillation token and head
     "reg4": dict(reg_tokens=4, no_embed_class=True),  # DINOv2 with registers
@@ -147,6 +158,7 @@ RECENT_VARIANTS = (
     "C-RADIOv3-B/16", "C-RADIOv3-L/16", "C-RADIOv3-H/16", "C-RADIOv3-g/16", "C-RADIOv4-So400m/16", "C-RADIOv4-H/16",
 )
 GEMMA4_VARIANTS = ("Gemma4-167M/16", "Gemma4-570M/16")
+QWEN_VARIANTS = ("Qwen3ViT-88M/16", "Qwen3ViT-306M/16", "Qwen3ViT-416M/16")
 
 _NAME = re.compile(r"^(?:(r\d*)\+)?vit-(ti|s|b|l|h)/(\d+)$", re.IGNORECASE)
 _SIZE_BY_LOWER = {size.lower(): size for size in SIZES}
@@ -160,7 +172,8 @@ def list_models() -> list[str]:
     """The paper's named variants and hybrids, then the families (DeiT to SigLIP, then those of 2022-25, then Gemma
     4's vision encoders); any other ``ViT-<size>/<patch>`` pair is accepted too, and any
     ``<family>-<size>/<patch>[-<suffix>]`` of a size the family has."""
-    return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS + RECENT_VARIANTS + GEMMA4_VARIANTS)
+    return list(PAPER_VARIANTS + HYBRID_VARIANTS + FAMILY_VARIANTS + RECENT_VARIANTS + GEMMA4_VARIANTS
+                + QWEN_VARIANTS)
 
 
 def family_config(match: re.Match, overrides: dict[str, Any]) -> ViTConfig:

@@ -30,10 +30,12 @@ from ..atomic import atomic_directory, os_errors
 from ..errors import ConfigError, InputError
 from .config import POS_INTERPS, ViTConfig, pair
 from .dense import DenseHead, Features, dense_layers
-from .layers import Adapter, AttentionPool, Block, PatchEmbed, SoftPool, make_norm
+from .layers import (Adapter, AttentionPool, Block, PatchEmbed, PatchMerger, SoftPool, make_norm, merge_order,
+                     window_ids)
 from .naflex import PatchBatch, check_patch_batch
+from .packed import PackedBatch, check_packed_batch
 from .patch_resize import resample_patch_kernel
-from .position import LearnedPositionEmbedding, make_position_embedding
+from .position import LearnedPositionEmbedding, grid_cells, make_position_embedding
 from .rotary import make_rope
 from .resnet import make_backbone
 
@@ -88,8 +90,9 @@ class VisionTransformer(nn.Module):
         # Options: the norm on the pooled output (fc_norm) instead of every token, or none at all (final_norm).
         self.norm = make_norm(c, c.dim) if c.final_norm and not c.fc_norm else nn.Identity()
         dense = c.dense_head != "none"  # Option dense_head: per-pixel outputs; nothing pooled, no classifier
-        self.fc_norm = (make_norm(c, c.dim, c.fc_norm_scale) if c.final_norm and c.fc_norm and not dense
+        self.fc_norm = (make_norm(c, c.token_dim, c.fc_norm_scale) if c.final_norm and c.fc_norm and not dense
                         else nn.Identity())
+        self.merger = PatchMerger(c) if c.merge_size and not dense else None  # Option merge_size (Qwen VL)
         # Option pool='map' (SigLIP, PE): attention pooling with a learned probe; 'soft' (Gemma 4): soft tokens.
         self.attn_pool = AttentionPool(c) if c.pool == "map" and not dense else None
         self.soft_pool = SoftPool(c) if c.pool == "soft" and not dense else None
@@ -215,7 +218,56 @@ class VisionTransformer(nn.Module):
         keys = batch.mask  # the prefix tokens are always attended to (concatenated only if there are any)
         if c.num_prefix_tokens:
             keys = torch.cat([keys.new_ones(keys.shape[0], c.num_prefix_tokens), keys], dim=1)
-        return self._add_prefix_and_positions(patches, position), ropes, keys[:, None, None, :]
+        masks = self.block_masks(keys[:, None, None, :], rows, cols, batch.grids[:, None, 1])
+        return self._add_prefix_and_positions(patches, position), ropes, masks
+
+    def embed_packed(self, batch: PackedBatch) -> tuple[torch.Tensor, list[torch.Tensor | None], list]:
+        """Eq. (1) for a packed batch (Qwen VL): the (1, N, D) tokens of all its patches in one sequence, each
+        block's rotary table at the patches' coordinates, and each block's (1, 1, N, N) mask: a patch attends to
+        its own image (and, in a windowed block, its own window)."""
+        c = self.config
+        if c.backbone is not None or c.pos_embed == "relative" or c.num_prefix_tokens:
+            raise InputError("packed batches need a plain patch projection, no relative position logits and no prefix "
+                             "tokens (Qwen VL's towers); this model has "
+                             + ("a hybrid backbone" if c.backbone is not None else "relative ones"
+                                if c.pos_embed == "relative" else f"{c.num_prefix_tokens} prefix tokens"))
+        if not torch.jit.is_tracing():
+            check_packed_batch(batch, c.patch_size, c.in_chans)
+        patches = self.patch_embed.project_patches(batch.patches[None])
+        rows, cols = batch.coords.unbind(-1)
+        grids = batch.token_grids
+        # Each patch looked up as an image of one patch on its image's grid, then the patches one sequence again.
+        position = None if self.pos_embed is None else self.pos_embed.at(rows[:, None], cols[:, None], grids)
+        position = None if position is None else position.reshape(1, -1, c.dim)
+        ropes: list[torch.Tensor | None] = [None] * len(self.blocks)
+        if self.rope is not None:
+            tables = self.rope.at(rows[:, None], cols[:, None], grids).squeeze(-2)  # (2, N, d); mixed (2, N, L, h, d)
+            ropes = (list(tables.permute(0, 2, 3, 1, 4).unbind(1)) if c.rope == "mixed"
+                     else [tables] * len(self.blocks))
+        same = (batch.images[:, None] == batch.images[None, :])[None, None]
+        return self._add_prefix_and_positions(patches, position), ropes, self.block_masks(same, rows, cols,
+                                                                                          grids[:, 1])
+
+    def block_masks(self, full: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor,
+                    grid_cols: torch.Tensor | int) -> torch.Tensor | list[torch.Tensor | None] | None:
+        """The keys each block's queries may attend to: ``full`` (None: all) in every block, or (Option
+        attn_window, Qwen2.5-VL) those of the query's window too in the blocks not in ``global_blocks``, for patches
+        at (``rows``, ``cols``) of grids ``grid_cols`` wide."""
+        c = self.config
+        if not c.attn_window:
+            return full
+        ids = window_ids(rows, cols, grid_cols, c.attn_window)
+        window = (ids.unsqueeze(-1) == ids.unsqueeze(-2)).unsqueeze(-3)
+        window = window if full is None else window & full
+        return [full if layer in (c.global_blocks or ()) else window for layer in range(c.depth)]
+
+    def grid_masks(self, grid: tuple[int, int]) -> list[torch.Tensor | None] | None:
+        """:meth:`block_masks` of the patches of a (rows, cols) grid, on the device of the weights."""
+        if not self.config.attn_window:
+            return None
+        device = next(self.parameters()).device
+        rows, cols = (cells.to(device) for cells in grid_cells(grid))
+        return self.block_masks(None, rows, cols, grid[1])
 
     def prompted(self, z: torch.Tensor, layer: int) -> torch.Tensor:
         """Option prompt_tokens (VPT): the tokens entering block ``layer``, with the prompts after the prefix
@@ -228,42 +280,52 @@ class VisionTransformer(nn.Module):
         prompts = self.prompts[layer if c.prompt_deep else 0].expand(z.shape[0], -1, -1).to(z.dtype)
         return torch.cat([z[:, :start], prompts, z[:, start + (c.prompt_tokens if layer else 0):]], dim=1)
 
-    def run_blocks(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
-                   ) -> Iterator[torch.Tensor]:
+    def run_blocks(self, z: torch.Tensor, ropes: list[torch.Tensor | None],
+                   mask: torch.Tensor | list[torch.Tensor | None] | None = None) -> Iterator[torch.Tensor]:
         """Eqs. (2)-(3): each block's output in turn; ``ropes`` holds each block's rotary table (None without rope)
-        and ``mask`` which keys may be attended to (NaFlex padding)."""
+        and ``mask`` which keys may be attended to (NaFlex padding, packed images), or a list of one mask per block
+        (window attention)."""
         recompute = self.grad_checkpointing and torch.is_grad_enabled()
-        for layer, (block, rope) in enumerate(zip(self.blocks, ropes)):
+        masks = mask if isinstance(mask, list) else [mask] * len(self.blocks)
+        for layer, (block, rope, mask) in enumerate(zip(self.blocks, ropes, masks)):
             z = self.prompted(z, layer)
             z = checkpoint(block, z, rope, mask, use_reentrant=False) if recompute else block(z, rope, mask)
             yield z
 
-    def encode(self, z: torch.Tensor, ropes: list[torch.Tensor | None], mask: torch.Tensor | None = None
-               ) -> torch.Tensor:
+    def encode(self, z: torch.Tensor, ropes: list[torch.Tensor | None],
+               mask: torch.Tensor | list[torch.Tensor | None] | None = None) -> torch.Tensor:
         """Every block (``run_blocks``), then the final LayerNorm."""
         for z in self.run_blocks(z, ropes, mask):
             pass
         return self.norm(z)
 
-    def forward_features(self, images: torch.Tensor | PatchBatch) -> torch.Tensor:
-        """All (B, T, D) tokens after the final LayerNorm, of an image tensor or a NaFlex :class:`PatchBatch`."""
-        if isinstance(images, PatchBatch):
+    def forward_features(self, images: torch.Tensor | PatchBatch | PackedBatch) -> torch.Tensor:
+        """All (B, T, D) tokens after the final LayerNorm, of an image tensor or a NaFlex :class:`PatchBatch`; of a
+        :class:`PackedBatch` (Qwen VL), the (N, D) rows of its N patches in the batch's order."""
+        if isinstance(images, PatchBatch | PackedBatch):
             self._remember_layout(images)
-            return self.encode(*self.embed_batch(images))
+            embed = self.embed_batch if isinstance(images, PatchBatch) else self.embed_packed
+            features = self.encode(*embed(images))
+            return features if isinstance(images, PatchBatch) else features[0]
         z, grid = self.embed(images)
         self._remember_layout(grid)
-        return self.encode(z, self.rope_tables(grid, z.device))
+        return self.encode(z, self.rope_tables(grid, z.device), self.grid_masks(grid))
 
     def _remember_layout(self, layout: tuple[int, int] | PatchBatch) -> None:
         """Option pool='soft': the grid (or NaFlex batch) of the last features made, which the soft pool needs and
         ``forward_head(features)`` is not told."""
-        if self.soft_pool is not None:
+        if self.soft_pool is not None or self.merger is not None:
             self._last_layout = layout
 
     def _layout_of(self, features: torch.Tensor) -> tuple[int, int] | PatchBatch:
         """The grid the soft pool takes ``features`` on: that of the last ``forward_features`` when they are its
         size (the same patch count; for a NaFlex batch, the same images), else the native grid."""
         last, patches = getattr(self, "_last_layout", None), features.shape[1] - self.config.learned_prefix_tokens
+        if features.ndim == 2:  # a packed batch's rows
+            if isinstance(last, PackedBatch) and last.coords.shape[0] == features.shape[0]:
+                return last
+            raise InputError(f"features of shape {tuple(features.shape)} are a packed batch's rows; pass the batch "
+                             f"they came from: forward_head(features, grid=batch)")
         if isinstance(last, PatchBatch) and tuple(last.mask.shape) == (features.shape[0], patches):
             return last
         if isinstance(last, tuple) and last[0] * last[1] == patches:
@@ -274,18 +336,20 @@ class VisionTransformer(nn.Module):
         """Every block's output (for probing) and, if asked, its attention probabilities (for analysis),
         computed from the same weights as the fused forward pass; of image tensors (a NaFlex batch's images one
         at a time, each at its size)."""
-        if isinstance(images, PatchBatch):
-            raise InputError("forward_intermediates takes (B, C, H, W) images; run a NaFlex batch's images one at a "
-                             "time, each at its own size")
+        if isinstance(images, PatchBatch | PackedBatch):
+            raise InputError(f"forward_intermediates takes (B, C, H, W) images; run a "
+                             f"{'NaFlex' if isinstance(images, PatchBatch) else 'packed'} batch's images one at a "
+                             f"time, each at its own size")
         z, grid = self.embed(images)
         outputs, attentions = [], []
-        for layer, (block, rope) in enumerate(zip(self.blocks, self.rope_tables(grid, z.device))):
+        masks = self.grid_masks(grid) or [None] * len(self.blocks)
+        for layer, (block, rope, mask) in enumerate(zip(self.blocks, self.rope_tables(grid, z.device), masks)):
             z = self.prompted(z, layer)
             if attention:
-                z, probs = block.forward_with_probs(z, rope)
+                z, probs = block.forward_with_probs(z, rope, mask)
                 attentions.append(probs)
             else:
-                z = block(z, rope)
+                z = block(z, rope, mask)
             outputs.append(z)
         return Intermediates(outputs, self.norm(z), grid, attentions if attention else None)
 
@@ -293,13 +357,14 @@ class VisionTransformer(nn.Module):
         """What the dense head reads (``models.dense``): for each of its blocks, the (B, D, rows, cols) map of the
         patch tokens after the final norm, and the (B, D) state of the [class] token (None without one); the
         other prefix tokens and VPT's prompts are left out."""
-        if isinstance(images, PatchBatch):
-            raise InputError("a dense head takes (B, C, H, W) images, not a NaFlex batch: its outputs are maps of "
-                             "one grid; run each image at its own size")
+        if isinstance(images, PatchBatch | PackedBatch):
+            raise InputError(f"a dense head takes (B, C, H, W) images, not a "
+                             f"{'NaFlex' if isinstance(images, PatchBatch) else 'packed'} batch: its outputs are maps "
+                             f"of one grid; run each image at its own size")
         z, grid = self.embed(images)
         wanted = dense_layers(self.config)
         kept = {}
-        for layer, tokens in enumerate(self.run_blocks(z, self.rope_tables(grid, z.device))):
+        for layer, tokens in enumerate(self.run_blocks(z, self.rope_tables(grid, z.device), self.grid_masks(grid))):
             if layer in wanted:
                 kept[layer] = self.norm(tokens)
             if layer == max(wanted):
@@ -313,7 +378,7 @@ class VisionTransformer(nn.Module):
         return [maps(kept[layer]) for layer in wanted]
 
     def pool(self, features: torch.Tensor, mask: torch.Tensor | None = None,
-             grid: tuple[int, int] | PatchBatch | None = None) -> torch.Tensor:
+             grid: tuple[int, int] | PatchBatch | PackedBatch | None = None) -> torch.Tensor:
         """The image representation: the [class] token's state (Option summary_tokens: several prefix tokens'
         states, concatenated), the mean of the patch tokens, or (Option
         'map') the attention pool over them (Option pool_prefix: over the prefix tokens too); with a distillation
@@ -325,6 +390,19 @@ class VisionTransformer(nn.Module):
         c = self.config
         if c.prompt_tokens:
             features = torch.cat([features[:, :c.learned_prefix_tokens], features[:, c.num_prefix_tokens:]], dim=1)
+        if features.ndim == 2 and self.merger is None:
+            raise InputError(f"pool={c.pool!r} of features of shape {tuple(features.shape)}, a packed batch's rows: "
+                             f"a packed batch is pooled by a patch merger (Qwen VL's towers) alone; run its images as "
+                             f"a tensor or a NaFlex batch")
+        if self.merger is not None:  # Option merge_size (Qwen VL): pooling reads the merged tokens
+            layout = self._layout_of(features) if grid is None else grid
+            merged, mask = self._merged(features, layout, mask)
+            if c.pool == "merge":
+                return merged[0] if isinstance(layout, PackedBatch) else merged
+            if isinstance(layout, PackedBatch):
+                raise InputError(f"pool={c.pool!r} of a packed batch's rows; a packed batch is pooled by its patch "
+                                 f"merger alone (pool='merge'): run its images as a tensor or a NaFlex batch")
+            features = merged
         if self.soft_pool is not None:
             grid = self._layout_of(features) if grid is None else grid
             return self.soft_pool(features[:, c.learned_prefix_tokens:], grid, mask)
@@ -345,8 +423,37 @@ class VisionTransformer(nn.Module):
             pooled = self.attn_pool(tokens, mask)
         return self.fc_norm(pooled)
 
+    def _merged(self, features: torch.Tensor, layout: tuple[int, int] | PatchBatch | PackedBatch,
+                mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Option merge_size: the (B, N / k^2, W) merger tokens of (B, N, D) patch tokens (a packed batch's (N, D)
+        rows: (1, N / k^2, W), image by image) on ``layout``, and the mask of the real ones (a NaFlex batch's)."""
+        k = self.config.merge_size
+        if isinstance(layout, PackedBatch):
+            rows, cols = layout.coords.unbind(-1)
+            sizes = layout.grids.prod(dim=-1)
+            start = (sizes.cumsum(0) - sizes)[layout.images]
+            order, sides, features = merge_order(rows, cols, layout.token_grids[:, 1], k, start)[None], layout.grids,                 features[None]
+        elif isinstance(layout, PatchBatch):
+            rows, cols = layout.coords.unbind(-1)
+            mask = layout.mask if mask is None else mask
+            order, sides = merge_order(rows, cols, layout.grids[:, None, 1], k, 0, mask), layout.grids
+        else:
+            sides, count = torch.tensor([tuple(layout)]), features.shape[1]
+            if layout[0] * layout[1] != count:
+                raise InputError(f"the patch merger of {count} patch tokens with grid={tuple(layout)}; pass the grid "
+                                 f"of the image they came from: forward_head(features, grid=(rows, cols))")
+            rows, cols = (cells.to(features.device) for cells in grid_cells(layout))
+            order = merge_order(rows, cols, layout[1], k).expand(features.shape[0], -1)
+        if not torch.jit.is_tracing() and (features.shape[1] % (k * k) or bool((sides.cpu() % k).any())):
+            raise InputError(f"the patch merger takes {k}x{k} cells of patches: expected grids whose sides are "
+                             f"multiples of {k}, got {sides.tolist()}")
+        merged = self.merger(features, order.to(features.device))
+        if mask is not None:
+            mask = torch.arange(merged.shape[1], device=mask.device) < (mask.sum(dim=1, keepdim=True) // (k * k))
+        return merged, mask
+
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None,
-                     apart: bool = False, grid: tuple[int, int] | PatchBatch | None = None
+                     apart: bool = False, grid: tuple[int, int] | PatchBatch | PackedBatch | None = None
                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, num_classes) logits of (B, T, D) final features (``forward_features``): pooled as ``config.pool``
         says (``pool``), through the pre-logits layer if any, then the head (with a distillation token, the mean
@@ -358,14 +465,17 @@ class VisionTransformer(nn.Module):
         what timm's ``gemma4_vit_*_enc`` models return from ``forward`` and transformers' ``Gemma4VisionModel`` as
         its last hidden state, padding aside; timm's ``forward_head`` of them raises), for which ``grid`` is the
         (rows, cols) of the features' images or the NaFlex :class:`PatchBatch` they came from: by default, those of
-        this model's last ``forward_features`` when the features are its size, else the native grid."""
+        this model's last ``forward_features`` when the features are its size, else the native grid. With a patch merger
+        (Qwen VL), pooling reads its merged tokens: pool='merge' returns them, (B, N / k^2, merge_dim), or for the
+        (N, D) rows of a :class:`PackedBatch` (``grid``, by default the last one) (N / k^2, merge_dim), image by
+        image."""
         if self.config.num_classes and self.head_dist is not None and not pre_logits:  # Option: heads averaged
             logits = self.head(features[:, 0]), self.head_dist(features[:, 1])
             return logits if apart else (logits[0] + logits[1]) / 2
         representation = self.pre_logits(self.pool(features, mask, grid))
         return representation if pre_logits else self.head(representation)
 
-    def forward(self, images: torch.Tensor | PatchBatch, apart: bool = False
+    def forward(self, images: torch.Tensor | PatchBatch | PackedBatch, apart: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, num_classes) logits of (B, C, H, W) images normalised as the weights were trained
         (``config.input_statistics``), H and W multiples of the patch size, any size (the position table is
@@ -376,6 +486,8 @@ class VisionTransformer(nn.Module):
             return self.dense_head(self.dense_features(images))
         if isinstance(images, PatchBatch):
             mask, grid = images.mask, images
+        elif isinstance(images, PackedBatch):
+            mask, grid = None, images
         else:
             mask, grid = None, tuple(side // self.patch_embed.stride for side in images.shape[-2:])
         return self.forward_head(self.forward_features(images), mask=mask, apart=apart, grid=grid)

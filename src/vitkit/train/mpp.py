@@ -140,7 +140,7 @@ class MaskedPatchPrediction(nn.Module):
         corruption = draw_corruption(patches.shape[0], patches.shape[1], self.ratio, self.mask_prob,
                                      self.random_prob, generator, patches.device)
         corrupted = encoder.embed_patches(corrupt(patches, self.mask_token, corruption, generator), grid)
-        tokens = encoder.encode(corrupted, encoder.rope_tables(grid, corrupted.device))
+        tokens = encoder.encode(corrupted, encoder.rope_tables(grid, corrupted.device), encoder.grid_masks(grid))
         chosen = corruption.corrupted
         predictions = self.head(tokens[:, encoder.num_prefix_tokens:][chosen])
         targets = self.targets(images)[chosen]
