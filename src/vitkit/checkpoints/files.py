@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from ..errors import CheckpointError, abridged, parse_json
@@ -229,3 +229,24 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
                           f"directory, .safetensors, .npz or one of {', '.join(TORCH_SUFFIXES)}")
 
 
+def prefixed_weights(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors under ``prefix`` of an HF directory's safetensors weights (one file, or the shards its index
+    names), keys without the prefix, read one by one: the vision tower of a whole vision-language model without
+    its language model ever loaded."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        mapping = read_side_file(index).get("weight_map", {})
+        files = sorted({name for key, name in mapping.items() if key.startswith(prefix)})
+        paths = [directory / Path(name).name for name in files]
+    else:
+        paths = [hub_weights_file(directory, "an HF", ("model.safetensors",))]
+    state = {}
+    for path in paths:
+        try:
+            regular_file(path)
+            with safe_open(path, "pt") as handle:
+                state.update({key[len(prefix):]: handle.get_tensor(key) for key in handle.keys()
+                              if key.startswith(prefix)})
+        except (SafetensorError, OSError, ValueError) as error:
+            raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({reason(error)})") from error
+    return state

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from ..atomic import atomic_directory, atomic_file
@@ -35,9 +34,8 @@ from ..errors import CheckpointError, FormatError
 from ..models.config import Provenance, ViTConfig
 from ..models.naflex import PatchBatch
 from ..models.registry import GEMMA4
-from ..paths import reason, regular_file
-from .files import check_fields, hub_weights_file, read_side_file
-from .inference import kept_overrides
+from .files import check_fields, prefixed_weights
+from .inference import described_config
 from .names import Names, rename
 
 # timm's definitions: the sizes of each tower and what sets it apart; "_enc" is the native encoder (soft tokens).
@@ -179,13 +177,6 @@ def _to_vitkit(state: dict[str, torch.Tensor], names: Names, config: ViTConfig, 
     return state
 
 
-def _build(fields: dict[str, Any], overrides: dict[str, Any], provenance: Provenance, source: Any) -> ViTConfig:
-    try:
-        return ViTConfig(**{**fields, "provenance": provenance, **kept_overrides(overrides)})
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"{source}: describes an invalid model ({error})") from error
-
-
 def read_timm_gemma4(state: dict[str, torch.Tensor], architecture: str, model_args: dict[str, Any],
                      global_pool: str | None, overrides: dict[str, Any], source: str
                      ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
@@ -197,7 +188,7 @@ def read_timm_gemma4(state: dict[str, torch.Tensor], architecture: str, model_ar
     fields = gemma4_fields(args, pool, source)
     state = {key.removeprefix("encoder."): value for key, value in state.items()} if not encoder else state
     provenance = Provenance(format="timm", source=source, name=architecture, normalization="unit", crop_pct=1.0)
-    config = _build(fields, overrides, provenance, source)
+    config = described_config(fields, overrides, provenance, source)
     return config, _to_vitkit(state, TIMM_NAMES, config, "chw", source)
 
 
@@ -246,28 +237,6 @@ def _native_size(patch: int, kernel: int, cells: int) -> int:
     return max(1, min(768 // cell, cells // kernel)) * cell
 
 
-def _hf_tower_weights(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors under ``prefix`` of an HF directory's safetensors weights (one file, or the shards its index
-    names), read one by one: a whole Gemma 4 model's language model is never loaded."""
-    index = directory / "model.safetensors.index.json"
-    if index.exists():
-        mapping = read_side_file(index).get("weight_map", {})
-        files = sorted({name for key, name in mapping.items() if key.startswith(prefix)})
-        paths = [directory / Path(name).name for name in files]
-    else:
-        paths = [hub_weights_file(directory, "an HF", ("model.safetensors",))]
-    state = {}
-    for path in paths:
-        try:
-            regular_file(path)
-            with safe_open(path, "pt") as handle:
-                state.update({key[len(prefix):]: handle.get_tensor(key) for key in handle.keys()
-                              if key.startswith(prefix)})
-        except (SafetensorError, OSError, ValueError) as error:
-            raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({reason(error)})") from error
-    return state
-
-
 def read_hf_gemma4(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
                    ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """An HF directory of ``Gemma4VisionModel`` (``gemma4_vision``) or of a whole Gemma 4 model (``gemma4``), whose
@@ -295,12 +264,12 @@ def read_hf_gemma4(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
                 use_clipped_linears=tower.get("use_clipped_linears", False),
                 img_size=_native_size(patch, kernel, cells))
     fields = gemma4_fields(args, "soft", path)
-    state = _hf_tower_weights(directory, HF_TOWER if whole else "")
+    state = prefixed_weights(directory, HF_TOWER if whole else "")
     if whole:
         warnings.warn(f"{directory}: a whole Gemma 4 model; its vision tower ({HF_TOWER}*) is read, its language "
                       f"model and the rest are left out", stacklevel=4)
     provenance = Provenance(format="hf-gemma4", source=str(directory), normalization="unit", crop_pct=1.0)
-    config = _build(fields, overrides, provenance, path)
+    config = described_config(fields, overrides, provenance, path)
     return config, _to_vitkit(state, HF_NAMES, config, "hwc", str(path))
 
 

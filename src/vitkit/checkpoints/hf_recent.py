@@ -30,7 +30,7 @@ from ..models.config import Provenance, ViTConfig
 from ..models.vit import VisionTransformer
 from .files import check_fields, hub_weights_file, read_weights
 from .hf import CONFIG_FILE, GELUS, HF_ACTIVATIONS, HF_FIELDS, read_preprocessing, write_hf_directory
-from .inference import kept_overrides
+from .inference import described_config
 from .names import Names, rename, split_qkv
 
 MODEL_TYPES = {"dinov3_vit": "DINOv3", "aimv2_vision_model": "AIMv2"}
@@ -95,10 +95,7 @@ def read_hf_recent(directory: Path, hf: dict[str, Any], overrides: dict[str, Any
     state = _dinov3_layout(state) if family == "DINOv3" else _aimv2_layout(state, fields, biases["k"])
     provenance = Provenance(format=f"hf-{family.lower()}", source=str(directory),
                             **read_preprocessing(directory, fields["in_chans"]))
-    try:
-        return ViTConfig(**{**fields, "provenance": provenance, **kept_overrides(overrides)}), state
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"{path}: describes an invalid model ({error})") from error
+    return described_config(fields, overrides, provenance, path), state
 
 
 def _common_fields(hf: dict[str, Any], path: Path, head_multiple: int, why: str) -> dict[str, Any]:

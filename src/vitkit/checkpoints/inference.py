@@ -159,6 +159,15 @@ def kept_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in overrides.items() if k not in SURGERY}
 
 
+def described_config(fields: dict[str, Any], overrides: dict[str, Any], provenance: Any, source: Any) -> ViTConfig:
+    """The config a file's ``fields`` describe, with its ``provenance`` and the overrides that win over the file
+    (``kept_overrides``); one the fields cannot make is a CheckpointError naming ``source``."""
+    try:
+        return ViTConfig(**{**fields, "provenance": provenance, **kept_overrides(overrides)})
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{source}: describes an invalid model ({error})") from error
+
+
 def _is_square(count: int) -> bool:
     return count >= 0 and math.isqrt(count) ** 2 == count
 

@@ -20,7 +20,7 @@ import torch
 from ..errors import CheckpointError
 from ..models.config import Provenance, ViTConfig
 from .files import check_fields
-from .gemma4 import _hf_tower_weights
+from .files import prefixed_weights
 from .hf import GELUS
 from .inference import infer_config
 from .names import Names, fuse_qkv, rename
@@ -60,7 +60,7 @@ def tower_weights(directory: Path, prefixes: tuple[str, ...] | None, family: str
     """The vision tower's tensors of an HF directory: those under the first of ``prefixes`` that has any (a whole
     ``family`` model, whose ``rest`` is left out with a warning), or (``prefixes`` None) all of them."""
     for prefix in prefixes or ("",):
-        state = _hf_tower_weights(directory, prefix)
+        state = prefixed_weights(directory, prefix)
         if state:
             if prefixes:
                 warnings.warn(f"{directory}: a whole {family} model; its vision tower ({prefix}*) is read, {rest} "

@@ -34,7 +34,7 @@ from ..models.config import Provenance, ViTConfig
 from ..models.packed import PackedBatch
 from ..models.registry import QWEN3
 from .files import check_fields
-from .gemma4 import _build
+from .inference import described_config
 from .hf import GELUS
 from .internvl import tower_config, tower_weights
 from .names import Names, rename
@@ -147,7 +147,7 @@ def read_timm_qwen3(state: dict[str, torch.Tensor], architecture: str, model_arg
     fields = qwen3_fields(args, kind == "_enc", source)
     state = {key.removeprefix("encoder."): value for key, value in state.items()}
     provenance = Provenance(format="timm", source=source, name=architecture, normalization="google", crop_pct=1.0)
-    config = _build(fields, overrides, provenance, source)
+    config = described_config(fields, overrides, provenance, source)
     return config, rename(state, TIMM_NAMES, source)
 
 
@@ -286,7 +286,7 @@ def read_hf_qwen3_vl(directory: Path, hf: dict[str, Any], overrides: dict[str, A
     if "pos_embed.weight" in state:
         state["pos_embed.weight"] = state["pos_embed.weight"][None]
     provenance = Provenance(format="hf-qwen3_vl", source=str(directory), normalization="google", crop_pct=1.0)
-    return _build(fields, overrides, provenance, path), state
+    return described_config(fields, overrides, provenance, path), state
 
 
 def read_hf_qwen2_5_vl(directory: Path, hf: dict[str, Any], overrides: dict[str, Any]
@@ -319,7 +319,7 @@ def read_hf_qwen2_5_vl(directory: Path, hf: dict[str, Any], overrides: dict[str,
                   image_size=32 * patch)  # HF's config names no image size: 448 px for 14 px patches
     state = tower_weights(directory, HF_PREFIXES if whole else None, "Qwen2.5-VL", "its language model is")
     provenance = Provenance(format="hf-qwen2_5_vl", source=str(directory), normalization="clip", crop_pct=1.0)
-    config = _build(fields, overrides, provenance, path)
+    config = described_config(fields, overrides, provenance, path)
     return config, _hf_layout(rename(state, HF_NAMES, str(path)), tower.get("temporal_patch_size", 2), path)
 
 
