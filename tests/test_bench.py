@@ -314,3 +314,20 @@ def test_rope_families_run_against_the_timm_model_given_compiled_against_compile
                      ("compile", "inference"): 0.5, ("compile", "train_step"): 0.5,  # 0.5 / 1, 1.5 / 3
                      ("timm", "inference"): 1.0, ("timm", "train_step"): 1.0,
                      ("timm-compile", "inference"): 8.0, ("timm-compile", "train_step"): 8.0}  # 4 / 0.5
+
+
+@pytest.mark.parametrize("options", [dict(reg_tokens=1, layer_scale=1e-5),  # TIPSv2's registers and LayerScale
+                                     dict(reg_tokens=3, final_norm=False)])  # C-RADIO's tokens, no final norm
+def test_the_twin_of_a_vit_with_registers_or_layer_scale_is_timms_vit(options):
+    """`vitkit bench --runtimes timm` holds TIPSv2 and C-RADIO-shaped models in timm's own VisionTransformer
+    (registers, init_values, final_norm): the same outputs."""
+    model = VisionTransformer(ViTConfig(**{**TINY, **options})).eval()
+    torch.nn.init.normal_(model.head.weight)
+    for block in model.blocks:
+        for parameter in (block.ls1, block.ls2) if options.get("layer_scale") else ():
+            torch.nn.init.normal_(parameter.gamma)
+    images = torch.randn(3, 3, 16, 16)
+    twin = timm_twin(model)
+    assert type(twin).__name__ == "VisionTransformer"
+    with torch.no_grad():
+        torch.testing.assert_close(twin(images), model(images), atol=1e-5, rtol=1e-5)

@@ -139,23 +139,17 @@ def _torch_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, d
 
 
 def timm_twin(model: VisionTransformer) -> nn.Module:
-    """timm's ``VisionTransformer`` holding ``model``'s weights (plain ViTs with timm's numerics), or for the
-    rotary and RMSNorm families the ``Eva`` (or AIMv2, Gemma 4's or Qwen3's encoder) that vitkit's timm writer describes,
-    built by timm from that hub directory; raises ValueError for a model timm cannot mirror."""
-    import timm
+    """timm's ``VisionTransformer`` holding ``model``'s weights (plain ViTs with timm's numerics, registers and
+    LayerScale included), or for the rotary and RMSNorm families the ``Eva`` (or AIMv2, Gemma 4's or Qwen3's
+    encoder, C-RADIO's NaFlexViT) that vitkit's timm writer describes, built by timm from that hub directory;
+    raises ValueError for a model timm cannot mirror."""
     import timm.models.vision_transformer as timm_vit
 
     config = model.config
     if config.prompt_tokens or config.adapter_dim:
         raise ValueError("timm's models hold no VPT prompts or AdaptFormer adapters")
-    if is_timm_family(config) or is_gemma4(config) or config.merge_size:
-        with tempfile.TemporaryDirectory() as folder:
-            try:
-                write_timm(model, Path(folder) / "twin")
-            except CheckpointError as error:
-                raise ValueError(str(error)) from None
-            twin = timm.create_model(f"local-dir:{Path(folder) / 'twin'}", pretrained=True)
-        return twin.eval().to(next(model.parameters()).device)
+    if is_timm_family(config) or is_gemma4(config) or config.merge_size or config.pos_interp_crop:
+        return _written_twin(model)  # C-RADIO's cropped table: timm's naflexvit_*_radio
     if config.backbone is not None or config.pos_embed != "learned" or config.gelu != "exact" or \
             config.representation_size:
         raise ValueError("timm's plain ViT mirrors learned 1-D position embeddings, exact GELU, no hybrid stem "
@@ -164,13 +158,30 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
         img_size=config.image_size, patch_size=config.patch_size, in_chans=config.in_chans,
         num_classes=config.num_classes, embed_dim=config.dim, depth=config.depth, num_heads=config.num_heads,
         mlp_ratio=config.mlp_dim / config.dim, class_token=config.class_token, fc_norm=config.fc_norm,
-        global_pool="token" if config.pool == "token" else "avg", dynamic_img_size=False)
+        global_pool="token" if config.pool == "token" else "avg", dynamic_img_size=False,
+        reg_tokens=config.reg_tokens, no_embed_class=config.no_embed_class, pre_norm=config.pre_norm,
+        final_norm=config.final_norm, init_values=config.layer_scale, qkv_bias=config.qkv_bias,
+        qk_norm=config.qk_norm)  # registers, LayerScale, no final norm: TIPSv2, C-RADIO, InternViT-300M
     state = {("pos_embed" if name == "pos_embed.weight" else name): t for name, t in model.state_dict().items()}
     try:
         twin.load_state_dict(state)
     except RuntimeError as error:
         raise ValueError(f"timm's layout differs: {str(error).splitlines()[0]}") from None
     return twin.to(next(model.parameters()).device)
+
+
+def _written_twin(model: VisionTransformer) -> nn.Module:
+    """The model timm builds from vitkit's timm export of ``model`` (its hub directory); ValueError where the
+    writer refuses it."""
+    import timm
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            write_timm(model, Path(folder) / "twin")
+        except CheckpointError as error:
+            raise ValueError(str(error)) from None
+        twin = timm.create_model(f"local-dir:{Path(folder) / 'twin'}", pretrained=True)
+    return twin.eval().to(next(model.parameters()).device)
 
 
 def peak_notes(rows: Sequence[Row]) -> list[str]:
