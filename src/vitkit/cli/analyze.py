@@ -70,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     checkpoint on given images, a dataset sample, or scikit-learn's two sample photos."""
     if args.tokenizer and not args.text:
         raise ConfigError("--tokenizer: for --text, whose prompts it tokenizes")
+    image_text = None
+    if args.text and not args.adapter:  # with an adapter, refused by analyze_checkpoint
+        from ..text import load_clip
+
+        image_text = load_clip(args.checkpoint, args.tokenizer, **args.overrides)
     done = analyze_checkpoint(args.checkpoint, args.out, images=args.images, dataset=args.dataset,
                               data_dir=args.data_dir, num_images=args.num_images, seed=args.seed,
                               image_size=args.image_size, mean=args.mean, std=args.std, resize=args.resize,
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                               overrides=args.overrides, adapter=args.adapter, batch_size=args.batch_size,
                               head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, overlays=args.overlays,
                               filters=args.filters, readout=args.readout, texts=args.text or (),
-                              tokenizer=args.tokenizer)
+                              image_text=image_text)
     sizes = f"at {done.size[0]}x{done.size[1]}" if done.size else "each at its own aspect ratio"
     print(f"analysed {done.images} images {sizes}: {len(done.analysis.figures)} figures, report "
           f"{done.analysis.out / REPORT_FILE}")

@@ -40,22 +40,20 @@ def analyze_checkpoint(checkpoint: str, out: str | Path, *, images: Sequence[str
                        mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                        resize: str = "crop", max_patches: int | None = None, device: str | None = None,
                        precision: str = "fp32", overrides: dict[str, Any] | None = None, adapter: str | None = None,
-                       texts: Sequence[str] = (), tokenizer: str | Path | None = None,
-                       **options: Any) -> CheckpointAnalysis:
+                       texts: Sequence[str] = (), image_text: Any = None, **options: Any) -> CheckpointAnalysis:
     """Attention rollout, mean attention distance, position-embedding similarity and filter PCA of
     ``checkpoint`` (with ``overrides`` and the adapter folder ``adapter``, on ``device`` in ``precision``)
     written into ``out`` with an HTML page, on the image files ``images`` name, or ``num_images`` drawn with
     ``seed`` from ``dataset``'s test split, or scikit-learn's two sample photos. The images are brought to
     ``image_size`` (default: the checkpoint's) by ``resize``, or with ``max_patches`` each to its own aspect ratio,
     and normalised by ``mean``/``std`` (one value or one per channel; default: the checkpoint's). ``texts``: prompts
-    whose text-conditioned maps are drawn too, each embedded (verbatim) by the text tower of the image-text
-    ``checkpoint`` (``vitkit.load_clip``; ``tokenizer``: a folder of tokenizer files the checkpoint lacks).
+    whose text-conditioned maps are drawn too, each embedded (verbatim) by the text tower of ``image_text``, the
+    checkpoint read as an image-text model (``vitkit.load_clip``), whose image tower is the one analysed.
     ``options`` go to ``analysis.report.analyze`` (batch_size, head_fusion, discard_ratio, readout, overlays,
     filters)."""
     check_model_memory(checkpoint, overrides, device, precision, adapter=adapter, command="vitkit analyze")
     if texts:
-        model, embedded, device, dtype = image_text_tower(checkpoint, texts, tokenizer, overrides, device, precision,
-                                                          adapter)
+        model, embedded, device, dtype = image_text_tower(image_text, texts, device, precision, adapter)
         options.update(prompts=list(texts), text_embeddings=embedded)
     else:
         model, device, dtype = load_on_device(checkpoint, overrides, device, precision, adapter=adapter)
@@ -72,17 +70,15 @@ def analyze_checkpoint(checkpoint: str, out: str | Path, *, images: Sequence[str
     return CheckpointAnalysis(result, len(prepared), size)
 
 
-def image_text_tower(checkpoint: str, texts: Sequence[str], tokenizer: str | Path | None,
-                     overrides: dict[str, Any] | None, device: str | None, precision: str, adapter: str | None
+def image_text_tower(model: Any, texts: Sequence[str], device: str | None, precision: str, adapter: str | None
                      ) -> tuple[torch.nn.Module, torch.Tensor, torch.device, torch.dtype]:
-    """The image tower of the image-text ``checkpoint`` on ``device``, the (K, E) embeddings of ``texts`` by its
-    text tower (in float32), the device and the dtype ``precision`` computes in there."""
-    from ..text import load_clip
-
+    """The image tower of the image-text ``model`` (``vitkit.load_clip``'s) on ``device``, the (K, E) embeddings of
+    ``texts`` by its text tower (in float32), the device and the dtype ``precision`` computes in there."""
     if adapter is not None:
         raise ConfigError("--text and --adapter: an adapter trained on the image tower alone leaves the space its "
                           "text tower embeds into; draw text-conditioned maps of the checkpoint itself")
-    model = load_clip(checkpoint, tokenizer, **(overrides or {}))
+    if model is None:
+        raise ConfigError("texts to map need the checkpoint read as an image-text model: image_text=load_clip(...)")
     with torch.no_grad():
         embedded = model.encode_text(list(texts)).float()
     chosen = select_device(device)
