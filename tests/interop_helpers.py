@@ -74,3 +74,21 @@ def assert_timms_outputs(model, theirs, x):
                                    theirs.forward_head(features, pre_logits=True), atol=1e-5, rtol=0)
         torch.testing.assert_close(model(x), theirs(x), atol=1e-5, rtol=0)
     return features
+
+
+def exported_runtimes(model, folder, tolerance=1e-4) -> list:
+    """``model`` exported to ONNX (and OpenVINO where installed) in ``folder``, each export's own check within
+    ``tolerance``; the runtimes that run the files."""
+    import importlib.util
+
+    from vitkit.checkpoints import export
+    from vitkit.checkpoints.onnx import OnnxModel
+
+    assert export(model, folder / "m.onnx", "onnx").max_difference <= tolerance
+    runs = [OnnxModel(folder / "m.onnx")]
+    if importlib.util.find_spec("openvino"):
+        from vitkit.checkpoints.openvino import OpenVinoModel
+
+        assert export(model, folder / "m.xml", "openvino").max_difference <= tolerance
+        runs.append(OpenVinoModel(folder / "m.xml"))
+    return runs

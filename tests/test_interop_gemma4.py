@@ -4,12 +4,11 @@ transformers' last block) within 1e-4, the soft tokens, pooled outputs and logit
 non-square one and as NaFlex batches; timm's parameter counts of each named definition; timm written back; what is
 not read refused in one line."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
-from interop_helpers import randomised
+from interop_helpers import exported_runtimes, randomised
 from safetensors.torch import save_file
 
 import vitkit
@@ -302,19 +301,9 @@ def test_onnx_and_openvino_give_pytorchs_soft_tokens_and_logits_at_any_size(tmp_
     pytest.importorskip("onnxruntime")
     from timm.models._hub import save_for_hf
 
-    from vitkit.checkpoints import export
-    from vitkit.checkpoints.onnx import OnnxModel
-
     save_for_hf(timm_peer(architecture, num_classes=5), str(tmp_path / "hub"), safe_serialization=True)
     model = vitkit.load(tmp_path / "hub")
-    assert export(model, tmp_path / "m.onnx", "onnx").max_difference <= 1e-4
-    runs = [OnnxModel(tmp_path / "m.onnx")]
-    if importlib.util.find_spec("openvino"):
-        from vitkit.checkpoints.openvino import OpenVinoModel
-
-        assert export(model, tmp_path / "m.xml", "openvino").max_difference <= 1e-4
-        runs.append(OpenVinoModel(tmp_path / "m.xml"))
-    for run in runs:
+    for run in exported_runtimes(model, tmp_path):
         for batch, size in ((1, (32, 32)), (3, (16, 48)), (2, (48, 16))):
             images = torch.rand(batch, 3, *size)
             with torch.no_grad():

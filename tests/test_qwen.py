@@ -4,11 +4,10 @@ native size, at a non-square one and as NaFlex and packed batches; written back 
 transformers' Qwen2.5-VL tower on its own image processor's packed patches of two images of different sizes (the
 last block's rows and the merger's tokens); bad input refused in one line."""
 
-import importlib.util
 
 import pytest
 import torch
-from interop_helpers import randomised
+from interop_helpers import exported_runtimes, randomised
 from safetensors.torch import load_file, save_file
 
 import vitkit
@@ -315,19 +314,11 @@ def test_a_packed_batch_whose_grids_miss_its_patches_is_refused(tmp_path):
 def test_qwen2_5_vl_onnx_and_openvino_give_pytorchs_merger_tokens_at_any_size_and_timm_refuses_it(tmp_path):
     pytest.importorskip("onnxruntime")
     from vitkit.checkpoints import export
-    from vitkit.checkpoints.onnx import OnnxModel
     from vitkit.errors import FormatError
 
     hf_tower().save_pretrained(tmp_path / "hf")
     model = vitkit.load(tmp_path / "hf", image_size=64)
-    assert export(model, tmp_path / "m.onnx", "onnx").max_difference <= 1e-4
-    runs = [OnnxModel(tmp_path / "m.onnx")]
-    if importlib.util.find_spec("openvino"):
-        from vitkit.checkpoints.openvino import OpenVinoModel
-
-        assert export(model, tmp_path / "m.xml", "openvino").max_difference <= 1e-4
-        runs.append(OpenVinoModel(tmp_path / "m.xml"))
-    for run in runs:
+    for run in exported_runtimes(model, tmp_path):
         for size in ((64, 64), (48, 80), (96, 32)):  # windows of 4 x 4 patches whole and cut
             images = torch.rand(2, 3, *size)
             with torch.no_grad():
