@@ -6,6 +6,7 @@ model asked for independent labels, the sigmoid of that plus ``logit_bias`` (wha
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ..paths import read_text, reason
 from ..runtime import autocast
 from .clip import ImageTextModel
 
+logger = logging.getLogger(__name__)
 TEMPLATE_SETS = ("openai", "simple")
 SLOT = "{}"
 # clip-benchmark's keys of its English class names and templates for the tasks vitkit names (the suite's, VTAB-1k's
@@ -59,13 +61,13 @@ def benchmark_prompts(task: str, count: int) -> tuple[list[str] | None, list[str
     evaluation prompts them: (names, templates), names None where it has none or not ``count`` of them, both None
     for a task it does not know or where clip-benchmark is not installed (``vitkit[text]``)."""
     keys = BENCHMARK.get(task)
+    if keys is None:
+        return None, None
     try:
         from importlib.resources import files
 
         folder = files("clip_benchmark") / "datasets"
     except ModuleNotFoundError:
-        return None, None
-    if keys is None:
         return None, None
     names_key, templates_key = keys
     names = json.loads((folder / "en_classnames.json").read_text(encoding="utf-8")).get(names_key) if names_key \
@@ -227,6 +229,9 @@ def zeroshot_dataset(model: ImageTextModel, dataset: str, split: str | None = No
                "templates": "given" if templates is not None else "clip-benchmark" if benchmark_templates
                else "openai"}
     templates = templates if templates is not None else benchmark_templates  # None: the OpenAI set
+    if "clip-benchmark" in prompts.values():  # a default the user did not spell out: said
+        logger.info(f"{dataset}: prompted as clip-benchmark prompts {task} (class names: {prompts['class_names']}, "
+                    f"templates: {prompts['templates']}); --classes and --templates override")
     names = check_classes(classes if classes is not None else benchmark_names or data.classes)
     if len(names) != len(data.classes):
         raise ConfigError(f"{len(names)} class names for the {len(data.classes)} classes of {dataset}")

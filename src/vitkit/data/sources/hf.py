@@ -231,23 +231,17 @@ def decode_row(root: Path, task: str, classes: int, shard: Shard, key: str,
     return read_image(image_source(root, image, where), where), target
 
 
-def row_count(path: str) -> ShardIndex:
-    """A dense file's rows, counted without reading them (parquet's metadata; an arrow file's batches, mapped)."""
-    with named_errors(Path(path)):
-        table = open_table(Path(path))
-        task = TARGET_COLUMNS[target_column(Path(path), schema_of(table))]
-        rows = table.metadata.num_rows if hasattr(table, "metadata") and table.metadata is not None \
-            else sum(len(batch) for batch in table)
-    return ShardIndex(np.zeros(rows, dtype=np.int64), task=task)
-
-
 def label_index(path: str) -> ShardIndex:
     """A file's rows and their labels, from its label column alone (null labels are missing ones); a dense file's
-    rows (``row_count``)."""
+    rows, counted without reading them (parquet's metadata; an arrow file's batches, mapped)."""
     labels, missing, problems, rows = [], [], {}, 0
     with named_errors(Path(path)) as pa:
-        if target_column(Path(path), schema_of(open_table(Path(path)))) != "label":
-            return row_count(path)
+        table = open_table(Path(path))
+        column = target_column(Path(path), schema_of(table))
+        if column != "label":
+            count = table.metadata.num_rows if hasattr(table, "metadata") and table.metadata is not None \
+                else sum(len(batch) for batch in table)
+            return ShardIndex(np.zeros(count, dtype=np.int64), task=TARGET_COLUMNS[column])
         import pyarrow.compute as pc
         for batch in batches(Path(path), ("label",)):
             column = batch.column("label")
