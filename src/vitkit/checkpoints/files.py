@@ -72,6 +72,7 @@ FIELD_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "fraction": (lambda value: is_real(value) and 0 <= value < 1, "a number in [0, 1)"),
     "positive": (lambda value: is_real(value) and value > 0, "a positive number"),
     "flag": (lambda value: isinstance(value, bool), "true or false"),
+    "text": (lambda value: isinstance(value, str) and value != "", "a non-empty string"),
 }
 
 

@@ -100,39 +100,44 @@ def is_timm_config(config_json: dict[str, Any] | None) -> bool:
 def read_timm_directory(directory: Path, hub: dict[str, Any], overrides: dict[str, Any]
                         ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """A timm hub directory whose ``config.json`` the caller has parsed into ``hub``."""
+    weights = hub_weights_file(directory, "a timm")
+    config, state = read_timm_hub_state(read_weights(weights), hub, overrides, weights, directory / HUB_CONFIG)
+    return config.replace(provenance=config.provenance.replace(source=str(directory))), state
+
+
+def read_timm_hub_state(state: dict[str, torch.Tensor], hub: dict[str, Any], overrides: dict[str, Any],
+                        weights: Path, config_file: Path) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """The timm model ``state`` (read from ``weights``) under the settings ``hub`` of a timm hub config (what
+    ``config_file`` holds: ``architecture``, ``pretrained_cfg``, ``model_args``, ``global_pool``...)."""
     for key in ("pretrained_cfg", "model_args"):
         if not isinstance(hub.get(key, {}), dict):
-            raise CheckpointError(f"{directory / HUB_CONFIG}: {key}={abridged(hub[key])}; expected a JSON object")
-    check_fields(hub.get("model_args", {}), {"num_heads": "count"}, directory / HUB_CONFIG, within="model_args.")
-    weights = hub_weights_file(directory, "a timm")
-    if is_gemma4_architecture(str(hub["architecture"])):  # its own pooling (soft tokens) and layout
-        config, state = read_timm_gemma4_directory(read_weights(weights), hub, overrides, weights)
-        return config.replace(provenance=config.provenance.replace(source=str(directory))), state
-    if is_qwen3_architecture(str(hub["architecture"])):  # its table, rope and merger are the architecture's
-        config, state = read_timm_qwen3_directory(read_weights(weights), hub, overrides, weights)
-        return config.replace(provenance=config.provenance.replace(source=str(directory))), state
+            raise CheckpointError(f"{config_file}: {key}={abridged(hub[key])}; expected a JSON object")
+    check_fields(hub.get("model_args", {}), {"num_heads": "count"}, config_file, within="model_args.")
+    architecture = str(hub["architecture"])
+    if is_gemma4_architecture(architecture):  # its own pooling (soft tokens) and layout
+        return read_timm_gemma4_directory(state, hub, overrides, weights)
+    if is_qwen3_architecture(architecture):  # its table, rope and merger are the architecture's
+        return read_timm_qwen3_directory(state, hub, overrides, weights)
     pool = hub.get("global_pool", "token")
     if pool not in ("token", "avg", "map"):
-        raise CheckpointError(f"{directory / HUB_CONFIG}: global_pool={pool!r}; vitkit pools the [class] token "
+        raise CheckpointError(f"{config_file}: global_pool={pool!r}; vitkit pools the [class] token "
                               f"('token'), the mean of the patches ('avg') or by attention ('map')")
-    state = read_weights(weights)
-    family = family_of_architecture(str(hub["architecture"]))
+    family = family_of_architecture(architecture)
     if family is not None:  # read by what the architecture's definition says, not by its keys
         config, state = read_timm_hub_family(state, hub, *family, overrides, weights)
     else:
-        told = architecture_numerics(str(hub["architecture"]))
+        told = architecture_numerics(architecture)
         if pool == "avg":
             told["pool"] = "gap"
         if "num_heads" in hub.get("model_args", {}):
             told["num_heads"] = hub["model_args"]["num_heads"]
-        refuse_unsupported(state, str(weights))  # a bare state dict is checked by vitkit.load, before its layout is told
+        refuse_unsupported(state, str(weights))  # bare state dicts are checked by vitkit.load, before their layout
         config, state = from_timm(state, {**told, **overrides}, str(weights))
     pretrained = hub["pretrained_cfg"]
-    family = known_normalization(pretrained.get("mean"), pretrained.get("std"), directory / HUB_CONFIG,
+    family = known_normalization(pretrained.get("mean"), pretrained.get("std"), config_file,
                                  config.in_chans, ("pretrained_cfg.mean", "pretrained_cfg.std"))
-    provenance = config.provenance.replace(source=str(directory), normalization=family,
-                                           crop_pct=hub_crop_pct(pretrained, directory / HUB_CONFIG),
-                                           name=config.provenance.name or str(hub["architecture"]))
+    provenance = config.provenance.replace(normalization=family, crop_pct=hub_crop_pct(pretrained, config_file),
+                                           name=config.provenance.name or architecture)
     return config.replace(provenance=provenance), state
 
 

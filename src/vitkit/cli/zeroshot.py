@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     zeroshot = sub.add_parser("zeroshot", help="classify images by class names with CLIP or SigLIP")
     zeroshot.add_argument("checkpoint", metavar="CHECKPOINT",
                           help="an HF CLIPModel, MetaClip2Model, SiglipModel or Siglip2Model directory, or an "
-                               "open_clip hub directory of CLIP (or hf-hub:ORG/NAME of one)")
+                               "open_clip hub directory: CLIP, SigLIP, SigLIP 2, PE-core, MetaCLIP 2 (or "
+                               "hf-hub:ORG/NAME of one)")
     override_flags(zeroshot, help="image tower config override, as vitkit predict takes it (repeatable)")
     inputs = zeroshot.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--images", nargs="+", metavar="IMAGE",

@@ -26,7 +26,7 @@ from .tokenize import SENTENCEPIECE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, Toke
 TEXT_FILES = (HUB_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG, SENTENCEPIECE_FILE,
               "special_tokens_map.json")
 TEXT_FAMILIES = ("HF transformers' CLIPModel, MetaClip2Model, SiglipModel and Siglip2Model directories, open_clip "
-                 "hub directories of CLIP")
+                 "hub directories (CLIP, SigLIP, SigLIP 2, PE-core, MetaCLIP 2)")
 
 
 class NoTextTower(ConfigError, CheckpointError):
@@ -69,7 +69,7 @@ class ImageTextModel(nn.Module):
 
 def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **overrides: Any) -> ImageTextModel:
     """The image-text model of ``checkpoint``: an HF ``CLIPModel``, ``MetaClip2Model``, ``SiglipModel`` or
-    ``Siglip2Model`` directory, or an open_clip hub directory of CLIP (or ``hf-hub:ORG/NAME`` of one), in eval mode.
+    ``Siglip2Model`` directory, or an open_clip hub directory (or ``hf-hub:ORG/NAME`` of one), in eval mode.
     ``tokenizer``: a folder holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold
     them; ``overrides`` go to the image tower as in ``vitkit.load``. A checkpoint without a text tower is a
     ``CheckpointError`` naming it."""

@@ -1,6 +1,7 @@
 """Readers of the text towers beside the image towers vitkit reads: HF transformers' ``CLIPModel``,
-``MetaClip2Model``, ``SiglipModel`` and ``Siglip2Model`` directories, and open_clip hub directories of CLIP
-(``open_clip_config.json`` + weights).
+``MetaClip2Model``, ``SiglipModel`` and ``Siglip2Model`` directories, and open_clip hub directories
+(``open_clip_config.json`` + weights: CLIP, and the SigLIP, SigLIP 2, PE-core and MetaCLIP 2 configs, whose text
+towers are open_clip's own ``TextTransformer`` under the settings of ``text_cfg``).
 
 Each gives the tower's :class:`TextConfig`, its weights under :class:`TextTransformer`'s names, the stored
 ``logit_scale`` (the log of the scale, as both libraries keep it) and SigLIP's ``logit_bias`` (None for CLIP).
@@ -64,8 +65,11 @@ OPEN_CLIP_NAMES = Names([
 # open_clip text_cfg fields that make a tower other than the one TextTransformer computes, with the values it does.
 PLAIN_TEXT = dict(hf_model_name=None, embed_cls=False, final_ln_after_pool=False, proj_type="linear", qk_norm=False,
                   block_type=None, scaled_cosine_attn=False, scale_heads=False, scale_attn_inner=False,
-                  scale_attn=False, scale_fc=False, act_kwargs=None, use_pad_mask=False)
+                  scale_attn=False, scale_fc=False, use_pad_mask=False)
 OPEN_CLIP_POOLS = {"argmax": "argmax", "eos": "eos", "last": "last"}
+APPROXIMATE_GELUS = {"none": "exact", "tanh": "tanh"}  # text_cfg.act_kwargs.approximate -> TextConfig.gelu
+# open_clip's HFTokenizer options vitkit follows: the cleaning of the text before the HF tokenizer.
+HF_TOKENIZER_OPTIONS = {"clean": ("whitespace", "lower", "canonicalize"), "strip_sep_token": (False,)}
 
 
 @dataclass
@@ -117,8 +121,9 @@ def read_hf_text(directory: Path, hf: dict[str, Any]) -> TextTower:
 
 
 def read_open_clip_text(directory: Path, hub: dict[str, Any]) -> TextTower:
-    """The text tower of an open_clip hub directory of CLIP, whose ``open_clip_config.json`` is ``hub`` (its image
-    tower read by ``checkpoints.open_clip``)."""
+    """The text tower of an open_clip hub directory whose ``open_clip_config.json`` is ``hub`` (its image tower
+    read by ``checkpoints.open_clip``), and its tokenizer: open_clip's CLIP BPE, or the folder's HF tokenizer
+    where ``hf_tokenizer_name`` names one."""
     path = directory / HUB_CONFIG
     model = (hub or {}).get("model_cfg")
     text = model.get("text_cfg") if isinstance(model, dict) else None
@@ -129,9 +134,16 @@ def read_open_clip_text(directory: Path, hub: dict[str, Any]) -> TextTower:
              if text.get(key, plain) != plain]
     if text.get("pool_type", "argmax") not in OPEN_CLIP_POOLS:
         other.append(f"text_cfg.pool_type={abridged(text['pool_type'])}")
-    if text.get("hf_tokenizer_name"):
-        other.append(f"text_cfg.hf_tokenizer_name={abridged(text['hf_tokenizer_name'])} (an HF tokenizer in an "
-                     f"open_clip folder is not read yet)")
+    options = dict(text.get("tokenizer_kwargs") or {})
+    hf_tokenizer = text.get("hf_tokenizer_name")
+    if hf_tokenizer:  # open_clip's HFTokenizer: the text cleaned as ``clean`` says, then the folder's tokenizer.json
+        other += [f"text_cfg.tokenizer_kwargs.{key}={abridged(value)}" for key, value in options.items()
+                  if key not in HF_TOKENIZER_OPTIONS or value not in HF_TOKENIZER_OPTIONS[key]]
+        if text.get("tokenizer_mode"):
+            other.append(f"text_cfg.tokenizer_mode={abridged(text['tokenizer_mode'])}")
+    act = text.get("act_kwargs") or {}
+    if set(act) - {"approximate"} or act.get("approximate", "none") not in APPROXIMATE_GELUS:
+        other.append(f"text_cfg.act_kwargs={abridged(act)}")
     if other:
         raise CheckpointError(f"{path}: {', '.join(other)}: not the CLIP text tower vitkit reads")
     weights = hub_weights_file(directory, "an open_clip", HUB_WEIGHTS)
@@ -146,17 +158,21 @@ def read_open_clip_text(directory: Path, hub: dict[str, Any]) -> TextTower:
         state["proj.weight"] = state["proj.weight"].t().contiguous()
     pool = OPEN_CLIP_POOLS[text.get("pool_type", "argmax")]
     norm_eps = (text.get("norm_kwargs") or {}).get("eps", 1e-5)
-    config = _shaped_config(state, weights, num_heads=text.get("heads", 8),
-                            gelu="quick" if model.get("quick_gelu") else "exact", ln_eps=norm_eps,
+    gelu = "quick" if model.get("quick_gelu") else APPROXIMATE_GELUS[act.get("approximate", "none")]
+    config = _shaped_config(state, weights, num_heads=text.get("heads", 8), gelu=gelu, ln_eps=norm_eps,
                             causal=not text.get("no_causal_mask", False), pool=pool,
                             eos_token_id=text.get("eos_id", 2) if pool == "eos" else None,
                             layer_scale=text.get("ls_init_value"))
     scale = whole.get("logit_scale")
     if scale is None:
         raise CheckpointError(f"{weights}: no logit_scale; expected a whole open_clip model")
+    if hf_tokenizer:
+        tokenizer = dict(kind="hf", family="open_clip", directory=directory, context_length=config.context_length,
+                         name=hf_tokenizer, clean=options.get("clean", "whitespace"))
+    else:
+        tokenizer = dict(kind="open_clip", context_length=config.context_length, options=options)
     return TextTower(config, state, scale.reshape(()).float(), _bias(whole.get("logit_bias")), "open_clip",
-                     dict(kind="open_clip", context_length=config.context_length,
-                          options=dict(text.get("tokenizer_kwargs") or {})))
+                     tokenizer)
 
 
 def _shaped_config(state: dict[str, torch.Tensor], source: Path, **settings: Any) -> TextConfig:

@@ -1,6 +1,6 @@
 """Tokenizers of image-text checkpoints, built from the checkpoint's own files with the libraries that define them:
 HF ``tokenizers`` for an HF directory's ``tokenizer.json``, ``sentencepiece`` for SigLIP's ``spiece.model``,
-open_clip's CLIP BPE for an open_clip directory.
+open_clip's CLIP BPE for an open_clip directory that names no HF tokenizer.
 
 A tokenizer turns a list of strings into a (B, T) tensor of token ids as the family's own processor does:
 - the context length is the checkpoint's (its position table), never a constant; longer texts are cut as the peer
@@ -8,11 +8,16 @@ A tokenizer turns a list of strings into a (B, T) tensor of token ids as the fam
   end-of-text token), and the first time it happens a warning says so;
 - HF CLIP and MetaCLIP 2 pad with the tokenizer's pad token to the longest text (their causal mask keeps padding
   out of the end-of-text state, so any padding gives the same embedding); SigLIP and SigLIP 2 pad to the full
-  context, as they were trained, on the side ``tokenizer_config.json`` names;
+  context, as they were trained, on the side ``tokenizer_config.json`` names (else the side its
+  ``tokenizer_class`` pads on in transformers: the left for Gemma's);
 - SigLIP 2: transformers' ``Siglip2Tokenizer`` lower-cases before the Gemma tokenizer its ``tokenizer.json``
   holds (which does not), since the model was trained on lower-cased text: so does vitkit;
 - ``add_bos_token`` / ``add_eos_token`` in ``tokenizer_config.json`` set the special tokens as transformers
-  sets them; otherwise those of ``tokenizer.json``'s post-processor.
+  sets them; otherwise those of ``tokenizer.json``'s post-processor;
+- an open_clip folder naming an HF tokenizer (``hf_tokenizer_name``: SigLIP, SigLIP 2, MetaCLIP 2) is tokenized
+  as open_clip's ``HFTokenizer`` does: the text cleaned first by open_clip's own ``clean`` function
+  (``canonicalize`` lower-cases and drops punctuation), then the folder's ``tokenizer.json``, padded to the full
+  context with its pad token.
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "spiece.model"  # SigLIP's
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # HF family -> (its tokenizer class's pad token and padding side, where tokenizer_config.json says neither).
-HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "metaclip_2": ("<pad>", "right"), "siglip2": ("<pad>", "left")}
+HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "metaclip_2": ("<pad>", "right"), "siglip2": ("<pad>", "left"),
+               "open_clip": (None, "right")}
+# transformers' tokenizer classes that pad on the left where tokenizer_config.json names no padding_side.
+LEFT_PADDED = frozenset({"GemmaTokenizer", "Siglip2Tokenizer", "LlamaTokenizer", "CodeLlamaTokenizer",
+                         "CohereTokenizer", "XLNetTokenizer"})
+FULL_PADDING = ("siglip2", "open_clip")  # the families padded to the whole context (the causal ones need not be)
 
 
 class MissingTokenizer(ConfigError, CheckpointError):
@@ -69,7 +79,7 @@ class HFTokenizer(Tokenizer):
     """An HF ``tokenizer.json`` (with ``tokenizer_config.json`` beside it) run by the ``tokenizers`` library, with
     the rules of the family's transformers tokenizer (see the module's docstring)."""
 
-    def __init__(self, file: Path, family: str, context_length: int):
+    def __init__(self, file: Path, family: str, context_length: int, clean: str | None = None):
         super().__init__(context_length, str(file.parent))
         try:
             from tokenizers import Tokenizer as Backend
@@ -85,6 +95,9 @@ class HFTokenizer(Tokenizer):
         settings = read_json_object(file.parent / TOKENIZER_CONFIG) or {}
         pad, side = HF_DEFAULTS[family]
         pad = _token(settings.get("pad_token")) or pad
+        if pad is None:
+            raise CheckpointError(f"{file.parent / TOKENIZER_CONFIG}: no pad_token; the texts are padded to "
+                                  f"{context_length} tokens with it")
         if family == "siglip2":
             steps = [normalizers.Lowercase()] + ([backend.normalizer] if backend.normalizer is not None else [])
             backend.normalizer = normalizers.Sequence(steps)
@@ -96,10 +109,13 @@ class HFTokenizer(Tokenizer):
             specials = [(token, self._id(backend, token, file)) for token in (bos, eos) if token]
             backend.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
         backend.enable_truncation(max_length=context_length, direction=settings.get("truncation_side", "right"))
-        full = family == "siglip2"  # the causal families' padding cannot reach their end token
+        full = family in FULL_PADDING
+        if str(settings.get("tokenizer_class", "")).removesuffix("Fast") in LEFT_PADDED:
+            side = "left"
         backend.enable_padding(direction=settings.get("padding_side", side), pad_id=self._id(backend, pad, file),
                                pad_token=pad, length=context_length if full else None)
         self.backend = backend
+        self.clean = None if clean is None else _open_clip_cleaning(clean)
 
     @staticmethod
     def _id(backend, token: str, file: Path) -> int:
@@ -109,7 +125,7 @@ class HFTokenizer(Tokenizer):
         return found
 
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, list[str]]:
-        encodings = self.backend.encode_batch(texts)
+        encodings = self.backend.encode_batch(texts if self.clean is None else [self.clean(text) for text in texts])
         cut = [text for text, encoding in zip(texts, encodings) if encoding.overflowing]
         return torch.tensor([encoding.ids for encoding in encodings], dtype=torch.long), cut
 
@@ -203,7 +219,17 @@ def tokenizer_for(spec: dict[str, Any], tokenizer: str | Path | None = None) -> 
                                f"the checkpoint's {name}{fetch}")
     if family == "siglip":
         return SentencePieceTokenizer(file, context)
-    return HFTokenizer(file, family, context)
+    return HFTokenizer(file, family, context, spec.get("clean"))
+
+
+def _open_clip_cleaning(clean: str):
+    """open_clip's text cleaning ``clean`` (its ``tokenizer_kwargs``), as its HFTokenizer applies it."""
+    try:
+        from open_clip.tokenizer import get_clean_fn
+    except ImportError:
+        raise ImportError("open_clip folders' texts are cleaned by open_clip's own functions: pip install "
+                          "'vitkit[text]' (open_clip_torch)") from None
+    return get_clean_fn(clean)
 
 
 def _token(value: Any) -> str | None:
