@@ -281,7 +281,7 @@ def peer_probabilities(peer_model, tokenize, encode_image, images, classes, temp
 
 
 def check_cli(records, paths, classes, expected):
-    assert [record["image"] for record in records] == [str(path) for path in paths]
+    assert [record["path"] for record in records] == [record["image"] for record in records] == list(map(str, paths))
     for record, row in zip(records, expected):
         assert len(record["top_k"]) == 2
         for entry in record["top_k"]:

@@ -127,9 +127,10 @@ def check_feature_request(checkpoint: str | Path, features: str | Path | None) -
 
 
 def prediction_record(prediction: Prediction) -> dict:
-    """One image's entry of ``vitkit predict --json``: its file, the top classes with their probabilities, and the
-    shape of its dense features where they were asked for."""
-    record = {"image": str(prediction.path),
+    """One image's entry of ``vitkit predict --json`` (and ``vitkit zeroshot --json``): its file (``path``, and
+    the same under ``image``), the top classes with their probabilities, and the shape of its dense features where
+    they were asked for."""
+    record = {"path": str(prediction.path), "image": str(prediction.path),
               "top_k": [{"label": label, "probability": round(p, 6)}
                         for label, p in zip(prediction.labels, prediction.probabilities)]}
     if prediction.features is not None:
