@@ -160,6 +160,25 @@ def test_metaclip2_shape_clip_tower_with_an_hf_tokenizer_pooling_its_end_token(t
     assert model.text.config.pool == "eos" and model.text.config.eos_token_id == 1
 
 
+def test_an_open_clip_siglip_saved_with_transformers_sentencepiece_tokenizer(tmp_path):
+    """An open_clip SigLIP whose tokenizer is transformers' SiglipTokenizer (a lone spiece.model, no tokenizer.json):
+    open_clip's cleaning, then SigLIP's canonicalisation, end token and padding."""
+    t5_tokenizer(tmp_path / "t5")
+    transformers.SiglipTokenizer(str(tmp_path / "t5" / "tiny.model")).save_pretrained(tmp_path / "spm")
+    config = dict(embed_dim=192, init_logit_bias=-10, custom_text=True,  # the trunk's width: no projection
+                  vision_cfg=dict(image_size=224, timm_model_name="vit_tiny_patch16_224", timm_pool="map",
+                                  timm_proj="none"),
+                  text_cfg=dict(SIGLIP_TEXT, context_length=16, vocab_size=32, hf_tokenizer_name="timm/ViT-B-16-SigLIP"))
+    peer = perturbed(built(config))
+    folder = saved(peer, config, tmp_path / "hub", tmp_path / "spm")
+    assert (folder / "spiece.model").is_file() and not (folder / "tokenizer.json").exists()
+    check_towers(peer, open_clip.get_tokenizer(f"local-dir:{folder}"), folder, 224)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(settings, tokenizer_class="AlbertTokenizer")))
+    with pytest.raises(vitkit.CheckpointError, match="tokenizer_class='AlbertTokenizer' with no tokenizer.json"):
+        vitkit.load_clip(folder)
+
+
 def test_a_linear_projection_after_timm_pooling(tmp_path):
     """``timm_proj='linear'`` (open_clip's own projection, bias-free by default) after the trunk's average pool."""
     config = dict(embed_dim=24, vision_cfg=dict(image_size=224, timm_model_name="vit_tiny_patch16_224",

@@ -134,9 +134,10 @@ class SentencePieceTokenizer(Tokenizer):
     """SigLIP's ``spiece.model`` run by ``sentencepiece`` with the rules of transformers' ``SiglipTokenizer``: the
     text canonicalised first (lower-cased unless ``do_lower_case`` is false, ASCII punctuation removed, runs of
     whitespace made one space), the end-of-sequence token appended (the words cut to leave it room), padded to the
-    full context with the pad token (``</s>``, the end-of-sequence token itself)."""
+    full context with the pad token (``</s>``, the end-of-sequence token itself). ``clean``: open_clip's cleaning
+    before all that, in an open_clip folder."""
 
-    def __init__(self, file: Path, context_length: int):
+    def __init__(self, file: Path, context_length: int, clean: str | None = None):
         super().__init__(context_length, str(file.parent))
         try:
             import sentencepiece
@@ -148,6 +149,11 @@ class SentencePieceTokenizer(Tokenizer):
         except (OSError, RuntimeError) as error:
             raise CheckpointError(f"{file}: not a SentencePiece model ({str(error).splitlines()[0]})") from None
         settings = read_json_object(file.parent / TOKENIZER_CONFIG) or {}
+        kind = settings.get("tokenizer_class", "SiglipTokenizer")
+        if kind != "SiglipTokenizer":
+            raise CheckpointError(f"{file.parent / TOKENIZER_CONFIG}: tokenizer_class={abridged(kind)} with no "
+                                  f"{TOKENIZER_FILE}; vitkit reads a lone {SENTENCEPIECE_FILE} as SiglipTokenizer's")
+        self.clean = None if clean is None else _open_clip_cleaning(clean)
         self.lower = settings.get("do_lower_case", True) is not False
         self.eos, self.pad = (self._id(_token(settings.get(name)) or "</s>", file)
                               for name in ("eos_token", "pad_token"))
@@ -167,7 +173,8 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, list[str]]:
         room = self.context_length - 1
-        pieces = [self.model.encode(self.canonical(text)) for text in texts]
+        cleaned = texts if self.clean is None else [self.clean(text) for text in texts]
+        pieces = [self.model.encode(self.canonical(text)) for text in cleaned]
         ids = torch.full((len(texts), self.context_length), self.pad, dtype=torch.long)
         for row, words in enumerate(pieces):
             kept = words[:room] + [self.eos]
@@ -206,8 +213,9 @@ def tokenizer_for(spec: dict[str, Any], tokenizer: str | Path | None = None) -> 
             raise ConfigError(f"tokenizer={tokenizer}: an open_clip CLIP folder is tokenized by open_clip's own BPE")
         return OpenClipTokenizer(context, spec["options"], "the checkpoint")
     family = spec["family"]
-    name = SENTENCEPIECE_FILE if family == "siglip" else TOKENIZER_FILE
     where = Path(tokenizer) if tokenizer is not None else spec["directory"]
+    name = SENTENCEPIECE_FILE if family == "siglip" or family == "open_clip" and _sentencepiece_only(where) \
+        else TOKENIZER_FILE
     file = where if where.is_file() else where / name
     if tokenizer is not None and not where.exists():
         raise MissingTokenizer(f"tokenizer={where}: no such file or folder")
@@ -217,9 +225,17 @@ def tokenizer_for(spec: dict[str, Any], tokenizer: str | Path | None = None) -> 
         told = "" if tokenizer is None else "the tokenizer folder given, "
         raise MissingTokenizer(f"{told}{where}: no {name}; pass tokenizer=DIR (--tokenizer DIR), a folder holding "
                                f"the checkpoint's {name}{fetch}")
-    if family == "siglip":
-        return SentencePieceTokenizer(file, context)
+    if name == SENTENCEPIECE_FILE:
+        return SentencePieceTokenizer(file, context, spec.get("clean"))
     return HFTokenizer(file, family, context, spec.get("clean"))
+
+
+def _sentencepiece_only(where: Path) -> bool:
+    """Whether ``where`` is a SentencePiece model, or a folder holding one and no ``tokenizer.json`` (what
+    transformers' SigLIP tokenizer saves, also into an open_clip folder)."""
+    if where.is_file():
+        return where.suffix == ".model"
+    return not (where / TOKENIZER_FILE).is_file() and (where / SENTENCEPIECE_FILE).is_file()
 
 
 def _open_clip_cleaning(clean: str):
