@@ -7,8 +7,11 @@ A tokenizer turns a list of strings into a (B, T) tensor of token ids as the fam
   cuts them (HF: the words past the length go, the special tokens stay; open_clip: cut, the last id set to the
   end-of-text token), and the first time it happens a warning says so;
 - HF CLIP and MetaCLIP 2 pad with the tokenizer's pad token to the longest text (their causal mask keeps padding
-  out of the end-of-text state, so any padding gives the same embedding); SigLIP and SigLIP 2 pad to the full
-  context, as they were trained, on the side ``tokenizer_config.json`` names;
+  out of the end-of-text state, so any padding gives the same embedding); SigLIP, SigLIP 2 and TIPSv2 pad to the
+  full context, as their processors do, on the side ``tokenizer_config.json`` names (TIPSv2's tower leaves the
+  pads out of attention and of its mean, so for it the padding changes nothing either);
+- TIPSv2: its ``tokenizer.json`` lower-cases itself and adds no special tokens; its pad token must have the id
+  the text tower takes for padding (``text_config.pad_token_id``);
 - SigLIP 2: transformers' ``Siglip2Tokenizer`` lower-cases before the Gemma tokenizer its ``tokenizer.json``
   holds (which does not), since the model was trained on lower-cased text: so does vitkit;
 - ``add_bos_token`` / ``add_eos_token`` in ``tokenizer_config.json`` set the special tokens as transformers
@@ -33,7 +36,9 @@ TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "spiece.model"  # SigLIP's
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # HF family -> (its tokenizer class's pad token and padding side, where tokenizer_config.json says neither).
-HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "metaclip_2": ("<pad>", "right"), "siglip2": ("<pad>", "left")}
+HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "metaclip_2": ("<pad>", "right"), "siglip2": ("<pad>", "left"),
+               "tipsv2": ("<pad>", "right")}
+FULL_CONTEXT = ("siglip2", "tipsv2")  # the HF families padded to the full context
 
 
 class MissingTokenizer(ConfigError, CheckpointError):
@@ -69,7 +74,9 @@ class HFTokenizer(Tokenizer):
     """An HF ``tokenizer.json`` (with ``tokenizer_config.json`` beside it) run by the ``tokenizers`` library, with
     the rules of the family's transformers tokenizer (see the module's docstring)."""
 
-    def __init__(self, file: Path, family: str, context_length: int):
+    def __init__(self, file: Path, family: str, context_length: int, pad_token_id: int | None = None):
+        """``pad_token_id``: the id the text tower takes for padding, which the pad token must have, where the
+        tower reads one."""
         super().__init__(context_length, str(file.parent))
         try:
             from tokenizers import Tokenizer as Backend
@@ -96,9 +103,13 @@ class HFTokenizer(Tokenizer):
             specials = [(token, self._id(backend, token, file)) for token in (bos, eos) if token]
             backend.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
         backend.enable_truncation(max_length=context_length, direction=settings.get("truncation_side", "right"))
-        full = family == "siglip2"  # the causal families' padding cannot reach their end token
-        backend.enable_padding(direction=settings.get("padding_side", side), pad_id=self._id(backend, pad, file),
-                               pad_token=pad, length=context_length if full else None)
+        pad_id = self._id(backend, pad, file)
+        if pad_token_id is not None and pad_id != pad_token_id:
+            raise CheckpointError(f"{file}: the pad token {pad!r} has id {pad_id}; the text tower takes "
+                                  f"{pad_token_id} for padding (text_config.pad_token_id)")
+        full = family in FULL_CONTEXT  # the causal families' padding cannot reach their end token
+        backend.enable_padding(direction=settings.get("padding_side", side), pad_id=pad_id, pad_token=pad,
+                               length=context_length if full else None)
         self.backend = backend
 
     @staticmethod
@@ -203,7 +214,7 @@ def tokenizer_for(spec: dict[str, Any], tokenizer: str | Path | None = None) -> 
                                f"the checkpoint's {name}{fetch}")
     if family == "siglip":
         return SentencePieceTokenizer(file, context)
-    return HFTokenizer(file, family, context)
+    return HFTokenizer(file, family, context, spec.get("pad_token_id"))
 
 
 def _token(value: Any) -> str | None:
