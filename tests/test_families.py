@@ -31,7 +31,7 @@ TINY = dict(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=3
     ("class_token", "yes", "class_token: expected true or false, got 'yes'"),
     ("pool", "max", "pool: expected one of ['token', 'gap', 'map', 'soft', 'merge'], got 'max'"),
     ("gelu", "relu", "gelu: expected one of ['exact', 'tanh', 'quick'], got 'relu'"),
-    ("mlp", "reglu", "mlp: expected one of ['gelu', 'swiglu', 'geglu'], got 'reglu'"),
+    ("mlp", "reglu", "mlp: expected one of ['gelu', 'swiglu', 'geglu', 'relu'], got 'reglu'"),
     ("pos_interp", "cubic", "pos_interp: expected one of ['nearest', 'nearest-exact', 'bilinear', 'bicubic', "
                             "'area'], got 'cubic'"),
     ("representation_size", 0, "representation_size: expected an int >= 1, or null, got 0"),

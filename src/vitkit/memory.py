@@ -30,7 +30,7 @@ import torch
 
 from .data.slots import SLOTS
 from .errors import ConfigError
-from .models.config import ViTConfig
+from .models.config import GATED_MLPS, ViTConfig
 from .models.dense import DenseHead, dense_layers, resized
 from .models.position import make_position_embedding
 from .models.stats import config_parameters
@@ -109,7 +109,7 @@ def saved_per_token(config: ViTConfig, tokens: int) -> int:
     its activation (2 MLP), the fused attention's log-sum-exp and the norms' statistics; each option adds its own."""
     dim, hidden, heads = config.dim, config.mlp_dim, config.num_heads
     width = 9 * dim + 2 * hidden + heads + 4
-    width += 2 * hidden if config.mlp != "gelu" else 0  # the gate's activation and the product
+    width += 2 * hidden if config.mlp in GATED_MLPS else 0  # the gate's activation and the product
     # Gemma 4's options (measured with saved-tensor hooks): the branch outputs' norms, the values' norm, and the
     # clamped inputs and outputs of every dense layer.
     width += 4 * dim if config.sandwich_norm else 0

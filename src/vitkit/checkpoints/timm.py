@@ -167,7 +167,8 @@ def architecture_numerics(architecture: str) -> dict[str, Any]:
 def write_timm(model: VisionTransformer, path: str | Path) -> Path:
     """Export as a timm ``VisionTransformer`` state dict (``.safetensors``), atomically. timm holds every
     family option; like any bare state dict it does not record numerics, so CLIP's ``ln_eps=1e-5`` and
-    ``gelu='quick'`` are passed again when it is read (and to timm's constructor). The families on timm's Eva
+    ``gelu='quick'``, or ``mlp='relu'`` (timm's ``act_layer='relu'``), are passed again when it is read (and to
+    timm's constructor). The families on timm's Eva
     (rotary embeddings...) and AIMv2, and C-RADIO's cropped table (timm's NaFlexViT), are written in their layout,
     or as a hub directory naming the architecture."""
     config, path = model.config, Path(path)

@@ -1,5 +1,6 @@
 """Google's TIPSv2 in HF transformers: ``Tipsv2VisionModel`` (model_type ``tipsv2_vision_model``) and the vision
-tower of the whole ``Tipsv2Model`` (``tipsv2``, its text tower left out with a warning).
+tower of the whole ``Tipsv2Model`` (``tipsv2``, its text tower left out with a warning: ``vitkit.load_clip``
+reads both).
 
 TIPSv2 is DINOv2 with one register (TIPSv2's second class token) and LayerScale; transformers saves it in the
 layout of Google's release, which is timm's but for ``register_tokens``, the MLP's ``c_fc``/``c_proj`` (SwiGLU's
@@ -25,7 +26,8 @@ from .inference import infer_config
 from .names import Names, rename, without_text_tower
 
 MODEL_TYPES = ("tipsv2_vision_model", "tipsv2")
-TEXT_TOWER = ("text_encoder.", "temperature")
+TEXT_PREFIX, TEMPERATURE = "text_encoder.", "temperature"  # the text tower, read by vitkit.text.readers
+TEXT_TOWER = (TEXT_PREFIX, TEMPERATURE)
 NAMES = Names([
     ("register_tokens", "reg_token"),
     ("pos_embed", "pos_embed.weight"),

@@ -1,4 +1,5 @@
-"""``vitkit zeroshot``: classify images by class names with an image-text checkpoint (CLIP, SigLIP, SigLIP 2)."""
+"""``vitkit zeroshot``: classify images by class names with an image-text checkpoint (CLIP, SigLIP, SigLIP 2,
+TIPSv2)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ HELP: dict[str, tuple[str, str | None]] = {
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the command to ``sub``, the subparsers of ``vitkit``."""
-    zeroshot = sub.add_parser("zeroshot", help="classify images by class names with CLIP or SigLIP")
+    zeroshot = sub.add_parser("zeroshot", help="classify images by class names with CLIP, SigLIP or TIPSv2")
     zeroshot.add_argument("checkpoint", metavar="CHECKPOINT",
-                          help="an HF CLIPModel, MetaClip2Model, SiglipModel or Siglip2Model directory, or an "
-                               "open_clip hub directory: CLIP, SigLIP, SigLIP 2, PE-core, MetaCLIP 2 (or "
+                          help="an HF CLIPModel, MetaClip2Model, SiglipModel, Siglip2Model or Tipsv2Model directory, "
+                               "or an open_clip hub directory: CLIP, SigLIP, SigLIP 2, PE-core, MetaCLIP 2 (or "
                                "hf-hub:ORG/NAME of one)")
     override_flags(zeroshot, help="image tower config override, as vitkit predict takes it (repeatable)")
     inputs = zeroshot.add_mutually_exclusive_group(required=True)

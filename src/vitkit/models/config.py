@@ -28,7 +28,9 @@ POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "relative", "none", "learned
 GELUS = ("exact", "tanh", "quick")
 # "swiglu": fc1 yields a gate and a value of mlp_dim each, SiLU(gate) * value goes into fc2 (DINOv2-g).
 # "geglu": the same gate and value, GELU(gate) * value (Gemma 4, with the tanh GELU).
-MLPS = ("gelu", "swiglu", "geglu")
+# "relu": fc1 -> ReLU -> fc2, not gated (TIPSv2's text tower).
+MLPS = ("gelu", "swiglu", "geglu", "relu")
+GATED_MLPS = ("swiglu", "geglu")  # fc1 yields a gate and a value
 # "rms": RMSNorm, x / sqrt(mean(x^2) + eps) * weight, in place of every LayerNorm (AIMv2).
 NORMS = ("layer", "rms")
 # Rotary position embeddings on the queries and keys of the patch tokens: "axial", fixed frequencies per axis

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
-from .config import ViTConfig
+from .config import GATED_MLPS, ViTConfig
 from .naflex import PatchBatch
 from .position import RelativePositionLogits, grid_cells
 from .rotary import apply_rope
@@ -190,15 +190,16 @@ class Mlp(nn.Module):
     """Linear(D, mlp) -> GELU -> Linear(mlp, D), with dropout after each dense layer as in Google's code.
 
     Options: ``kind='swiglu'``, fc1 yields a gate and a value of width mlp each, and SiLU(gate) * value enters fc2;
-    ``kind='geglu'``, the same with GELU(gate) (Gemma 4); ``norm``, a norm on the hidden activations before fc2
-    (sub-LN); ``bias=False``, no biases; ``clamped``, clamped dense layers (Gemma 4)."""
+    ``kind='geglu'``, the same with GELU(gate) (Gemma 4); ``kind='relu'``, ReLU in place of GELU (TIPSv2's text
+    tower); ``norm``, a norm on the hidden activations before fc2 (sub-LN); ``bias=False``, no biases;
+    ``clamped``, clamped dense layers (Gemma 4)."""
 
     def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0, kind: str = "gelu",
                  norm: nn.Module | None = None, bias: bool = True, clamped: bool = False):
         super().__init__()
-        self.gated = kind != "gelu"
+        self.gated = kind in GATED_MLPS
         self.fc1 = make_linear(clamped, dim, 2 * hidden if self.gated else hidden, bias, 2 if self.gated else 1)
-        self.act = nn.SiLU() if kind == "swiglu" else make_gelu(gelu)
+        self.act = nn.SiLU() if kind == "swiglu" else nn.ReLU() if kind == "relu" else make_gelu(gelu)
         self.norm = norm if norm is not None else nn.Identity()
         self.fc2 = make_linear(clamped, hidden, dim, bias)
         self.drop = nn.Dropout(dropout)

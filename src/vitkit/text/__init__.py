@@ -1,6 +1,6 @@
-"""Text towers of image-text checkpoints (CLIP, SigLIP, SigLIP 2), their tokenizers, zero-shot classification and
-image-text retrieval: ``load_clip`` gives the image tower vitkit reads beside the text tower the same checkpoint
-holds."""
+"""Text towers of image-text checkpoints (CLIP, SigLIP, SigLIP 2, TIPSv2), their tokenizers, zero-shot
+classification and image-text retrieval: ``load_clip`` gives the image tower vitkit reads beside the text tower the
+same checkpoint holds."""
 
 from .clip import ImageTextModel, load_clip
 from .model import TextConfig, TextTransformer

@@ -19,18 +19,18 @@ from ..checkpoints.open_clip import HUB_CONFIG, is_open_clip_directory
 from ..errors import CheckpointError, ConfigError, VitkitError
 from ..models.vit import VisionTransformer
 from .model import TextTransformer
-from .readers import TextTower, read_hf_text, read_open_clip_text
+from .readers import TextTower, read_hf_text, read_open_clip_text, read_tipsv2_text
 from .tokenize import SENTENCEPIECE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, Tokenizer, tokenizer_for
 
 # What a hub repository holds of an image-text model beyond the image tower's files.
 TEXT_FILES = (HUB_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG, SENTENCEPIECE_FILE,
               "special_tokens_map.json")
-TEXT_FAMILIES = ("HF transformers' CLIPModel, MetaClip2Model, SiglipModel and Siglip2Model directories, open_clip "
-                 "hub directories (CLIP, SigLIP, SigLIP 2, PE-core, MetaCLIP 2)")
+TEXT_FAMILIES = ("HF transformers' CLIPModel, MetaClip2Model, SiglipModel, Siglip2Model and Tipsv2Model directories, "
+                 "open_clip hub directories (CLIP, SigLIP, SigLIP 2, PE-core, MetaCLIP 2)")
 
 
 class NoTextTower(ConfigError, CheckpointError):
-    """The checkpoint holds an image tower alone, or a text tower vitkit does not read (TIPSv2's, say)."""
+    """The checkpoint holds an image tower alone, or a text tower vitkit does not read."""
 
 
 class ImageTextModel(nn.Module):
@@ -39,7 +39,8 @@ class ImageTextModel(nn.Module):
     ``encode_image(images)``: (B, C, H, W) images, normalised as the checkpoint wants (``visual.config``), ->
     (B, E) embeddings; ``encode_text(texts)``: a list of strings -> (B, E) embeddings, both unnormalised as
     open_clip returns them. ``logit_scale`` is the stored log of the scale (the logits are ``exp(logit_scale)``
-    times the cosine), ``logit_bias`` SigLIP's bias (None for CLIP)."""
+    times the cosine; TIPSv2's, the cosine divided by its temperature, is -log(temperature)), ``logit_bias``
+    SigLIP's bias (None for CLIP and TIPSv2)."""
 
     def __init__(self, visual: VisionTransformer, text: TextTransformer, tokenizer: Tokenizer,
                  logit_scale: torch.Tensor, logit_bias: torch.Tensor | None, family: str, source: str):
@@ -68,8 +69,9 @@ class ImageTextModel(nn.Module):
 
 
 def load_clip(checkpoint: str | Path, tokenizer: str | Path | None = None, **overrides: Any) -> ImageTextModel:
-    """The image-text model of ``checkpoint``: an HF ``CLIPModel``, ``MetaClip2Model``, ``SiglipModel`` or
-    ``Siglip2Model`` directory, or an open_clip hub directory (or ``hf-hub:ORG/NAME`` of one), in eval mode.
+    """The image-text model of ``checkpoint``: an HF ``CLIPModel``, ``MetaClip2Model``, ``SiglipModel``,
+    ``Siglip2Model`` or ``Tipsv2Model`` directory, or an open_clip hub directory (or ``hf-hub:ORG/NAME`` of one), in
+    eval mode.
     ``tokenizer``: a folder holding the tokenizer files (``tokenizer.json``) where the checkpoint does not hold
     them; ``overrides`` go to the image tower as in ``vitkit.load``. A checkpoint without a text tower is a
     ``CheckpointError`` naming it."""
@@ -116,6 +118,8 @@ def _read_text_tower(path: Path) -> TextTower:
     hf = read_json_object(path / CONFIG_FILE) if path.is_dir() else None
     if hf is not None and hf.get("model_type") in WHOLE:
         return read_hf_text(path, hf)
+    if hf is not None and hf.get("model_type") == "tipsv2":
+        return read_tipsv2_text(path, hf)
     what = f"model_type={hf.get('model_type')!r}" if hf is not None and "model_type" in hf else \
         "a weights file, without the config its text tower needs" if path.is_file() else "an image tower"
     raise NoTextTower(f"{path}: no text tower vitkit reads ({what}); zero-shot takes a checkpoint with one: "

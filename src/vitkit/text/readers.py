@@ -1,16 +1,24 @@
 """Readers of the text towers beside the image towers vitkit reads: HF transformers' ``CLIPModel``,
-``MetaClip2Model``, ``SiglipModel`` and ``Siglip2Model`` directories, and open_clip hub directories
-(``open_clip_config.json`` + weights: CLIP, and the SigLIP, SigLIP 2, PE-core and MetaCLIP 2 configs, whose text
-towers are open_clip's own ``TextTransformer`` under the settings of ``text_cfg``).
+``MetaClip2Model``, ``SiglipModel``, ``Siglip2Model`` and ``Tipsv2Model`` directories, and open_clip hub
+directories (``open_clip_config.json`` + weights: CLIP, and the SigLIP, SigLIP 2, PE-core and MetaCLIP 2 configs,
+whose text towers are open_clip's own ``TextTransformer`` under the settings of ``text_cfg``).
 
 Each gives the tower's :class:`TextConfig`, its weights under :class:`TextTransformer`'s names, the stored
 ``logit_scale`` (the log of the scale, as both libraries keep it) and SigLIP's ``logit_bias`` (None for CLIP).
 Widths, depth, vocabulary and context length come from the weights' shapes; the head count, activation, LayerNorm
 eps and pooling rule from the config, with each family's defaults where the config leaves them out.
+
+TIPSv2 differs: its text tower (weights in the layout of Google's release, open_clip's names under
+``text_encoder.``) has fixed sinusoidal positions, so its context length is the config's
+``max_position_embeddings``; it averages the states of the text's tokens (the pad token's positions left out) and
+has no projection; its logits are the cosine divided by a ``temperature``, whose stored log scale is therefore
+-log(temperature), taken from the weights where they hold it and otherwise from ``temperature_init_value`` (the
+published checkpoints store it in the config alone).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +29,7 @@ from ..checkpoints.files import check_fields, hub_weights_file, read_weights
 from ..checkpoints.hf import CONFIG_FILE, GELUS
 from ..checkpoints.names import Names, fuse_qkv, rename
 from ..checkpoints.open_clip import HUB_CONFIG, HUB_WEIGHTS
+from ..checkpoints.tipsv2 import TEMPERATURE, TEXT_PREFIX
 from ..errors import CheckpointError, abridged
 from .model import TextConfig
 
@@ -80,7 +89,7 @@ class TextTower:
     state: dict[str, torch.Tensor]
     logit_scale: torch.Tensor
     logit_bias: torch.Tensor | None
-    family: str  # clip, siglip, siglip2 (HF) or open_clip
+    family: str  # clip, metaclip_2, siglip, siglip2, tipsv2 (HF) or open_clip
     tokenizer: dict[str, Any]  # how to tokenize: see tokenize.tokenizer_for
 
 
@@ -118,6 +127,46 @@ def read_hf_text(directory: Path, hf: dict[str, Any]) -> TextTower:
     return TextTower(config, state, scale.reshape(()).float(), _bias(whole.get("logit_bias")), family,
                      dict(kind="hf", family=family, directory=directory, context_length=config.context_length,
                           name=hf.get("_name_or_path")))
+
+
+# TIPSv2's text_config defaults (transformers' Tipsv2TextConfig) and the kinds of the fields read.
+TIPSV2_TEXT = dict(num_attention_heads=12, hidden_act="relu", layer_norm_eps=1e-5, max_position_embeddings=64,
+                   pad_token_id=0, scale_sqrt_depth=True)
+TIPSV2_FIELDS = dict(num_attention_heads="count", layer_norm_eps="positive", max_position_embeddings="count",
+                     pad_token_id="whole", scale_sqrt_depth="flag")
+TIPSV2_TEMPERATURE = 0.005065968260169029  # Tipsv2Config's temperature_init_value
+
+
+def read_tipsv2_text(directory: Path, hf: dict[str, Any]) -> TextTower:
+    """The text tower of an HF ``tipsv2`` directory (transformers' ``Tipsv2Model``) whose ``config.json`` is
+    ``hf``."""
+    path = directory / CONFIG_FILE
+    text = hf.get("text_config", {})
+    check_fields(text, TIPSV2_FIELDS, path, within="text_config.")
+    check_fields(hf, {"temperature_init_value": "positive"}, path)
+    settings = {**TIPSV2_TEXT, **{key: value for key, value in text.items() if key in TIPSV2_TEXT}}
+    act = settings["hidden_act"]
+    if act != "relu" and act not in GELUS:
+        raise CheckpointError(f"{path}: text_config.hidden_act={abridged(act)}; expected one of "
+                              f"{['relu', *sorted(GELUS)]}")
+    weights = hub_weights_file(directory, "an HF")
+    whole = read_weights(weights)
+    kept = {key.removeprefix(TEXT_PREFIX): value for key, value in whole.items() if key.startswith(TEXT_PREFIX)}
+    if not kept:
+        raise CheckpointError(f"{weights}: no text tower (no {TEXT_PREFIX}* weights) in this tipsv2 checkpoint")
+    state = fuse_qkv(rename(kept, OPEN_CLIP_NAMES, str(weights)))
+    config = _shaped_config(state, weights, context_length=settings["max_position_embeddings"],
+                            num_heads=settings["num_attention_heads"], ln_eps=settings["layer_norm_eps"],
+                            mlp="relu" if act == "relu" else "gelu", gelu=GELUS.get(act, "exact"),
+                            positions="sinusoidal", embed_scale=settings["scale_sqrt_depth"], causal=False,
+                            pool="mean", pad_token_id=settings["pad_token_id"])
+    stored = whole.get(TEMPERATURE)
+    temperature = hf.get("temperature_init_value", TIPSV2_TEMPERATURE) if stored is None else stored.float().item()
+    if not temperature > 0:
+        raise CheckpointError(f"{weights}: temperature={temperature}; expected a positive number")
+    return TextTower(config, state, torch.tensor(-math.log(temperature)), None, "tipsv2",
+                     dict(kind="hf", family="tipsv2", directory=directory, context_length=config.context_length,
+                          name=hf.get("_name_or_path"), pad_token_id=config.pad_token_id))
 
 
 def read_open_clip_text(directory: Path, hub: dict[str, Any]) -> TextTower:
@@ -177,12 +226,15 @@ def read_open_clip_text(directory: Path, hub: dict[str, Any]) -> TextTower:
 
 def _shaped_config(state: dict[str, torch.Tensor], source: Path, **settings: Any) -> TextConfig:
     """A TextConfig whose sizes are those of the weights ``state`` (vitkit's names) and whose numerics are
-    ``settings``."""
+    ``settings``; the context length is that of the position table unless ``settings`` give it (a tower of
+    computed positions)."""
     try:
         vocab, dim = state["token_embed.weight"].shape
         depth = 1 + max(int(key.split(".")[1]) for key in state if key.startswith("blocks."))
         proj = state.get("proj.weight")
-        return TextConfig(vocab_size=vocab, context_length=state["pos_embed"].shape[0], dim=dim, depth=depth,
+        if "context_length" not in settings:
+            settings["context_length"] = state["pos_embed"].shape[0]
+        return TextConfig(vocab_size=vocab, dim=dim, depth=depth,
                           mlp_dim=state["blocks.0.mlp.fc1.weight"].shape[0],
                           embed_dim=None if proj is None else proj.shape[0], proj_bias="proj.bias" in state,
                           **settings)

@@ -7,9 +7,12 @@ A tokenizer turns a list of strings into a (B, T) tensor of token ids as the fam
   cuts them (HF: the words past the length go, the special tokens stay; open_clip: cut, the last id set to the
   end-of-text token), and the first time it happens a warning says so;
 - HF CLIP and MetaCLIP 2 pad with the tokenizer's pad token to the longest text (their causal mask keeps padding
-  out of the end-of-text state, so any padding gives the same embedding); SigLIP and SigLIP 2 pad to the full
-  context, as they were trained, on the side ``tokenizer_config.json`` names (else the side its
-  ``tokenizer_class`` pads on in transformers: the left for Gemma's);
+  out of the end-of-text state, so any padding gives the same embedding); SigLIP, SigLIP 2 and TIPSv2 pad to the
+  full context, as their processors do, on the side ``tokenizer_config.json`` names (else the side its
+  ``tokenizer_class`` pads on in transformers: the left for Gemma's; TIPSv2's tower leaves the pads out of
+  attention and of its mean, so for it the padding changes nothing either);
+- TIPSv2: its ``tokenizer.json`` lower-cases itself and adds no special tokens; its pad token must have the id
+  the text tower takes for padding (``text_config.pad_token_id``);
 - SigLIP 2: transformers' ``Siglip2Tokenizer`` lower-cases before the Gemma tokenizer its ``tokenizer.json``
   holds (which does not), since the model was trained on lower-cased text: so does vitkit;
 - ``add_bos_token`` / ``add_eos_token`` in ``tokenizer_config.json`` set the special tokens as transformers
@@ -39,11 +42,11 @@ SENTENCEPIECE_FILE = "spiece.model"  # SigLIP's
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # HF family -> (its tokenizer class's pad token and padding side, where tokenizer_config.json says neither).
 HF_DEFAULTS = {"clip": ("<|endoftext|>", "right"), "metaclip_2": ("<pad>", "right"), "siglip2": ("<pad>", "left"),
-               "open_clip": (None, "right")}
+               "tipsv2": ("<pad>", "right"), "open_clip": (None, "right")}
 # transformers' tokenizer classes that pad on the left where tokenizer_config.json names no padding_side.
 LEFT_PADDED = frozenset({"GemmaTokenizer", "Siglip2Tokenizer", "LlamaTokenizer", "CodeLlamaTokenizer",
                          "CohereTokenizer", "XLNetTokenizer"})
-FULL_PADDING = ("siglip2", "open_clip")  # the families padded to the whole context (the causal ones need not be)
+FULL_CONTEXT = ("siglip2", "tipsv2", "open_clip")  # the families padded to the full context
 
 
 class MissingTokenizer(ConfigError, CheckpointError):
@@ -79,7 +82,10 @@ class HFTokenizer(Tokenizer):
     """An HF ``tokenizer.json`` (with ``tokenizer_config.json`` beside it) run by the ``tokenizers`` library, with
     the rules of the family's transformers tokenizer (see the module's docstring)."""
 
-    def __init__(self, file: Path, family: str, context_length: int, clean: str | None = None):
+    def __init__(self, file: Path, family: str, context_length: int, clean: str | None = None,
+                 pad_token_id: int | None = None):
+        """``clean``: open_clip's cleaning of the texts first (an open_clip folder's); ``pad_token_id``: the id the
+        text tower takes for padding, which the pad token must have, where the tower reads one."""
         super().__init__(context_length, str(file.parent))
         try:
             from tokenizers import Tokenizer as Backend
@@ -109,11 +115,15 @@ class HFTokenizer(Tokenizer):
             specials = [(token, self._id(backend, token, file)) for token in (bos, eos) if token]
             backend.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
         backend.enable_truncation(max_length=context_length, direction=settings.get("truncation_side", "right"))
-        full = family in FULL_PADDING
+        pad_id = self._id(backend, pad, file)
+        if pad_token_id is not None and pad_id != pad_token_id:
+            raise CheckpointError(f"{file}: the pad token {pad!r} has id {pad_id}; the text tower takes "
+                                  f"{pad_token_id} for padding (text_config.pad_token_id)")
         if str(settings.get("tokenizer_class", "")).removesuffix("Fast") in LEFT_PADDED:
             side = "left"
-        backend.enable_padding(direction=settings.get("padding_side", side), pad_id=self._id(backend, pad, file),
-                               pad_token=pad, length=context_length if full else None)
+        full = family in FULL_CONTEXT  # the causal families' padding cannot reach their end token
+        backend.enable_padding(direction=settings.get("padding_side", side), pad_id=pad_id, pad_token=pad,
+                               length=context_length if full else None)
         self.backend = backend
         self.clean = None if clean is None else _open_clip_cleaning(clean)
 
@@ -227,7 +237,7 @@ def tokenizer_for(spec: dict[str, Any], tokenizer: str | Path | None = None) -> 
                                f"the checkpoint's {name}{fetch}")
     if name == SENTENCEPIECE_FILE:
         return SentencePieceTokenizer(file, context, spec.get("clean"))
-    return HFTokenizer(file, family, context, spec.get("clean"))
+    return HFTokenizer(file, family, context, spec.get("clean"), spec.get("pad_token_id"))
 
 
 def _sentencepiece_only(where: Path) -> bool:
