@@ -154,7 +154,7 @@ def test_predict_json_gives_the_probabilities_the_model_computes(labelled_tree, 
     pixels = torch.from_numpy(np.array(Image.open(image))).permute(2, 0, 1)
     with torch.no_grad():
         top = model(checkpoint_transform(model.config)(pixels)[None]).softmax(-1)[0].topk(2)
-    assert records == [{"image": str(image), "top_k": [
+    assert records == [{"path": str(image), "image": str(image), "top_k": [
         {"label": CLASSES[i], "probability": pytest.approx(p, abs=1e-6)}
         for i, p in zip(top.indices.tolist(), top.values.tolist())]}]
 

@@ -214,9 +214,15 @@ class StepSampler(Sampler[list[Key]]):
 
 
 def worker_options(num_workers: int, device: torch.device | None = None) -> dict:
-    """Decoding in ``num_workers`` processes kept alive across passes; pinned host memory for non-blocking
-    copies where the batches go to a GPU (only there: pinning copies a batch out of its slot)."""
-    return dict(num_workers=num_workers, persistent_workers=num_workers > 0,
+    """Decoding in ``num_workers`` processes, started for each pass and stopped at its end; pinned host memory for
+    non-blocking copies where the batches go to a GPU (only there: pinning copies a batch out of its slot).
+
+    A training run is one pass (``StepSampler``, the shard streams); evaluation forks its workers again for each
+    pass. Workers kept alive across passes stop only when their loader is garbage, which for a loader caught in a
+    reference cycle is some later collection, in the middle of whatever runs then; and there torch waits 5 s for
+    each worker (multiprocessing's queue finalizers run before the iterator's own, so the workers never receive
+    the word to stop)."""
+    return dict(num_workers=num_workers, persistent_workers=False,
                 pin_memory=device is not None and device.type == "cuda")
 
 

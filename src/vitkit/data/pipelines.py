@@ -54,10 +54,12 @@ class Arrived:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple]:
+        batches = iter(self.loader)
         try:
-            for images, *rest in self.loader:
+            for images, *rest in batches:
                 yield self.finish(images), *rest
         finally:  # an evaluation loader lives as long as its run: its slots need not stay between passes
+            stop_workers(batches)
             self.mapped.clear()
             if self.loader.dataset.batch_slots is not None:  # those filled here, without workers
                 self.loader.dataset.batch_slots.clear()
@@ -69,6 +71,16 @@ class Arrived:
         if self.device is not None:
             images = images.to(self.device, non_blocking=True)
         return self.per_batch(images)
+
+
+def stop_workers(batches: Iterator) -> None:
+    """Stop the decoding workers of a loader's iterator now, where a pass ends early (an error, a stop): left to
+    the garbage collector, an iterator that an exception's traceback holds is collected at some later time, in
+    the middle of whatever runs then, and torch then waits 5 s for each worker. torch's own shutdown, which it
+    runs itself at the end of a whole pass (a no-op then); Lightning calls it the same way."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def for_workers(preset: Preset, device: torch.device | None) -> tuple[Preset, ToModelInput | torch.nn.Identity]:
