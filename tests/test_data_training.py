@@ -2,6 +2,7 @@
 workers, under torchrun, killed and resumed."""
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -66,10 +67,13 @@ def test_unreadable_files_are_replaced_and_reported(tmp_path, shared_data):
     common = dict(model=dict(image_size=28, args={"patch_size": 7, "dim": 16, "depth": 1, "num_heads": 2,
                                                   "mlp_dim": 32, "in_chans": 1}),
                   schedule=dict(steps=8, batch_size=30))
+    before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match="00007.png: not a readable image"):
         run(Recipe(**common, data=data, run=dict(threads=1, log_every=1, dir=str(tmp_path / "fail"))))
+    assert set(multiprocessing.active_children()) == before  # the failed run's workers stopped with it
     summary = run(Recipe(**common, data={**data, "corrupt": "skip"},
                          run=dict(threads=1, log_every=1, dir=str(tmp_path / "skip"))))
+    assert set(multiprocessing.active_children()) == before  # and so did those of the run that ended
     assert summary["data/skipped"] == 4 and set(summary["data/skipped_files"]) == {str(broken)}  # once per epoch
     records = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
     assert sum(r.get("data/skipped", 0) for r in records) == 4
