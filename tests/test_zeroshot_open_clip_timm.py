@@ -188,6 +188,12 @@ def test_a_linear_projection_after_timm_pooling(tmp_path):
     folder = saved(peer, config, tmp_path / "hub")
     model = check_towers(peer, open_clip.get_tokenizer(f"local-dir:{folder}"), folder, 224)
     assert model.visual.config.pool == "gap" and model.visual.config.num_classes == 24
+    from safetensors.torch import load_file, save_file
+    weights = load_file(folder / "open_clip_model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("visual.head.")},
+              folder / "open_clip_model.safetensors")
+    with pytest.raises(vitkit.CheckpointError, match="no visual.head.proj.weight; .* timm_proj='linear'"):
+        vitkit.load(folder)
 
 
 def test_cli_probabilities_of_an_open_clip_siglip(siglip, tmp_path, capsys):

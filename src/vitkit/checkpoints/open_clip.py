@@ -140,8 +140,11 @@ def read_timm_tower(directory: Path, model: dict[str, Any], preprocess: dict[str
             state["head." + key.removeprefix("visual.head.proj.")] = value
         else:
             raise CheckpointError(f"{weights}: {key} is not part of the timm tower {path} describes")
-    if proj == "linear" and "head.bias" not in state and "head.weight" in state:  # a bias-free projection
-        state["head.bias"] = torch.zeros(state["head.weight"].shape[0], dtype=state["head.weight"].dtype)
+    if proj == "linear":
+        if "head.weight" not in state:
+            raise CheckpointError(f"{weights}: no visual.head.proj.weight; {path} says timm_proj='linear'")
+        if "head.bias" not in state:  # a bias-free projection
+            state["head.bias"] = torch.zeros(state["head.weight"].shape[0], dtype=state["head.weight"].dtype)
     size = vision.get("image_size", 224)
     hub = dict(architecture=vision["timm_model_name"], global_pool=pool,
                pretrained_cfg=dict(mean=preprocess.get("mean"), std=preprocess.get("std"), crop_pct=1.0,
