@@ -214,3 +214,34 @@ def test_eval_slide_is_recorded_and_bad_uses_are_refused_in_one_line(tmp_path, c
         assert main(argv) == 2, argv
         error = capsys.readouterr().err.strip()
         assert says in error and "\n" not in error, error
+
+
+def test_a_dense_run_validates_by_sliding_windows_and_a_classifier_run_refuses_them(tmp_path, capsys):
+    """``finetune --eval-slide 8``: the run's final report records the window, with the numbers ``vitkit eval
+    --slide 8`` measures on the saved model; a run without a dense objective, or a stride beyond the model's size,
+    is refused in one line."""
+    data = mask_folder(tmp_path / "data", sizes=SIZES)
+    (data / "val").rename(data / "train")
+    mask_folder(tmp_path / "data-val", sizes=[(20, 36), (30, 30)], seed=1)
+    (tmp_path / "data-val" / "val").rename(data / "val")
+    torch.manual_seed(0)
+    VisionTransformer(ViTConfig(image_size=16, **{**TINY, "dense_head": "none"})).save(tmp_path / "backbone")
+    base = ["finetune", str(tmp_path / "backbone"), "--dataset", f"maskfolder:{data}", "--steps", "1",
+            "--batch-size", "2", "--threads", "1"]
+    assert main([*base, "--objective", "segmentation", "--peft", "linear", "--eval-slide", "8",
+                 "--run-dir", str(tmp_path / "run")]) == 0
+    trained = json.loads((tmp_path / "run" / "eval-val.json").read_text())
+    assert trained["slide"] == {"crop": [16, 16], "stride": [8, 8]} and trained["images"] == 2
+    assert main(["eval", str(tmp_path / "run" / "model"), "--dataset", f"maskfolder:{data}", "--split", "val",
+                 "--slide", "8", "--out", str(tmp_path / "eval")]) == 0
+    assert json.loads((tmp_path / "eval" / "eval-val.json").read_text()) == trained
+
+    classifier = [*base[:2], "--dataset", "digits", "--channels", "rgb", *base[4:]]
+    for argv, says in [([*classifier, "--eval-slide", "8"],
+                        "--eval-slide 8: sliding-window evaluation is for --objective"),
+                       ([*base, "--objective", "segmentation", "--eval-slide", "17"],
+                        "--eval-slide 17: expected a stride of 1 to 16 pixels")]:
+        capsys.readouterr()
+        assert main([*argv, "--run-dir", str(tmp_path / "refused")]) == 2
+        error = capsys.readouterr().err.strip().splitlines()  # the run's plan logged first, then the refusal
+        assert says in error[-1] and "error:" not in "".join(error[:-1]), error

@@ -35,9 +35,11 @@ class Slide:
         return {"crop": list(self.crop), "stride": list(self.stride)}
 
 
-def slide_for(image_size: tuple[int, int], stride: int | tuple[int, int] | None = None) -> Slide:
+def slide_for(image_size: tuple[int, int], stride: int | tuple[int, int] | None = None,
+              flag: str = "--slide") -> Slide:
     """The sliding window of a model of ``image_size``: windows of that size, stepping by ``stride`` pixels (one
-    number for both directions) or by default 2/3 of the window, rounded; a stride outside 1..window is refused."""
+    number for both directions) or by default 2/3 of the window, rounded; a stride outside 1..window is refused,
+    naming ``flag``."""
     crop = (int(image_size[0]), int(image_size[1]))
     if stride is None:
         steps = (round(crop[0] * DEFAULT_STRIDE), round(crop[1] * DEFAULT_STRIDE))
@@ -45,7 +47,7 @@ def slide_for(image_size: tuple[int, int], stride: int | tuple[int, int] | None 
         steps = (stride, stride) if isinstance(stride, int) else (int(stride[0]), int(stride[1]))
     for step, side in zip(steps, crop):
         if not 1 <= step <= side:
-            raise ConfigError(f"--slide {step}: expected a stride of 1 to {side} pixels (the window is the model's "
+            raise ConfigError(f"{flag} {step}: expected a stride of 1 to {side} pixels (the window is the model's "
                               f"{crop[0]}x{crop[1]}; default 2/3 of it)")
     return Slide(crop, steps)
 
