@@ -100,7 +100,7 @@ def dense_outputs(model: nn.Module, batch: torch.Tensor, sizes: list[torch.Size]
 def evaluate_dense(model: nn.Module, loader, task: str, num_classes: int, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32, ignore_index: int = 255, max_depth: float | None = None,
                    eval_crop: tuple[int, int, int, int] | None = None, scales: Sequence[float] = (1.0,),
-                   flip: bool = False, slide: bool | int | tuple[int, int] | None = None,
+                   flip: bool = False, slide: Slide | bool | int | tuple[int, int] | None = None,
                    windows_per_pass: int = 32) -> DenseEvaluation:
     """Run ``model`` (switched to eval mode, on ``device``) over ``(images, targets)`` batches, the targets a list
     of masks or depth maps at their own sizes; each output is resized to its target and measured there: the
@@ -108,11 +108,10 @@ def evaluate_dense(model: nn.Module, loader, task: str, num_classes: int, device
     depth up to ``max_depth``, within ``eval_crop``). ``scales`` and ``flip``: test-time augmentation
     (``dense_outputs``; DINOv2's "+ms" evaluation is scales 1, 1.32, 1.73, 2.28, 3 with flip). ``slide``: windows
     of the model's size slide over each image (``slide.slide_output``), stepping by the given pixels or, with
-    True, 2/3 of the window; the loader should then give the images at their aspect ratio, one a batch
+    True, 2/3 of the window (or a ``Slide``, window and steps given); the loader should then give the images at their aspect ratio, one a batch
     (``dense_transform(..., keep_ratio=True)``), and ``windows_per_pass`` windows go through the model at once."""
     device = torch.device(device)
-    sliding = None if slide is None or slide is False else \
-        slide_for(model.config.image_size, None if slide is True else slide)
+    sliding = chosen_slide(model, slide)
     model.eval()
     meter = SegmentationMeter(num_classes, ignore_index) if task == "segmentation" else DepthMeter(max_depth=max_depth)
     images = 0
@@ -127,6 +126,16 @@ def evaluate_dense(model: nn.Module, loader, task: str, num_classes: int, device
                 meter.update(output[0], target, eval_crop_mask(target.shape, eval_crop, device))
             images += 1
     return DenseEvaluation(task, meter.compute(), images, views_record(scales, flip, sliding))
+
+
+def chosen_slide(model: nn.Module, slide: Slide | bool | int | tuple[int, int] | None) -> Slide | None:
+    """The window ``evaluate_dense``'s ``slide`` asks for: none (None, False), the one given (a ``Slide``), or the
+    model's size stepping by the given pixels (True: 2/3 of it)."""
+    if slide is None or slide is False:
+        return None
+    if isinstance(slide, Slide):
+        return slide
+    return slide_for(model.config.image_size, None if slide is True else slide)
 
 
 def views_record(scales: Sequence[float], flip: bool, slide: Slide | None) -> dict[str, Any]:

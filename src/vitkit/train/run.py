@@ -392,7 +392,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
             return evaluate_dense(network, loaders[split_name], task, config.num_classes, env.device,
                                   ignore_index=ignore_index, max_depth=recipe.objective.max_depth,
                                   eval_crop=getattr(splits[split_name], "eval_crop", None),
-                                  slide=slide.stride if slide is not None else None,
+                                  slide=slide,
                                   windows_per_pass=recipe.run.eval_batch_size)
         return evaluate(network, loaders[split_name], len(classes), env.device)
 
