@@ -97,6 +97,7 @@ def checkpoint_flags(parser: argparse.ArgumentParser, help: str = "anything vitk
 
 positive = reader(Int(1))
 count = reader(Int(0))
+integer = reader(Int())  # a number whose range a command checks itself (against the model, say)
 unit_fraction = reader(Float(0, 1, high_open=True))
 positive_number = reader(Float(0, low_open=True))
 finite_number = reader(Float())

@@ -264,22 +264,49 @@ class ImageOnly:
         return self.transform(image), target
 
 
+SLIDE_LONG_SIDE = 4  # the longest an image's longer side may become, in multiples of the model's shorter side
+
+
+def kept_ratio_size(height: int, width: int, shorter: int, longest: int) -> tuple[int, int]:
+    """(height, width) scaled alike so that the shorter side becomes ``shorter`` unless the longer one would then
+    pass ``longest`` (it becomes ``longest``): the factor min(shorter / short side, longest / long side), each side
+    rounded half up, at least 1; the rule of mmseg's ``Resize(scale=(longest, shorter), keep_ratio=True)``."""
+    factor = min(shorter / min(height, width), longest / max(height, width))
+    return max(1, int(height * factor + 0.5)), max(1, int(width * factor + 0.5))
+
+
+class KeepRatioResize(torch.nn.Module):
+    """Resize an image, its aspect ratio kept, to ``kept_ratio_size`` for the model's shorter side ``shorter`` and
+    a longer side of at most ``SLIDE_LONG_SIDE`` times it (bilinear, antialiased where it shrinks): the image a
+    sliding-window evaluation walks over, as DINOv2's and mmseg's segmentation tests prepare it."""
+
+    def __init__(self, shorter: int):
+        super().__init__()
+        self.shorter, self.longest = shorter, SLIDE_LONG_SIDE * shorter
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        size = kept_ratio_size(*image.shape[-2:], self.shorter, self.longest)
+        return TF.resize(image, list(size), antialias=True) if size != tuple(image.shape[-2:]) else image
+
+
 def dense_transform(task: str, training: bool, image_size: tuple[int, int], channels: int,
-                    family: str = "google", hflip: bool = True, random: bool = True) -> Preset:
+                    family: str = "google", hflip: bool = True, random: bool = True,
+                    keep_ratio: bool = False) -> Preset:
     """The joint preset of a dense ``task``. Training: segmentation rescales the shorter side at random to 0.5-2x
     the model's (mmseg's ratio range), depth brings it to the model's (depth in metres does not change with the
     picture's scale); then a random crop of ``image_size``, padded where the image is smaller (pixels 0, masks
     255, depth 0: no depth), and a horizontal flip; without ``random``, image and target stretched to
     ``image_size`` (the same pixels every epoch: a frozen backbone's features can be kept). Evaluation: the whole
-    image stretched to ``image_size``, its target left at its own size (outputs are brought to it:
-    ``models.dense.resized``)."""
+    image stretched to ``image_size``, or with ``keep_ratio`` resized at its own aspect ratio (``KeepRatioResize``:
+    the shorter side the model's, for a sliding-window evaluation), its target left at its own size (outputs are
+    brought to it: ``models.dense.resized``)."""
     if task not in DENSE_TASKS:
         raise ConfigError(f"unknown dense task {task!r}; expected one of {DENSE_TASKS}")
     mean, std = normalization(family, channels)
     size = list(image_size)
     if not training:
-        return Preset(ImageOnly(v2.Compose([ToChannels(channels), v2.Resize(size, antialias=True)])),
-                      ToModelInput(mean, std), joint=True)
+        resize = KeepRatioResize(min(size)) if keep_ratio else v2.Resize(size, antialias=True)
+        return Preset(ImageOnly(v2.Compose([ToChannels(channels), resize])), ToModelInput(mean, std), joint=True)
     if not random:
         return Preset(JointSteps(channels, [v2.Resize(size, antialias=True)]), ToModelInput(mean, std), joint=True)
     side = min(size)

@@ -25,6 +25,7 @@ from ..runtime import resolve_precision, select_device
 from .dense import evaluate_dense, write_dense_report
 from .metrics import evaluate, real_top1, write_report
 from .preprocessing import checkpoint_transform, naflex_loader
+from .slide import slide_for
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
                      resize: str = "crop", max_patches: int | None = None, device: torch.device | str = "cpu",
                      dtype: torch.dtype = torch.float32, source: str = "the model", command: str = "vitkit eval",
                      real_labels: str | Path | None = None, scales: tuple[float, ...] = (1.0,),
-                     flip: bool = False) -> DatasetEvaluation:
+                     flip: bool = False, slide: bool | int | None = None) -> DatasetEvaluation:
     """Measure ``model`` (a ``VisionTransformer`` or an exported graph, already on ``device``, computing in
     ``dtype``) on ``split`` of ``dataset`` (default: its test split, else its validation split, else all of it;
     a split it lacks is held out of its training images, ``val_fraction`` of them): top-1/top-5, per-class
@@ -56,7 +57,8 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     ``out`` when given. The images are prepared as the checkpoint wants them (``resize``), or with
     ``max_patches`` each at its own aspect ratio (NaFlex). ``real_labels``: ImageNet's reassessed labels
     (``real.json``), whose ReaL top-1 the report adds. A dense model's outputs may be averaged over the image
-    resized by each of ``scales`` and mirrored (``flip``). ``source`` names the model and ``command`` the command
+    resized by each of ``scales`` and mirrored (``flip``), and evaluated by windows sliding over the image resized
+    at its aspect ratio (``slide``: True, or the stride in pixels; see ``evaluate_dense``). ``source`` names the model and ``command`` the command
     in refusals; the conversions the images need are logged."""
     device = torch.device(device)
     config = model.config
@@ -70,14 +72,21 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     if not task and (tuple(scales) != (1.0,) or flip):
         raise ConfigError(f"{source} is a classifier: --scales and --flip (test-time augmentation) are for "
                           f"segmentation and depth models")
+    if not task and slide not in (None, False):
+        raise ConfigError(f"{source} is a classifier: --slide (sliding-window evaluation) is for segmentation and "
+                          f"depth models")
     if task:
+        sliding = slide not in (None, False)
+        if sliding:
+            slide_for(config.image_size, None if slide is True else slide)  # a bad stride, before any image is read
         loader = evaluation_loader(data, dense_transform(task, False, config.image_size, config.in_chans,
-                                                         config.provenance.normalization),
-                                   batch_size, num_workers, corrupt, device=device)
+                                                         config.provenance.normalization, keep_ratio=sliding),
+                                   1 if sliding else batch_size, num_workers, corrupt, device=device)
         evaluation = evaluate_dense(model, loader, task, config.num_classes, device, dtype,
                                     ignore_index=getattr(data, "ignore_index", 255),
                                     max_depth=config.depth_max if task == "depth" else None,
-                                    eval_crop=getattr(data, "eval_crop", None), scales=scales, flip=flip)
+                                    eval_crop=getattr(data, "eval_crop", None), scales=scales, flip=flip,
+                                    slide=slide, windows_per_pass=batch_size)
         report = write_dense_report(evaluation, data.classes, out, chosen)
         return DatasetEvaluation(dataset, chosen, chosen == ALL and split is None, report)
     if config.num_classes != len(data.classes):

@@ -21,6 +21,7 @@ from ..progress import track
 from ..runtime import autocast
 from .depth import DepthMeter
 from .segmentation import SegmentationMeter, json_ready
+from .slide import Slide, slide_for, slide_output
 
 HEADLINE = {"segmentation": ("mIoU", "aAcc"), "depth": ("abs_rel", "rmse", "a1")}
 """The metrics of each dense task a run logs and sums up (all are in the report)."""
@@ -36,7 +37,7 @@ class DenseEvaluation:
     task: str
     metrics: dict[str, Any]
     images: int
-    views: dict[str, Any] = field(default_factory=dict)  # test-time augmentation: {"scales": [...], "flip": ...}
+    views: dict[str, Any] = field(default_factory=dict)  # {"scales": [...], "flip": ...}, {"slide": {"crop": ...}}
 
     def summary(self, prefix: str) -> dict[str, float]:
         """The task's headline metrics as ``{prefix}/mIoU`` ..., as metrics.jsonl and summary.json hold them."""
@@ -64,21 +65,32 @@ def rescaled(batch: torch.Tensor, scale: float, multiple: int) -> torch.Tensor:
     return F.interpolate(batch, size=size, mode="bilinear", align_corners=False, antialias=scale < 1)
 
 
+def view_outputs(model: nn.Module, images: torch.Tensor, device: torch.device, dtype: torch.dtype,
+                 slide: Slide | None = None, windows_per_pass: int = 32) -> list[torch.Tensor]:
+    """Each image's (K, h, w) output at the resolution the model gives: of the whole image, or with ``slide`` of
+    windows sliding over it, brought to its size (``slide.slide_output``)."""
+    if slide is not None:
+        return [slide_output(model, image, slide, device, dtype, windows_per_pass) for image in images]
+    with autocast(device, dtype):
+        return list(model(images).float())
+
+
 def dense_outputs(model: nn.Module, batch: torch.Tensor, sizes: list[torch.Size], task: str, device: torch.device,
-                  dtype: torch.dtype, scales: Sequence[float] = (1.0,), flip: bool = False) -> list[torch.Tensor]:
+                  dtype: torch.dtype, scales: Sequence[float] = (1.0,), flip: bool = False, slide: Slide | None = None,
+                  windows_per_pass: int = 32) -> list[torch.Tensor]:
     """Each image's output resized to its target's size: the model's output, or with several views (``batch``
     resized by each of ``scales``, and mirrored with ``flip``) their average, of class probabilities (softmax) for
-    segmentation as mmseg's test-time augmentation averages, of depth for depth."""
+    segmentation as mmseg's test-time augmentation averages, of depth for depth. With ``slide`` each view is
+    evaluated by sliding windows (``view_outputs``), and its sides are not rounded to the patch (the windows are
+    the model's size)."""
     views = [(scale, mirrored) for scale in scales for mirrored in ((False, True) if flip else (False,))]
-    multiple = getattr(getattr(model, "config", None), "effective_patch_size", 1)  # pixels a patch spans
+    multiple = 1 if slide is not None else getattr(getattr(model, "config", None), "effective_patch_size", 1)  # a patch's pixels
     totals: list[torch.Tensor | None] = [None] * len(sizes)
     for scale, mirrored in views:
         images = rescaled(batch, scale, multiple)
-        with autocast(device, dtype):
-            outputs = model(images.flip(-1) if mirrored else images).float()
-        outputs = outputs.flip(-1) if mirrored else outputs
+        outputs = view_outputs(model, images.flip(-1) if mirrored else images, device, dtype, slide, windows_per_pass)
         for index, (output, size) in enumerate(zip(outputs, sizes)):
-            output = resized(output[None], size)[0]
+            output = resized((output.flip(-1) if mirrored else output)[None], size)[0]
             output = output.softmax(dim=0) if task == "segmentation" and len(views) > 1 else output
             totals[index] = output if totals[index] is None else totals[index] + output
     return [total / len(views) for total in totals]
@@ -88,28 +100,49 @@ def dense_outputs(model: nn.Module, batch: torch.Tensor, sizes: list[torch.Size]
 def evaluate_dense(model: nn.Module, loader, task: str, num_classes: int, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32, ignore_index: int = 255, max_depth: float | None = None,
                    eval_crop: tuple[int, int, int, int] | None = None, scales: Sequence[float] = (1.0,),
-                   flip: bool = False) -> DenseEvaluation:
+                   flip: bool = False, slide: Slide | bool | int | tuple[int, int] | None = None,
+                   windows_per_pass: int = 32) -> DenseEvaluation:
     """Run ``model`` (switched to eval mode, on ``device``) over ``(images, targets)`` batches, the targets a list
     of masks or depth maps at their own sizes; each output is resized to its target and measured there: the
     argmax class against the mask (pixels ``ignore_index`` left out), or depth against the map (pixels with
     depth up to ``max_depth``, within ``eval_crop``). ``scales`` and ``flip``: test-time augmentation
-    (``dense_outputs``; DINOv2's "+ms" evaluation is scales 1, 1.32, 1.73, 2.28, 3 with flip)."""
+    (``dense_outputs``; DINOv2's "+ms" evaluation is scales 1, 1.32, 1.73, 2.28, 3 with flip). ``slide``: windows
+    of the model's size slide over each image (``slide.slide_output``), stepping by the given pixels or, with
+    True, 2/3 of the window (or a ``Slide``, window and steps given); the loader should then give the images at their aspect ratio, one a batch
+    (``dense_transform(..., keep_ratio=True)``), and ``windows_per_pass`` windows go through the model at once."""
     device = torch.device(device)
+    sliding = chosen_slide(model, slide)
     model.eval()
     meter = SegmentationMeter(num_classes, ignore_index) if task == "segmentation" else DepthMeter(max_depth=max_depth)
     images = 0
     for batch, targets in track(loader, "evaluate"):
         targets = [target.to(device) for target in targets]
         outputs = dense_outputs(model, batch.to(device, non_blocking=True), [target.shape[-2:] for target in targets],
-                                task, device, dtype, scales, flip)
+                                task, device, dtype, scales, flip, sliding, windows_per_pass)
         for output, target in zip(outputs, targets):
             if task == "segmentation":
                 meter.update(output.argmax(dim=0), target)
             else:
                 meter.update(output[0], target, eval_crop_mask(target.shape, eval_crop, device))
             images += 1
-    augmented = tuple(scales) != (1.0,) or flip
-    return DenseEvaluation(task, meter.compute(), images, {"scales": list(scales), "flip": flip} if augmented else {})
+    return DenseEvaluation(task, meter.compute(), images, views_record(scales, flip, sliding))
+
+
+def chosen_slide(model: nn.Module, slide: Slide | bool | int | tuple[int, int] | None) -> Slide | None:
+    """The window ``evaluate_dense``'s ``slide`` asks for: none (None, False), the one given (a ``Slide``), or the
+    model's size stepping by the given pixels (True: 2/3 of it)."""
+    if slide is None or slide is False:
+        return None
+    if isinstance(slide, Slide):
+        return slide
+    return slide_for(model.config.image_size, None if slide is True else slide)
+
+
+def views_record(scales: Sequence[float], flip: bool, slide: Slide | None) -> dict[str, Any]:
+    """How the outputs were computed, as the report records it: the scales and flip where there is test-time
+    augmentation, the sliding window where there is one (nothing for the whole image stretched once)."""
+    record: dict[str, Any] = {"scales": list(scales), "flip": flip} if tuple(scales) != (1.0,) or flip else {}
+    return {**record, "slide": slide.record()} if slide is not None else record
 
 
 def write_dense_report(evaluation: DenseEvaluation, classes: list[str], out_dir: str | Path | None,

@@ -281,6 +281,9 @@ class Run(Section):
     checkpoint_minutes: float = setting(10.0, Float(0), "wall time between checkpoints (0: by steps only)")
     keep_last: int = setting(2, Int(0), "step checkpoints kept, the newest ones (0: all)")
     eval_batch_size: int = setting(256, Int(1), "batch of the validation and test passes")
+    eval_slide: int = setting(0, Int(0), "segmentation and depth: validate and test by windows of the model's size "
+                              "stepping by this many pixels over each image resized at its aspect ratio (vitkit "
+                              "eval --slide; DINOv2 steps 2/3 of the window); 0: the whole image stretched")
 
 
 SECTIONS: dict[str, type] = {cls.SECTION: cls for cls in (Model, Data, Augment, ObjectiveSection, Peft, Optim,

@@ -34,6 +34,7 @@ from ..errors import ConfigError
 from ..evaluate.dense import BEST, HEADLINE, DenseEvaluation, evaluate_dense, write_dense_report
 from ..evaluate.metrics import Evaluation, evaluate, write_report
 from ..evaluate.preprocessing import checkpoint_transform
+from ..evaluate.slide import Slide, slide_for
 from ..memory import Limit, Plan, available_memory, check, estimate
 from ..models import ViTConfig, VisionTransformer, create_model, model_config
 from ..models.config import pair
@@ -118,6 +119,17 @@ def dense_task(recipe: Recipe, dataset) -> str | None:
     if kind not in DENSE_OBJECTIVES and holds in DENSE_OBJECTIVES:
         raise ConfigError(f"{recipe.data.dataset} is a {holds} dataset: pass --objective {holds} (and --head)")
     return kind if kind in DENSE_OBJECTIVES else None
+
+
+def evaluation_slide(stride: int, task: str | None, image_size: tuple[int, int]) -> Slide | None:
+    """The sliding window of a dense run's validation and test passes (``--eval-slide STRIDE``; None: 0, the whole
+    image stretched), refused for a run without a dense objective or a stride outside 1..the model's size."""
+    if not stride:
+        return None
+    if task is None:
+        raise ConfigError(f"--eval-slide {stride}: sliding-window evaluation is for --objective segmentation or "
+                          f"depth; a classifier is evaluated on whole images")
+    return slide_for(image_size, stride, flag="--eval-slide")
 
 
 def cached_features(recipe: Recipe, model: VisionTransformer, env) -> CachedFeatures | None:
@@ -320,6 +332,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         recipe = recipe.replace(objective={"max_depth": cap or DEPTH_MAX})
     model = build_model(recipe, [] if pretraining else classes, image_geometry(train_set), env.is_main)
     config = model.config
+    slide = evaluation_slide(recipe.run.eval_slide, task, config.image_size)
     if recipe.peft.method in ("lora", "dora") and set(recipe.peft.targets) & {"q", "k", "v"} and env.enabled \
             and recipe.run.parallel == "fsdp":
         raise ConfigError(f"--peft-targets {','.join(recipe.peft.targets)}: a LoRA on rows of qkv is kept to them by "
@@ -341,7 +354,7 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
                                           config.provenance.normalization, recipe.augment.hflip,
                                           random=recipe.augment.transform != "eval")
         eval_transform = dense_transform(task, False, config.image_size, config.in_chans,
-                                         config.provenance.normalization)
+                                         config.provenance.normalization, keep_ratio=slide is not None)
     else:
         train_transform = build_transform(recipe.augment.transform, config.image_size, config.in_chans,
                                           config.provenance.normalization, recipe.augment.hflip,
@@ -368,7 +381,8 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
                 skipped.record(start_step + index // recipe.schedule.accum_steps + 1, names, trainer.record)
             yield images, labels
 
-    loaders = {name: evaluation_loader(dataset, eval_transform, recipe.run.eval_batch_size, workers,
+    eval_batch = 1 if slide is not None else recipe.run.eval_batch_size  # sliding: images of their own sizes
+    loaders = {name: evaluation_loader(dataset, eval_transform, eval_batch, workers,
                                        recipe.data.corrupt, env.device) for name, dataset in splits.items()}
 
     ignore_index = getattr(train_set, "ignore_index", None)
@@ -377,7 +391,9 @@ def prepare(recipe: Recipe, device: str | None = None) -> Experiment:
         if task:
             return evaluate_dense(network, loaders[split_name], task, config.num_classes, env.device,
                                   ignore_index=ignore_index, max_depth=recipe.objective.max_depth,
-                                  eval_crop=getattr(splits[split_name], "eval_crop", None))
+                                  eval_crop=getattr(splits[split_name], "eval_crop", None),
+                                  slide=slide,
+                                  windows_per_pass=recipe.run.eval_batch_size)
         return evaluate(network, loaders[split_name], len(classes), env.device)
 
     def validate(network: VisionTransformer) -> dict[str, float]:
