@@ -101,6 +101,20 @@ def fake_proc(root: Path, membership: str, available_kib: int = 8 * 2**20, resid
     return root
 
 
+def test_a_dense_head_is_counted_under_no_grad_as_without():
+    """The head's tensors are traced with autograd on: a caller inside ``torch.no_grad()`` (an evaluation) gets the
+    same estimate, not an empty trace."""
+    import torch
+
+    from vitkit.memory import _head_tensors, dense_head_bytes
+
+    config = ViTConfig(**{**DENSE, "dense_head": "dpt", "num_classes": 21})
+    expected = dense_head_bytes(config, (64, 48), training=False, batch=2)
+    _head_tensors.cache_clear()  # traced again, under no_grad
+    with torch.no_grad():
+        assert dense_head_bytes(config, (64, 48), training=False, batch=2) == expected > 0
+
+
 def test_cgroup_v2_limit_is_the_tightest_of_the_group_and_its_parents(tmp_path):
     cgroup = tmp_path / "cgroup"
     write(cgroup / "memory.max", "max\n")

@@ -187,7 +187,8 @@ def dense_head_bytes(config: ViTConfig, size: tuple[int, int], training: bool, b
 def _head_tensors(config_json: str, size: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The bytes of each tensor (storage) autograd saves for one image of ``size`` in a dense head's forward pass,
     and in bringing its outputs to the image's size for a per-pixel loss; traced on the meta device (nothing
-    allocated, nothing computed), in float32 as the loss takes the outputs."""
+    allocated, nothing computed), in float32 as the loss takes the outputs, with autograd on whatever the caller's
+    mode (under ``torch.no_grad()`` nothing would be saved)."""
     config = ViTConfig.from_json(config_json)
     stride = config.effective_patch_size
     grid = (max(1, size[0] // stride), max(1, size[1] // stride))
@@ -201,7 +202,7 @@ def _head_tensors(config_json: str, size: tuple[int, int]) -> tuple[tuple[int, .
             into[0][storage._cdata] = storage.nbytes()
         return tensor
 
-    with torch.device("meta"), torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+    with torch.device("meta"), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         head = DenseHead(config).train()
         state = torch.empty(2, config.dim) if config.class_token else None  # two images: BatchNorm's minimum
         outputs = head([(torch.empty(2, config.dim, *grid), state) for _ in dense_layers(config)]).float()

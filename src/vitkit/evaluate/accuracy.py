@@ -58,8 +58,8 @@ def evaluate_dataset(model: torch.nn.Module, dataset: str, split: str | None = N
     ``max_patches`` each at its own aspect ratio (NaFlex). ``real_labels``: ImageNet's reassessed labels
     (``real.json``), whose ReaL top-1 the report adds. A dense model's outputs may be averaged over the image
     resized by each of ``scales`` and mirrored (``flip``), and evaluated by windows sliding over the image resized
-    at its aspect ratio (``slide``: True, or the stride in pixels; see ``evaluate_dense``). ``source`` names the model and ``command`` the command
-    in refusals; the conversions the images need are logged."""
+    at its aspect ratio (``slide``: True, or the stride in pixels; see ``evaluate_dense``). ``source`` names the
+    model and ``command`` the command in refusals; the conversions the images need are logged."""
     device = torch.device(device)
     config = model.config
     chosen = split or default_split(dataset)

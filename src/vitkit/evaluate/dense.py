@@ -84,7 +84,8 @@ def dense_outputs(model: nn.Module, batch: torch.Tensor, sizes: list[torch.Size]
     evaluated by sliding windows (``view_outputs``), and its sides are not rounded to the patch (the windows are
     the model's size)."""
     views = [(scale, mirrored) for scale in scales for mirrored in ((False, True) if flip else (False,))]
-    multiple = 1 if slide is not None else getattr(getattr(model, "config", None), "effective_patch_size", 1)  # a patch's pixels
+    patch = getattr(getattr(model, "config", None), "effective_patch_size", 1)  # the pixels a patch spans
+    multiple = 1 if slide is not None else patch
     totals: list[torch.Tensor | None] = [None] * len(sizes)
     for scale, mirrored in views:
         images = rescaled(batch, scale, multiple)
@@ -108,8 +109,9 @@ def evaluate_dense(model: nn.Module, loader, task: str, num_classes: int, device
     depth up to ``max_depth``, within ``eval_crop``). ``scales`` and ``flip``: test-time augmentation
     (``dense_outputs``; DINOv2's "+ms" evaluation is scales 1, 1.32, 1.73, 2.28, 3 with flip). ``slide``: windows
     of the model's size slide over each image (``slide.slide_output``), stepping by the given pixels or, with
-    True, 2/3 of the window (or a ``Slide``, window and steps given); the loader should then give the images at their aspect ratio, one a batch
-    (``dense_transform(..., keep_ratio=True)``), and ``windows_per_pass`` windows go through the model at once."""
+    True, 2/3 of the window (or a ``Slide``, window and steps given); the loader should then give the images at
+    their aspect ratio, one a batch (``dense_transform(..., keep_ratio=True)``), and ``windows_per_pass`` windows
+    go through the model at once."""
     device = torch.device(device)
     sliding = chosen_slide(model, slide)
     model.eval()
