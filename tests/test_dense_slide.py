@@ -245,3 +245,31 @@ def test_a_dense_run_validates_by_sliding_windows_and_a_classifier_run_refuses_t
         assert main([*argv, "--run-dir", str(tmp_path / "refused")]) == 2
         error = capsys.readouterr().err.strip().splitlines()  # the run's plan logged first, then the refusal
         assert says in error[-1] and "error:" not in "".join(error[:-1]), error
+
+
+@torch.no_grad()
+def test_predict_slide_writes_the_classes_of_the_windows_averaged_by_hand(tmp_path, capsys):
+    """``vitkit predict --slide 11 --out``: each image's mask is the argmax of the windows' average computed by
+    hand over the image resized at its aspect ratio, brought to the image's size; a classifier refuses --slide."""
+    model = tiny_model()
+    model.save(tmp_path / "model")
+    data = mask_folder(tmp_path / "data")
+    images = sorted((data / "val" / "images").iterdir(), key=lambda path: int(path.stem))
+    assert main(["predict", str(tmp_path / "model"), *map(str, images), "--slide", "11", "--out",
+                 str(tmp_path / "pred"), "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    for record, (image, mask) in zip(records, hand_inputs(data, model)):
+        average = by_hand(model, image, 16, 11)
+        expected = F.interpolate(average[None], size=mask.shape, mode="bilinear", align_corners=False)[0].argmax(0)
+        written = np.array(Image.open(record["mask"]))
+        assert np.array_equal(written, expected.numpy())
+
+    torch.manual_seed(0)
+    VisionTransformer(ViTConfig(image_size=16, **{**TINY, "dense_head": "none"})).save(tmp_path / "classifier")
+    for argv, says in [([str(tmp_path / "classifier"), str(images[0]), "--slide"], "is a classifier: --slide"),
+                       ([str(tmp_path / "model"), str(images[0]), "--slide", "17", "--out", str(tmp_path / "x")],
+                        "--slide 17: expected a stride of 1 to 16 pixels")]:
+        capsys.readouterr()
+        assert main(["predict", *argv]) == 2, argv
+        error = capsys.readouterr().err.strip()
+        assert says in error and "\n" not in error, error

@@ -9,8 +9,8 @@ from ..checkpoints.runnable import load_inference
 from ..data import CORRUPT
 from ..data.datasets import DATASET_FORMS, split_names
 from ..evaluate.accuracy import DEFAULT_VAL_FRACTION, check_model_memory, evaluate_dataset
-from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, integer, max_patches_flag, model_source,
-                    percent, positive, positive_number, print_table, resize_flag, run_defaults, runtime_flags,
+from .flags import (SPLIT_CHOICES, SPLIT_HELP, checkpoint_flags, count, max_patches_flag, model_source, percent,
+                    positive, positive_number, print_table, resize_flag, run_defaults, runtime_flags, slide_flag,
                     unit_fraction)
 
 HELP: dict[str, tuple[str, str | None]] = {
@@ -42,11 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                 "factor (test-time augmentation; DINOv2's +ms: 1 1.32 1.73 2.28 3 --flip)")
     evaluate_.add_argument("--flip", action="store_true", help="segmentation and depth models: average in the "
                            "outputs of the mirrored images too")
-    evaluate_.add_argument("--slide", type=integer, nargs="?", const=True, metavar="STRIDE",
-                           help="segmentation and depth models: resize each image keeping its aspect ratio (shorter "
-                                "side the model's, longer at most 4x it) and average the outputs of windows of the "
-                                "model's size stepping by STRIDE pixels (default 2/3 of the window), as DINOv2 and "
-                                "mmseg evaluate ADE20K")
+    slide_flag(evaluate_)
     resize_flag(evaluate_)
     max_patches_flag(evaluate_)
     runtime_flags(evaluate_)

@@ -142,6 +142,15 @@ def resize_flag(parser: argparse.ArgumentParser) -> None:
                              "kept); stretch: resize straight to the size")
 
 
+def slide_flag(parser: argparse.ArgumentParser) -> None:
+    """``--slide [STRIDE]``: a dense model's sliding-window inference (``evaluate.slide``)."""
+    parser.add_argument("--slide", type=integer, nargs="?", const=True, metavar="STRIDE",
+                        help="segmentation and depth models: resize each image keeping its aspect ratio (shorter "
+                             "side the model's, longer at most 4x it) and average the outputs of windows of the "
+                             "model's size stepping by STRIDE pixels (default 2/3 of the window), as DINOv2 and "
+                             "mmseg evaluate ADE20K")
+
+
 def max_patches_flag(parser: argparse.ArgumentParser) -> None:
     """``--max-patches N``: NaFlex, each image at its own aspect ratio within N patches."""
     parser.add_argument("--max-patches", type=patch_budget, metavar="N",

@@ -13,7 +13,8 @@ from ..analysis.inputs import image_files
 from ..errors import ConfigError
 from ..evaluate.dense import predict_dense
 from ..evaluate.predict import check_feature_request, predict_files, prediction_record
-from .flags import checkpoint_flags, max_patches_flag, model_source, positive, resize_flag, runtime_flags
+from .flags import (checkpoint_flags, max_patches_flag, model_source, positive, resize_flag, runtime_flags,
+                    slide_flag)
 
 HELP: dict[str, tuple[str, str | None]] = {
     "predict": ("The most probable classes of image files, folders or glob patterns.",
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     predict_.add_argument("--keep-aspect", action="store_true",
                           help="resize each image to its own aspect ratio, the shorter side to the model's, both "
                                "sides rounded to the patch size (no crop), instead of --resize")
+    slide_flag(predict_)
     resize_flag(predict_)
     max_patches_flag(predict_)
     runtime_flags(predict_)
@@ -56,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
                                           adapter=args.adapter)
     if model.config.dense_head != "none" or args.out:
         return run_dense(args, model, device, dtype)
+    if args.slide is not None:
+        raise ConfigError(f"{model_source(args)} is a classifier: --slide (sliding windows) is for segmentation and "
+                          f"depth models")
     predictions, features = predict_files(model, args.images, args.top_k, device, dtype, args.resize, args.features,
                                           args.keep_aspect, args.max_patches, source=model_source(args))
     if args.json:
@@ -84,8 +89,9 @@ def run_dense(args: argparse.Namespace, model, device, dtype) -> int:
     unused = [flag for flag, value in (("--features", args.features), ("--keep-aspect", args.keep_aspect),
                                        ("--max-patches", args.max_patches)) if value]
     if unused:
-        raise ConfigError(f"{', '.join(unused)}: not for a {what} model, whose images are stretched to its size")
-    predictions = predict_dense(model, image_files(args.images), args.out, device, dtype)
+        raise ConfigError(f"{', '.join(unused)}: not for a {what} model, whose images are stretched to its size "
+                          f"(or, with --slide, resized at their aspect ratio)")
+    predictions = predict_dense(model, image_files(args.images), args.out, device, dtype, args.slide)
     if args.json:
         print(json.dumps([prediction.record() for prediction in predictions], indent=1))
         return 0

@@ -229,19 +229,22 @@ def write_png(pixels: np.ndarray, path: Path, palette: np.ndarray | None = None)
 
 @torch.no_grad()
 def predict_dense(model: nn.Module, paths: list[Path], out: str | Path, device: torch.device | str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> list[DensePrediction]:
-    """Run a dense ``model`` on each image file (stretched to the model's size, normalised as it was trained; the
+                  dtype: torch.dtype = torch.float32, slide: bool | int | None = None) -> list[DensePrediction]:
+    """Run a dense ``model`` on each image file (stretched to the model's size, or with ``slide`` resized at its
+    aspect ratio and evaluated by sliding windows as ``evaluate_dense`` does; normalised as it was trained; the
     outputs brought back to the image's own size) and write into ``out``: for segmentation ``STEM-mask.png``
-    (class ids in an indexed PNG with VOC's colours, read back by ``maskfolder:``; 16-bit grey beyond 256 classes) and ``STEM-overlay.png`` (the
-    picture with the class colours laid over it); for depth ``STEM-depth.png`` (16-bit millimetres, as NYU's) and
-    ``STEM-depth-colour.png`` (near bright, far dark)."""
+    (class ids in an indexed PNG with VOC's colours, read back by ``maskfolder:``; 16-bit grey beyond 256 classes)
+    and ``STEM-overlay.png`` (the picture with the class colours laid over it); for depth ``STEM-depth.png``
+    (16-bit millimetres, as NYU's) and ``STEM-depth-colour.png`` (near bright, far dark)."""
     from ..data.images import read_image
     from ..data.transforms import dense_transform
 
     device, out = torch.device(device), Path(out)
     config = model.config
     task = "depth" if config.dense_output == "depth" else "segmentation"
-    preset = dense_transform(task, False, config.image_size, config.in_chans, config.provenance.normalization)
+    sliding = chosen_slide(model, slide)
+    preset = dense_transform(task, False, config.image_size, config.in_chans, config.provenance.normalization,
+                             keep_ratio=sliding is not None)
     names = list(config.provenance.classes or [str(i) for i in range(config.num_classes)])
     colours = class_colours(max(len(names), 256))
     model.eval()
@@ -250,9 +253,8 @@ def predict_dense(model: nn.Module, paths: list[Path], out: str | Path, device: 
     for path, stem in zip(paths, output_names(paths)):
         pixels = read_image(path)
         image, _ = preset.per_image(pixels, None)
-        with autocast(device, dtype):
-            output = model(preset.per_batch(image[None]).to(device))
-        output = resized(output.float(), pixels.shape[-2:])[0].cpu()
+        (output,) = view_outputs(model, preset.per_batch(image[None]).to(device), device, dtype, sliding)
+        output = resized(output[None], pixels.shape[-2:])[0].cpu()
         picture = pixels.expand(3, -1, -1).permute(1, 2, 0).numpy().astype(np.float32)
         if task == "segmentation":
             classes = output.argmax(dim=0).numpy()
