@@ -76,6 +76,16 @@ def assert_timms_outputs(model, theirs, x):
     return features
 
 
+def assert_runs_as_pytorch(run, model, **tolerance) -> None:
+    """``run`` (an exported graph's runtime) gives ``model``'s outputs on batches of several sizes and shapes."""
+    for batch, size in ((1, (32, 32)), (3, (16, 48)), (2, (48, 16))):
+        images = torch.rand(batch, 3, *size)
+        with torch.no_grad():
+            expected = model(images)
+        assert expected.abs().max() > 0.5
+        torch.testing.assert_close(run(images), expected, **tolerance)
+
+
 def exported_runtimes(model, folder, tolerance=1e-4) -> list:
     """``model`` exported to ONNX (and OpenVINO where installed) in ``folder``, each export's own check within
     ``tolerance``; the runtimes that run the files."""

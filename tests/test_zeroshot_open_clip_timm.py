@@ -255,3 +255,15 @@ def test_a_timm_tower_without_its_trunk_is_one_error(siglip, tmp_path):
     save_file({k: v for k, v in weights.items() if not k.startswith("visual.")}, copy / "open_clip_model.safetensors")
     with pytest.raises(vitkit.CheckpointError, match=r"no visual.trunk.\* weights; .* 'vit_base_patch16_siglip_224'"):
         vitkit.load(copy)
+
+
+def test_a_squashing_preprocess_is_said_with_the_flag_that_matches_it(siglip, tmp_path):
+    """open_clip's SigLIP configs stretch whole images (``resize_mode: squash``) where vitkit's default crops: one
+    warning naming the field and ``--resize stretch``."""
+    copy = tmp_path / "squash"
+    shutil.copytree(siglip[2], copy)
+    config = json.loads((copy / "open_clip_config.json").read_text())
+    config["preprocess_cfg"]["resize_mode"] = "squash"
+    (copy / "open_clip_config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match=r"preprocess_cfg.resize_mode='squash'; .* --resize stretch"):
+        vitkit.load(copy)

@@ -108,10 +108,14 @@ def hub_weights_file(directory: Path, kind: str, names: tuple[str, ...] = HUB_WE
     return weights
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; with ``keep``, only those whose names it keeps, the others not read."""
     try:
         regular_file(path)
-        return load_file(path)
+        if keep is None:
+            return load_file(path)
+        with safe_open(path, "pt") as handle:
+            return {key: handle.get_tensor(key) for key in handle.keys() if keep(key)}
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({reason(error)})") from error
 
@@ -221,11 +225,14 @@ def _check_npy_header(path: Path, archive: zipfile.ZipFile, member: zipfile.ZipI
                               f"bytes) but holds {max(available, 0):,} bytes; not a valid .npz file")
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_weights(path: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file; with ``keep``, only those whose names it keeps (from safetensors the others
+    are never read: one tower of a two-tower model)."""
     if path.suffix == ".safetensors":
-        return read_safetensors(path)
+        return read_safetensors(path, keep)
     if path.suffix in TORCH_SUFFIXES:
-        return read_torch(path)
+        state = read_torch(path)
+        return state if keep is None else {key: value for key, value in state.items() if keep(key)}
     raise CheckpointError(f"{path}: unknown weights file type {path.suffix or '(no suffix)'}; expected a checkpoint "
                           f"directory, .safetensors, .npz or one of {', '.join(TORCH_SUFFIXES)}")
 
@@ -243,11 +250,6 @@ def prefixed_weights(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
         paths = [hub_weights_file(directory, "an HF", ("model.safetensors",))]
     state = {}
     for path in paths:
-        try:
-            regular_file(path)
-            with safe_open(path, "pt") as handle:
-                state.update({key[len(prefix):]: handle.get_tensor(key) for key in handle.keys()
-                              if key.startswith(prefix)})
-        except (SafetensorError, OSError, ValueError) as error:
-            raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({reason(error)})") from error
+        state.update({key[len(prefix):]: value
+                      for key, value in read_safetensors(path, keep=lambda key: key.startswith(prefix)).items()})
     return state

@@ -19,6 +19,7 @@ projection, a ResNet...) are refused by field.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,11 @@ def read_open_clip_directory(directory: Path, overrides: dict[str, Any]) -> tupl
         raise CheckpointError(f"{path}: preprocess_cfg={abridged(preprocess)}; expected a JSON object")
     family = known_normalization(preprocess.get("mean"), preprocess.get("std"), path, RGB,
                                  ("preprocess_cfg.mean", "preprocess_cfg.std"))
+    resize = preprocess.get("resize_mode", "shortest")
+    if resize != "shortest":  # open_clip's SigLIP configs 'squash': the whole image stretched to the model's size
+        warnings.warn(f"{path}: preprocess_cfg.resize_mode={abridged(resize)}; vitkit prepares images with a centre "
+                      f"crop of the shorter side resized, or with --resize stretch (resize='stretch') the whole "
+                      f"image resized to the model's size, as open_clip's 'squash'", stacklevel=3)
     if vision.get("timm_model_name"):
         config, state = read_timm_tower(directory, model, preprocess, overrides)
         return config.replace(provenance=config.provenance.replace(source=str(directory), format="open_clip",
@@ -145,7 +151,7 @@ def read_timm_tower(directory: Path, model: dict[str, Any], preprocess: dict[str
             raise CheckpointError(f"{weights}: no visual.head.proj.weight; {path} says timm_proj='linear'")
         if "head.bias" not in state:  # a bias-free projection
             state["head.bias"] = torch.zeros(state["head.weight"].shape[0], dtype=state["head.weight"].dtype)
-    size = vision.get("image_size", 224)
+    size = vision.get("image_size", 224)  # the size open_clip prepares images at, which its timm trunk must take
     hub = dict(architecture=vision["timm_model_name"], global_pool=pool,
                pretrained_cfg=dict(mean=preprocess.get("mean"), std=preprocess.get("std"), crop_pct=1.0,
                                    input_size=[RGB, *(size if isinstance(size, list) else [size, size])]))

@@ -29,7 +29,7 @@ from ..checkpoints.files import check_fields, hub_weights_file, read_weights
 from ..checkpoints.hf import CONFIG_FILE, GELUS
 from ..checkpoints.names import Names, fuse_qkv, rename
 from ..checkpoints.open_clip import HUB_CONFIG, HUB_WEIGHTS
-from ..checkpoints.tipsv2 import TEMPERATURE, TEXT_PREFIX
+from ..checkpoints.tipsv2 import TEMPERATURE, TEXT_PREFIX, TEXT_TOWER
 from ..errors import CheckpointError, abridged
 from .model import TextConfig
 
@@ -107,7 +107,7 @@ def read_hf_text(directory: Path, hf: dict[str, Any]) -> TextTower:
         raise CheckpointError(f"{directory / CONFIG_FILE}: text_config.hidden_act={act!r}; expected one of "
                               f"{sorted(GELUS)}")
     weights = hub_weights_file(directory, "an HF")
-    whole = read_weights(weights)
+    whole = read_weights(weights, keep=lambda key: key.startswith(("text_model.", "text_projection.", "logit_")))
     kept = {key: value for key, value in whole.items()
             if key.startswith(("text_model.", "text_projection.")) and not key.endswith("position_ids")}
     if not kept:
@@ -150,7 +150,7 @@ def read_tipsv2_text(directory: Path, hf: dict[str, Any]) -> TextTower:
         raise CheckpointError(f"{path}: text_config.hidden_act={abridged(act)}; expected one of "
                               f"{['relu', *sorted(GELUS)]}")
     weights = hub_weights_file(directory, "an HF")
-    whole = read_weights(weights)
+    whole = read_weights(weights, keep=lambda key: key.startswith(TEXT_TOWER))
     kept = {key.removeprefix(TEXT_PREFIX): value for key, value in whole.items() if key.startswith(TEXT_PREFIX)}
     if not kept:
         raise CheckpointError(f"{weights}: no text tower (no {TEXT_PREFIX}* weights) in this tipsv2 checkpoint")
@@ -196,7 +196,7 @@ def read_open_clip_text(directory: Path, hub: dict[str, Any]) -> TextTower:
     if other:
         raise CheckpointError(f"{path}: {', '.join(other)}: not the CLIP text tower vitkit reads")
     weights = hub_weights_file(directory, "an open_clip", HUB_WEIGHTS)
-    whole = read_weights(weights)
+    whole = read_weights(weights, keep=lambda key: not key.startswith("visual."))
     prefix = "text." if any(key.startswith("text.") for key in whole) else ""  # open_clip's CustomTextCLIP
     kept = {key.removeprefix(prefix): value for key, value in whole.items()
             if key.startswith(prefix) and not key.startswith("visual.") and key not in ("logit_scale", "logit_bias")}
